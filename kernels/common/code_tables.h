@@ -1,0 +1,176 @@
+// Codebooks of every QuantFormat, generated in code, and the tables that encode against them.
+//
+// Encoding rule (DESIGN.md): a value maps to the nearest codebook value, ties to the lower code.
+// We turn that rule into fp32 thresholds once, on the host, so that every backend (CPU loop, CUDA,
+// HIP, the ATen reference through torch.bucketize) computes the same thing with plain float
+// compares: code = sorted_codes[#{ i : thresholds[i] < x }]. See make_thresholds for the proof
+// that the compare is exact.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "quant_format.h"
+
+namespace lowbit {
+namespace kernels {
+
+// ------------------------------------------------------------------------------------------------
+// Codebook generation
+// ------------------------------------------------------------------------------------------------
+
+// torch.linspace(0.1, 1, steps) in float32, rounded once per element as ATen's CPU kernel does
+// (start + step*i for the first half, end - step*(steps-1-i) for the second, fused).
+inline std::vector<float> linspace_f32(float start, float end, int steps) {
+  std::vector<float> out(steps);
+  const float step = (end - start) / static_cast<float>(steps - 1);
+  const int half = steps / 2;
+  for (int i = 0; i < steps; ++i) {
+    out[i] = i < half ? std::fma(step, static_cast<float>(i), start)
+                      : std::fma(-step, static_cast<float>(steps - 1 - i), end);
+  }
+  return out;
+}
+
+// The dynamic tree map of Dettmers et al., "8-bit Optimizers via Block-wise Quantization"
+// (arXiv 2110.02861): for each decade 10^-(E-1) .. 10^0 the midpoints of an even grid on [0.1, 1]
+// with twice as many points per decade as the last, plus 0 and 1. The unsigned map spends the sign
+// bit on one more fraction bit. Built in float32 exactly as bitsandbytes' create_dynamic_map, so its
+// values (and published results) carry over; sorted ascending, the index is the code.
+inline std::vector<float> dynamic_map(bool is_signed, int exponent_bits, int total_bits) {
+  std::vector<float> data;
+  const int non_sign_bits = total_bits - 1;
+  for (int i = 0; i < exponent_bits; ++i) {
+    const int items = is_signed ? (1 << (i + non_sign_bits - exponent_bits)) + 1
+                                : (1 << (i + non_sign_bits - exponent_bits + 1)) + 1;
+    const std::vector<float> grid = linspace_f32(0.1f, 1.0f, items);
+    const float scale = static_cast<float>(std::pow(10.0, -(exponent_bits - 1) + i));
+    for (int k = 0; k + 1 < items; ++k) {
+      const float mean = (grid[k] + grid[k + 1]) / 2.0f;
+      data.push_back(scale * mean);
+      if (is_signed) data.push_back(-(scale * mean));
+    }
+  }
+  data.push_back(0.0f);
+  data.push_back(1.0f);
+  while (data.size() < (size_t(1) << total_bits)) data.push_back(0.0f);
+  std::sort(data.begin(), data.end());
+  return data;
+}
+
+// Value of an fp8 bit pattern with `mbits` mantissa bits and exponent bias `bias`. e4m3fn has no
+// infinities (only 0x7F/0xFF are NaN); e5m2 follows IEEE (exponent all ones = Inf/NaN).
+inline double fp8_value(uint8_t code, int mbits, int bias, bool ieee_special) {
+  const int ebits = 7 - mbits;
+  const int sign = code >> 7;
+  const int e = (code >> mbits) & ((1 << ebits) - 1);
+  const int m = code & ((1 << mbits) - 1);
+  const double s = sign ? -1.0 : 1.0;
+  const int emax = (1 << ebits) - 1;
+  if (ieee_special && e == emax) return m ? std::numeric_limits<double>::quiet_NaN() : s * INFINITY;
+  if (!ieee_special && e == emax && m == (1 << mbits) - 1) return std::numeric_limits<double>::quiet_NaN();
+  if (e == 0) return s * std::ldexp(static_cast<double>(m), 1 - bias - mbits);
+  return s * std::ldexp(1.0 + static_cast<double>(m) / (1 << mbits), e - bias);
+}
+
+// Decoded (normalized) value of every code of `fmt`: codebook[code] * absmax is the decoded
+// element. 4-bit formats have 16 entries, 8-bit ones 256. FP8 codes that are NaN/Inf patterns are
+// NaN here: the encoder never produces them.
+inline std::vector<float> make_codebook(QuantFormat fmt) {
+  switch (fmt) {
+    case QuantFormat::Dyn8Signed: return dynamic_map(true, 7, 8);
+    case QuantFormat::Dyn8Unsigned: return dynamic_map(false, 7, 8);
+    case QuantFormat::DE4Signed: return dynamic_map(true, 3, 4);
+    case QuantFormat::Linear4Unsigned: {
+      std::vector<float> v(16);
+      for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i + 1) / 16.0f;
+      return v;
+    }
+    case QuantFormat::FP8E4M3:
+    case QuantFormat::FP8E5M2: {
+      const bool e4 = fmt == QuantFormat::FP8E4M3;
+      const double maxv = e4 ? 448.0 : 57344.0;
+      std::vector<float> v(256);
+      for (int c = 0; c < 256; ++c) {
+        const double x = e4 ? fp8_value(uint8_t(c), 3, 7, false) : fp8_value(uint8_t(c), 2, 15, true);
+        v[c] = std::isfinite(x) ? static_cast<float>(x / maxv) : std::numeric_limits<float>::quiet_NaN();
+      }
+      return v;
+    }
+  }
+  return {};
+}
+
+// ------------------------------------------------------------------------------------------------
+// Encode tables
+// ------------------------------------------------------------------------------------------------
+
+struct EncodeTable {
+  int bits = 8;
+  int depth = 8;              // levels of the Eytzinger tree: 2^depth - 1 keys
+  int num_values = 0;         // distinct finite codebook values
+  float thresholds[256];      // ascending; num_values-1 real ones, then +inf
+  uint8_t sorted_codes[256];  // code of the k-th smallest value
+  float eytzinger[256];       // thresholds as a perfect BST in breadth-first order, index 1..255
+};
+
+// For neighbours a < b with codes ca, cb, the threshold t such that, for every float x in [a, b],
+//   x > t  <=>  x is nearer b than a, or equally near and cb < ca.
+// The exact midpoint m = (a+b)/2 is a double. For float x: x > m <=> x > floor_f32(m) when m is not
+// a float; when it is, x == m is a tie and we step t one float down iff the tie goes to b.
+inline float make_threshold(float a, float b, int ca, int cb) {
+  const double m = (static_cast<double>(a) + static_cast<double>(b)) / 2.0;
+  float t = static_cast<float>(m);
+  if (static_cast<double>(t) > m) t = std::nextafter(t, -INFINITY);
+  const bool exact = static_cast<double>(t) == m;
+  if (exact && cb < ca) t = std::nextafter(t, -INFINITY);
+  return t;
+}
+
+inline EncodeTable make_encode_table(QuantFormat fmt) {
+  EncodeTable tab;
+  tab.bits = format_bits(fmt);
+  tab.depth = tab.bits;
+  const std::vector<float> cb = make_codebook(fmt);
+  // (value, code), finite only; equal values (fp8's -0 and +0) keep the lower code.
+  std::vector<std::pair<float, int>> vals;
+  for (int c = 0; c < static_cast<int>(cb.size()); ++c)
+    if (std::isfinite(cb[c])) vals.push_back({cb[c], c});
+  std::sort(vals.begin(), vals.end());
+  std::vector<std::pair<float, int>> uniq;
+  for (const auto& v : vals)
+    if (uniq.empty() || uniq.back().first != v.first) uniq.push_back(v);
+  tab.num_values = static_cast<int>(uniq.size());
+  for (int i = 0; i < 256; ++i) {
+    tab.thresholds[i] = INFINITY;
+    tab.sorted_codes[i] = 0;
+    tab.eytzinger[i] = INFINITY;
+  }
+  for (int i = 0; i < tab.num_values; ++i) tab.sorted_codes[i] = static_cast<uint8_t>(uniq[i].second);
+  for (int i = 0; i + 1 < tab.num_values; ++i)
+    tab.thresholds[i] = make_threshold(uniq[i].first, uniq[i + 1].first, uniq[i].second, uniq[i + 1].second);
+  // In-order walk of the perfect tree assigns the sorted keys.
+  const int nkeys = (1 << tab.depth) - 1;
+  int next = 0;
+  std::vector<int> stack;
+  int node = 1;
+  while (node <= nkeys || !stack.empty()) {
+    while (node <= nkeys) {
+      stack.push_back(node);
+      node = 2 * node;
+    }
+    node = stack.back();
+    stack.pop_back();
+    tab.eytzinger[node] = tab.thresholds[next++];
+    node = 2 * node + 1;
+  }
+  return tab;
+}
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,19 @@
+// Portability macros for code shared by host compilers, nvcc and hipcc.
+#pragma once
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>  // defines __host__, __device__, __forceinline__ for hipcc
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define LOWBIT_HD __host__ __device__ __forceinline__
+#else
+#define LOWBIT_HD inline
+#endif
+
+// Unrolls a loop with a compile-time trip count on every compiler.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define LOWBIT_UNROLL _Pragma("unroll")
+#else
+#define LOWBIT_UNROLL _Pragma("GCC unroll 16")
+#endif

@@ -1,0 +1,50 @@
+// The one place where CUDA and HIP differ for lowbit's kernels: runtime names, warp shuffles and
+// the warp width. The kernel sources include this instead of cuda_runtime.h / hip_runtime.h.
+#pragma once
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#define cudaStream_t hipStream_t
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorInvalidValue hipErrorInvalidValue
+#define cudaGetLastError hipGetLastError
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetDevice hipGetDevice
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDevAttrWarpSize hipDeviceAttributeWarpSize
+#define LOWBIT_SHFL_XOR(v, lane_mask, width) __shfl_xor((v), (lane_mask), (width))
+#else
+#include <cuda_runtime.h>
+#define LOWBIT_SHFL_XOR(v, lane_mask, width) __shfl_xor_sync(0xffffffffu, (v), (lane_mask), (width))
+#endif
+
+namespace lowbit {
+namespace kernels {
+
+// Warp widths a kernel is instantiated for; the launcher picks one from the device's reported
+// warp size (CUDA: 32; AMD CDNA: 64; RDNA: 32).
+#if defined(__HIPCC__)
+#define LOWBIT_FOR_EACH_WARP_SIZE(X) X(32) X(64)
+#else
+#define LOWBIT_FOR_EACH_WARP_SIZE(X) X(32)
+#endif
+
+// Device properties the launchers need, queried once per device.
+struct DeviceInfo {
+  int sm_count = 1;
+  int warp_size = 32;
+};
+
+inline cudaError_t query_device(DeviceInfo* info) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&info->sm_count, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  return cudaDeviceGetAttribute(&info->warp_size, cudaDevAttrWarpSize, dev);
+}
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,186 @@
+// Blockwise quantize on the GPU (CUDA; HIP compiles the same file through portability.cuh).
+//
+// Work split: each warp takes a "unit" of the input. When a quantization block fits in one warp's
+// 8 elements per lane (BLOCK <= 8*WARP), a unit is 8*WARP elements holding several blocks, each
+// owned by a group of BLOCK/8 lanes that reduce its absmax with shuffles. Larger blocks are one unit
+// each: the warp scans the block chunk by chunk, reduces, then re-reads (from cache) to encode.
+// Either way one group owns a block, so codes and absmax match the CPU loop bit for bit.
+#include <algorithm>
+
+#include "../common/encode.h"
+#include "gpu_tables.cuh"
+#include "quantize_cuda.h"
+#include "vector_io.cuh"
+
+namespace lowbit {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <int WIDTH>
+__device__ __forceinline__ void group_reduce(BlockScan& s) {
+  int flags = (s.nonfinite ? 1 : 0) | (s.negative ? 2 : 0);
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off /= 2) {
+    const float other = LOWBIT_SHFL_XOR(s.amax, off, WIDTH);
+    s.amax = other > s.amax ? other : s.amax;
+    flags |= LOWBIT_SHFL_XOR(flags, off, WIDTH);
+  }
+  s.nonfinite = flags & 1;
+  s.negative = flags & 2;
+}
+
+// Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
+template <int BITS>
+__device__ __forceinline__ void encode_store8(const float (&v)[8], float amax, const float* eytz,
+                                              const uint8_t* sorted_codes, uint8_t* codes, int64_t i,
+                                              int64_t n, bool vec) {
+  uint8_t c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = sorted_codes[count_below_eytzinger<BITS>(eytz, normalize(v[k], amax))];
+  if (BITS == 8) {
+    if (vec && i + 8 <= n) {
+      uint2 w;
+      w.x = c[0] | (c[1] << 8) | (c[2] << 16) | (uint32_t(c[3]) << 24);
+      w.y = c[4] | (c[5] << 8) | (c[6] << 16) | (uint32_t(c[7]) << 24);
+      *reinterpret_cast<uint2*>(codes + i) = w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (i + k < n) codes[i + k] = c[k];
+    }
+  } else {
+    uint8_t b[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) b[k] = c[2 * k] | ((i + 2 * k + 1 < n ? c[2 * k + 1] : 0) << 4);
+    if (vec && i + 8 <= n) {
+      *reinterpret_cast<uint32_t*>(codes + i / 2) = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i + 2 * k < n) codes[i / 2 + k] = b[k];
+    }
+  }
+}
+
+template <typename T, int BITS, int BLOCK, int WARP>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
+                                                            float* __restrict__ absmax, int64_t n, bool is_signed,
+                                                            bool vec, GpuTables tables) {
+  __shared__ float s_eytz[256];
+  __shared__ uint8_t s_codes[256];
+  stage(s_eytz, tables.eytzinger, 1 << BITS);
+  stage(s_codes, tables.sorted_codes, 1 << BITS);
+  __syncthreads();
+
+  constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
+  constexpr int kGroup = BLOCK <= kElemsPerThread * WARP ? BLOCK / kElemsPerThread : WARP;
+  constexpr int kChunks = kUnit / (kElemsPerThread * WARP);  // passes per unit (1 for small blocks)
+  const int lane = threadIdx.x % WARP;
+  const int64_t warps_total = int64_t(gridDim.x) * (kThreads / WARP);
+  const int64_t units = (n + kUnit - 1) / kUnit;
+  for (int64_t unit = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP; unit < units;
+       unit += warps_total) {
+    const int64_t base = unit * kUnit;
+    if constexpr (kChunks == 1) {
+      const int64_t i = base + int64_t(lane) * kElemsPerThread;
+      float v[8];
+      load8(x, i, n, vec, v);
+      BlockScan s;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
+      group_reduce<kGroup>(s);
+      const float amax = block_absmax(s, is_signed);
+      const int64_t block = i / BLOCK;
+      if (lane % kGroup == 0 && i < n) absmax[block] = amax;
+      if (i < n) encode_store8<BITS>(v, amax, s_eytz, s_codes, codes, i, n, vec);
+    } else {
+      BlockScan s;
+      for (int c = 0; c < kChunks; ++c) {
+        float v[8];
+        load8(x, base + (int64_t(c) * WARP + lane) * kElemsPerThread, n, vec, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
+      }
+      group_reduce<WARP>(s);
+      const float amax = block_absmax(s, is_signed);
+      if (lane == 0) absmax[unit] = amax;
+      for (int c = 0; c < kChunks; ++c) {
+        const int64_t i = base + (int64_t(c) * WARP + lane) * kElemsPerThread;
+        if (i >= n) break;
+        float v[8];
+        load8(x, i, n, vec, v);
+        encode_store8<BITS>(v, amax, s_eytz, s_codes, codes, i, n, vec);
+      }
+    }
+  }
+}
+
+template <typename T, int BITS, int BLOCK, int WARP>
+cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
+  const int64_t units = (p.n + kUnit - 1) / kUnit;
+  const int64_t warps_per_block = kThreads / WARP;
+  const int64_t wanted = (units + warps_per_block - 1) / warps_per_block;
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 8)));
+  const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 8 == 0;
+  quantize_kernel<T, BITS, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(
+      static_cast<const T*>(p.input), p.codes, p.absmax, p.n, format_is_signed(p.format), vec, gpu_tables(p.format));
+  return cudaGetLastError();
+}
+
+// Turns the runtime block size into a template argument (32 .. 4096).
+template <typename T, int BITS, int WARP>
+cudaError_t dispatch_block(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
+  switch (p.block_size) {
+    case 32: return launch<T, BITS, 32, WARP>(p, dev, s);
+    case 64: return launch<T, BITS, 64, WARP>(p, dev, s);
+    case 128: return launch<T, BITS, 128, WARP>(p, dev, s);
+    case 256: return launch<T, BITS, 256, WARP>(p, dev, s);
+    case 512: return launch<T, BITS, 512, WARP>(p, dev, s);
+    case 1024: return launch<T, BITS, 1024, WARP>(p, dev, s);
+    case 2048: return launch<T, BITS, 2048, WARP>(p, dev, s);
+    case 4096: return launch<T, BITS, 4096, WARP>(p, dev, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, int WARP>
+cudaError_t dispatch_bits(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
+  return format_bits(p.format) == 4 ? dispatch_block<T, 4, WARP>(p, dev, s) : dispatch_block<T, 8, WARP>(p, dev, s);
+}
+
+template <int WARP>
+cudaError_t dispatch_type(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
+  switch (p.input_type) {
+    case ElemType::F32: return dispatch_bits<float, WARP>(p, dev, s);
+    case ElemType::BF16: return dispatch_bits<bf16_t, WARP>(p, dev, s);
+    case ElemType::F16: return dispatch_bits<f16_t, WARP>(p, dev, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+const char* quantize_blockwise_gpu(const QuantizeParams& p, void* stream) {
+  if (p.n == 0) return nullptr;
+  if (!is_valid_block_size(p.block_size)) return "block_size must be a power of two in [32, 4096]";
+  DeviceInfo dev;
+  cudaError_t e = query_device(&dev);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  const auto s = static_cast<cudaStream_t>(stream);
+  bool launched = false;
+#define LOWBIT_WARP_CASE(W)                 \
+  if (!launched && dev.warp_size == W) {    \
+    e = dispatch_type<W>(p, dev, s);        \
+    launched = true;                        \
+  }
+  LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_WARP_CASE)
+#undef LOWBIT_WARP_CASE
+  if (!launched) return "unsupported warp size";
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,6 @@
+// lowbit: everything public in one include.
+#pragma once
+
+#include <lowbit/tensors/build_info.h>
+#include <lowbit/tensors/qtensor.h>
+#include <lowbit/tensors/quant_format.h>

@@ -1,0 +1,66 @@
+// The dispatcher ops lowbit::quantize_blockwise / dequantize_blockwise: shared argument checks and
+// the per-backend entry points registered in ops_*.cpp.
+//
+// Schema (TORCH_LIBRARY(lowbit)):
+//   quantize_blockwise(Tensor input, str format, int block_size=0) -> (Tensor codes, Tensor absmax)
+//   dequantize_blockwise(Tensor codes, Tensor absmax, str format, int block_size, int[] shape,
+//                        ScalarType? dtype=None) -> Tensor
+//   quantize_blockwise_reference / dequantize_blockwise_reference: the same, ATen ops only (oracle).
+//
+// Input rules: float32, bfloat16 or float16, any shape and strides (read as if contiguous). NaN or
+// Inf anywhere, or a negative value for an unsigned format, is refused with an error naming the
+// block: lowbit never encodes a value it cannot represent.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include <lowbit/kernels/common/quantize_params.h>
+
+#include "quant_format.h"
+
+namespace lowbit {
+namespace ops {
+
+struct QuantizeArgs {
+  at::Tensor input;  // contiguous, flat
+  QuantFormat format;
+  int64_t block_size;
+};
+
+struct DequantizeArgs {
+  at::Tensor codes;   // contiguous
+  at::Tensor absmax;  // contiguous
+  QuantFormat format;
+  int64_t block_size;
+  std::vector<int64_t> shape;
+  int64_t numel;
+  at::ScalarType dtype;
+};
+
+QuantizeArgs check_quantize_args(const at::Tensor& input, const std::string& format, int64_t block_size,
+                                 const char* op);
+DequantizeArgs check_dequantize_args(const at::Tensor& codes, const at::Tensor& absmax, const std::string& format,
+                                     int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype,
+                                     const char* op);
+
+// Empty outputs of the right sizes for a quantize of `a`.
+std::tuple<at::Tensor, at::Tensor> allocate_quantized(const QuantizeArgs& a);
+
+// Raises if a block's absmax carries the in-band invalid-input flag (kernels/common/encode.h).
+void check_absmax_flags(const at::Tensor& absmax, const QuantizeArgs& a, const char* op);
+
+kernels::ElemType elem_type(at::ScalarType t);
+
+// The ATen-only reference (also registered as the CompositeExplicitAutograd kernel).
+std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, std::string_view format,
+                                                      int64_t block_size);
+at::Tensor dequantize_reference(const at::Tensor& codes, const at::Tensor& absmax, std::string_view format,
+                                int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype);
+
+}  // namespace ops
+}  // namespace lowbit

@@ -1,0 +1,61 @@
+// CUDA (and ROCm: libtorch's HIP build uses the CUDA key) kernels of the blockwise ops: checks,
+// device guard, current stream, then the launchers of kernels/cuda.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <lowbit/kernels/cuda/quantize_cuda.h>
+
+#include "blockwise_ops.h"
+
+namespace lowbit {
+namespace ops {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& input, std::string_view format,
+                                                 int64_t block_size) {
+  const char* op = "lowbit::quantize_blockwise";
+  const QuantizeArgs a = check_quantize_args(input, std::string(format), block_size, op);
+  const c10::cuda::CUDAGuard guard(a.input.device());
+  auto [codes, absmax] = allocate_quantized(a);
+  kernels::QuantizeParams p;
+  p.input = a.input.data_ptr();
+  p.input_type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.block_size = a.block_size;
+  p.format = a.format;
+  p.codes = codes.data_ptr<uint8_t>();
+  p.absmax = absmax.data_ptr<float>();
+  const char* err = kernels::quantize_blockwise_gpu(p, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, op, ": CUDA launch failed: ", err);
+  check_absmax_flags(absmax, a, op);
+  return {codes, absmax};
+}
+
+at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& absmax, std::string_view format,
+                           int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype) {
+  const char* op = "lowbit::dequantize_blockwise";
+  const DequantizeArgs a = check_dequantize_args(codes, absmax, std::string(format), block_size, shape, dtype, op);
+  const c10::cuda::CUDAGuard guard(a.codes.device());
+  at::Tensor out = at::empty(a.shape, a.codes.options().dtype(a.dtype));
+  kernels::DequantizeParams p;
+  p.codes = a.codes.data_ptr<uint8_t>();
+  p.absmax = a.absmax.data_ptr<float>();
+  p.n = a.numel;
+  p.block_size = a.block_size;
+  p.format = a.format;
+  p.output = out.data_ptr();
+  p.output_type = elem_type(a.dtype);
+  const char* err = kernels::dequantize_blockwise_gpu(p, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, op, ": CUDA launch failed: ", err);
+  return out;
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace lowbit
+
+TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
+  m.impl("quantize_blockwise", &lowbit::ops::quantize_cuda);
+  m.impl("dequantize_blockwise", &lowbit::ops::dequantize_cuda);
+}

@@ -1,0 +1,80 @@
+// The reference blockwise quantize / dequantize, written with ATen ops only. It is the test oracle
+// and the CompositeExplicitAutograd kernel that serves any device without a dedicated one.
+#include <torch/library.h>
+
+#include <cfloat>
+
+#include <lowbit/kernels/common/code_tables.h>
+
+#include "blockwise_ops.h"
+
+namespace lowbit {
+namespace ops {
+
+std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, std::string_view format,
+                                                      int64_t block_size) {
+  const char* op = "lowbit::quantize_blockwise";
+  const QuantizeArgs a = check_quantize_args(input, std::string(format), block_size, op);
+  const int64_t n = a.input.numel();
+  const int64_t B = a.block_size;
+  const int64_t nb = num_blocks(n, B);
+  const auto fopts = a.input.options().dtype(at::kFloat);
+  at::Tensor padded = at::zeros({nb * B}, fopts);
+  padded.narrow(0, 0, n).copy_(a.input);
+  const at::Tensor blocks = padded.view({nb, B});
+
+  // absmax with the in-band flags of kernels/common/encode.h.
+  const at::Tensor amax = blocks.abs().amax(1);
+  const at::Tensor nonfinite = at::logical_not(at::isfinite(blocks)).any(1);
+  at::Tensor absmax = amax;
+  if (!format_is_signed(a.format)) {
+    absmax = at::where((blocks < 0).any(1), -amax.clamp_min(FLT_MIN), absmax);
+  }
+  absmax = at::where(nonfinite, at::full_like(absmax, NAN), absmax);
+
+  const kernels::EncodeTable tab = kernels::make_encode_table(a.format);
+  const at::Tensor thresholds =
+      at::tensor(at::ArrayRef<float>(tab.thresholds, tab.num_values - 1), at::kFloat).to(blocks.device());
+  const at::Tensor sorted_codes =
+      at::tensor(at::ArrayRef<uint8_t>(tab.sorted_codes, tab.num_values), at::kByte).to(blocks.device());
+  const at::Tensor scale = absmax.unsqueeze(1);
+  const at::Tensor normalized = at::where(scale > 0, blocks / scale, at::zeros_like(blocks));
+  const at::Tensor idx = at::bucketize(normalized, thresholds, /*out_int32=*/false, /*right=*/false);
+  at::Tensor codes = sorted_codes.index({idx.view(-1)}).narrow(0, 0, n);
+  if (format_bits(a.format) == 4) {
+    if (n % 2) codes = at::cat({codes, at::zeros({1}, codes.options())});
+    const at::Tensor pairs = codes.view({-1, 2});
+    codes = at::bitwise_or(pairs.select(1, 0), at::bitwise_left_shift(pairs.select(1, 1), 4));
+  }
+  check_absmax_flags(absmax, a, op);
+  return {codes.contiguous(), absmax.contiguous()};
+}
+
+at::Tensor dequantize_reference(const at::Tensor& codes, const at::Tensor& absmax, std::string_view format,
+                                int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype) {
+  const DequantizeArgs a = check_dequantize_args(codes, absmax, std::string(format), block_size, shape, dtype,
+                                                 "lowbit::dequantize_blockwise");
+  const int64_t n = a.numel;
+  at::Tensor idx;
+  if (format_bits(a.format) == 4) {
+    const at::Tensor lo = at::bitwise_and(a.codes, 0xF);
+    const at::Tensor hi = at::bitwise_right_shift(a.codes, 4);
+    idx = at::stack({lo, hi}, 1).view(-1).narrow(0, 0, n);
+  } else {
+    idx = a.codes;
+  }
+  const at::Tensor cb = codebook(a.format).to(a.codes.device());
+  const at::Tensor scale = a.absmax.repeat_interleave(a.block_size).narrow(0, 0, n);
+  const at::Tensor values = cb.index({idx.to(at::kLong)}) * scale;
+  return values.to(a.dtype).view(a.shape);
+}
+
+}  // namespace ops
+}  // namespace lowbit
+
+TORCH_LIBRARY_IMPL(lowbit, CompositeExplicitAutograd, m) {
+  m.impl("quantize_blockwise", &lowbit::ops::quantize_reference);
+  m.impl("dequantize_blockwise", &lowbit::ops::dequantize_reference);
+  m.impl("quantize_blockwise_reference", &lowbit::ops::quantize_reference);
+  m.impl("dequantize_blockwise_reference", &lowbit::ops::dequantize_reference);
+}

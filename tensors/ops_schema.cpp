@@ -1,0 +1,14 @@
+// Declares lowbit's dispatcher ops; each backend registers its kernels in its own ops_*.cpp file.
+#include <torch/library.h>
+
+TORCH_LIBRARY(lowbit, m) {
+  m.def("quantize_blockwise(Tensor input, str format, int block_size=0) -> (Tensor codes, Tensor absmax)");
+  m.def(
+      "dequantize_blockwise(Tensor codes, Tensor absmax, str format, int block_size, int[] shape, "
+      "ScalarType? dtype=None) -> Tensor");
+  // The ATen-only oracle under its own name, so tests can compare any backend against it.
+  m.def("quantize_blockwise_reference(Tensor input, str format, int block_size=0) -> (Tensor codes, Tensor absmax)");
+  m.def(
+      "dequantize_blockwise_reference(Tensor codes, Tensor absmax, str format, int block_size, int[] shape, "
+      "ScalarType? dtype=None) -> Tensor");
+}

@@ -1,0 +1,81 @@
+"""lowbit's ops from Python: torch.ops.load_library, then torch.ops.lowbit.*."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+LIB = os.environ.get("LOWBIT_LIBRARY")
+if not LIB:
+    pytest.skip("LOWBIT_LIBRARY is not set (run through ctest)", allow_module_level=True)
+torch.ops.load_library(LIB)
+ops = torch.ops.lowbit
+
+FORMATS = ["Dyn8Signed", "Dyn8Unsigned", "DE4Signed", "Linear4Unsigned", "FP8E4M3", "FP8E5M2"]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def dynamic_map_bnb_style(signed, exponent_bits, total_bits):
+    """The 8-bit optimizers paper's dynamic map built with torch ops, as bitsandbytes does."""
+    data = []
+    non_sign_bits = total_bits - 1
+    for i in range(exponent_bits):
+        items = 2 ** (i + non_sign_bits - exponent_bits) + 1 if signed else 2 ** (i + non_sign_bits - exponent_bits + 1) + 1
+        grid = torch.linspace(0.1, 1, items, dtype=torch.float32)
+        means = (grid[:-1] + grid[1:]) / 2.0
+        data += ((10 ** (-(exponent_bits - 1) + i)) * means).tolist()
+        if signed:
+            data += (-(10 ** (-(exponent_bits - 1) + i)) * means).tolist()
+    data += [0.0, 1.0]
+    data.sort()
+    return torch.tensor(data, dtype=torch.float32)
+
+
+def cli(*args):
+    return subprocess.run([os.environ["LOWBIT_CLI"], *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("fmt,args", [("Dyn8Signed", (True, 7, 8)), ("Dyn8Unsigned", (False, 7, 8)), ("DE4Signed", (True, 3, 4))])
+def test_dynamic_maps_match_bitsandbytes_construction(fmt, args):
+    want = dynamic_map_bnb_style(*args)
+    got = torch.tensor([float(v) for v in cli("codebook", fmt).stdout.split()], dtype=torch.float32)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_matches_reference_and_round_trips(device, fmt):
+    x = torch.randn(3 * 256 + 17, device=device) * 3
+    if "Unsigned" in fmt:
+        x = x.abs()
+    codes, absmax = ops.quantize_blockwise(x, fmt, 0)
+    rcodes, rabsmax = ops.quantize_blockwise_reference(x.cpu(), fmt, 0)
+    assert codes.device.type == device and codes.dtype == torch.uint8
+    assert torch.equal(codes.cpu(), rcodes) and torch.equal(absmax.cpu(), rabsmax)
+    block = 128 if "4" in fmt and "FP8" not in fmt else 256
+    y = ops.dequantize_blockwise(codes, absmax, fmt, 0, list(x.shape), torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    scale = absmax.repeat_interleave(block)[: x.numel()]
+    # Widest half-gap of the codebook or clamp distance at a range end, plus bf16 output rounding.
+    cb = torch.tensor([float(v) for v in cli("codebook", fmt).stdout.split()])
+    cb = cb[cb.isfinite()].sort().values
+    lo = 0.0 if "Unsigned" in fmt else -1.0
+    bound = max((cb[1:] - cb[:-1]).max().item() / 2, cb[0].item() - lo, 1 - cb[-1].item())
+    assert ((y.float() - x).abs() / scale).max().item() <= bound + 0.004
+
+
+def test_errors_reach_python():
+    with pytest.raises(RuntimeError, match="NaN or Inf in block 0"):
+        ops.quantize_blockwise(torch.tensor([1.0, float("nan")]), "Dyn8Signed", 0)
+    with pytest.raises(RuntimeError, match="unknown quantization format 'int8'"):
+        ops.quantize_blockwise(torch.ones(4), "int8", 0)
+    with pytest.raises(RuntimeError, match="block_size must be"):
+        ops.quantize_blockwise(torch.ones(4), "FP8E4M3", 48)
+
+
+def test_cli_info_and_errors():
+    info = cli("info")
+    assert info.returncode == 0 and "libtorch 2." in info.stdout and "cpu   yes" in info.stdout
+    bad = cli("codebook", "int8")
+    assert bad.returncode != 0 and "unknown quantization format" in bad.stderr
+    assert len(cli("codebook", "FP8E5M2").stdout.split()) == 256

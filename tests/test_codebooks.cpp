@@ -1,0 +1,108 @@
+// Codebooks are generated, not pasted: check their defining properties and the encode tables.
+#include <lowbit/kernels/common/code_tables.h>
+#include <lowbit/kernels/common/encode.h>
+#include <lowbit/kernels/cpu/bucket_encoder.h>
+
+#include <random>
+
+#include "test_util.h"
+
+using lowbit::QuantFormat;
+namespace lk = lowbit::kernels;
+
+TEST(Codebooks, SizesAndLandmarks) {
+  for (auto f : lowbit_test::all_formats()) {
+    EXPECT_EQ(lowbit::codebook(f).numel(), lowbit::format_bits(f) == 4 ? 16 : 256) << lowbit::format_name(f);
+  }
+  const auto s8 = lk::make_codebook(QuantFormat::Dyn8Signed);
+  EXPECT_EQ(s8[127], 0.0f);
+  EXPECT_EQ(s8[255], 1.0f);
+  EXPECT_TRUE(std::is_sorted(s8.begin(), s8.end()));
+  EXPECT_NEAR(s8[0], -0.99297, 1e-5);  // asymmetric: the signed map has +1 but not -1
+  const auto u8 = lk::make_codebook(QuantFormat::Dyn8Unsigned);
+  EXPECT_EQ(u8[0], 0.0f);
+  EXPECT_EQ(u8[255], 1.0f);
+  // Smallest nonzero values: 1e-6 times the midpoints of the first decade's grid cells.
+  EXPECT_NEAR(u8[1], 0.325e-6, 1e-12);
+  EXPECT_NEAR(s8[128], 0.55e-6, 1e-12);
+  EXPECT_EQ(std::set<float>(u8.begin(), u8.end()).size(), 256u);
+  const auto de4 = lk::make_codebook(QuantFormat::DE4Signed);
+  EXPECT_EQ(de4[7], 0.0f);
+  EXPECT_EQ(de4[15], 1.0f);
+  EXPECT_NEAR(de4[8], 0.0055, 1e-7);
+  const auto lin = lk::make_codebook(QuantFormat::Linear4Unsigned);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(lin[i], (i + 1) / 16.0f);
+}
+
+// FP8 codes are the real e4m3fn / e5m2 bit patterns: decoding them with torch's float8 dtypes gives
+// the codebook times the format's max.
+TEST(Codebooks, Fp8MatchesTorchFloat8) {
+  const at::Tensor codes = at::arange(256, at::kInt).to(at::kByte);
+  for (auto [f, dt, maxv] : {std::tuple{QuantFormat::FP8E4M3, at::kFloat8_e4m3fn, 448.0},
+                             std::tuple{QuantFormat::FP8E5M2, at::kFloat8_e5m2, 57344.0}}) {
+    const at::Tensor vals = codes.view(dt).to(at::kDouble);
+    const auto cb = lk::make_codebook(f);
+    int finite = 0;
+    for (int c = 0; c < 256; ++c) {
+      const double v = vals[c].item<double>();
+      if (!std::isfinite(v)) {
+        EXPECT_TRUE(std::isnan(cb[c])) << c;
+        continue;
+      }
+      ++finite;
+      EXPECT_EQ(cb[c], static_cast<float>(v / maxv)) << lowbit::format_name(f) << " code " << c;
+    }
+    EXPECT_EQ(finite, f == QuantFormat::FP8E4M3 ? 254 : 248);
+  }
+}
+
+// Brute force: the nearest codebook value in exact (double) arithmetic, ties to the lower code.
+static int nearest_code(const std::vector<float>& cb, float x) {
+  int best = -1;
+  double best_d = INFINITY;
+  for (int c = 0; c < static_cast<int>(cb.size()); ++c) {
+    if (!std::isfinite(cb[c])) continue;
+    const double d = std::fabs(static_cast<double>(x) - static_cast<double>(cb[c]));
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
+  std::mt19937 rng(std::random_device{}());
+  for (auto f : lowbit_test::all_formats()) {
+    const auto cb = lk::make_codebook(f);
+    const lk::EncodeTable tab = lk::make_encode_table(f);
+    const lk::BucketEncoder& enc = lk::bucket_encoder(f);
+    std::vector<float> probes;
+    std::uniform_real_distribution<float> u(-1.05f, 1.05f);
+    for (int i = 0; i < 20000; ++i) probes.push_back(u(rng));
+    // Every exact midpoint and its float neighbours: the tie and near-tie cases.
+    for (int i = 0; i + 1 < tab.num_values; ++i) {
+      const float a = cb[tab.sorted_codes[i]], b = cb[tab.sorted_codes[i + 1]];
+      const float m = static_cast<float>((static_cast<double>(a) + b) / 2);
+      for (float p : {m, std::nextafter(m, -INFINITY), std::nextafter(m, INFINITY), a, b}) probes.push_back(p);
+    }
+    for (float x : probes) {
+      const int want = nearest_code(cb, x);
+      int count = 0;
+      while (count < tab.num_values - 1 && tab.thresholds[count] < x) ++count;
+      const int eytz = tab.bits == 4 ? lk::count_below_eytzinger<4>(tab.eytzinger, x)
+                                     : lk::count_below_eytzinger<8>(tab.eytzinger, x);
+      ASSERT_EQ(tab.sorted_codes[count], want) << lowbit::format_name(f) << " x=" << x;
+      ASSERT_EQ(eytz, count) << lowbit::format_name(f) << " x=" << x;
+      ASSERT_EQ(enc.count_below(x), count) << lowbit::format_name(f) << " x=" << x;
+    }
+  }
+}
+
+TEST(Codebooks, ParseNames) {
+  QuantFormat f;
+  EXPECT_TRUE(lowbit::parse_format("fp8e5m2", &f));
+  EXPECT_EQ(f, QuantFormat::FP8E5M2);
+  EXPECT_FALSE(lowbit::parse_format("int8", &f));
+  EXPECT_THROW(lowbit::format_from_name("int8"), c10::Error);
+}

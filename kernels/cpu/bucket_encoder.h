@@ -13,9 +13,29 @@ namespace kernels {
 
 // Maps a float's bits to an unsigned key that sorts like the float (NaN aside).
 inline uint32_t order_key(float x) {
+  // Branch-free: half of a signed tensor is negative, and a mispredicted branch per element
+  // costs more than the whole encode.
   const uint32_t u = f32_bits(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
 }
+
+// Raw-pointer view of an encoder, copied into a loop's registers: stores through uint8_t* may alias
+// anything, so member pointers would be reloaded on every element.
+struct BucketView {
+  const uint8_t* start;
+  const float* thr;
+  const uint8_t* codes;
+  int scan;
+
+  int count_below(float x) const {
+    const int s = start[order_key(x) >> 16];
+    if (scan == 1) return s + (thr[s] < x ? 1 : 0);  // every built-in format: one compare
+    int c = s;
+    for (int k = 0; k < scan; ++k) c += thr[s + k] < x ? 1 : 0;
+    return c;
+  }
+  uint8_t encode(float normalized) const { return codes[count_below(normalized)]; }
+};
 
 class BucketEncoder {
  public:
@@ -28,7 +48,7 @@ class BucketEncoder {
     for (uint32_t b = 0; b < (1u << 16); ++b) {
       const uint32_t lo = b << 16;
       while (j < nthr && order_key(thr_[j]) < lo) ++j;
-      start_[b] = static_cast<uint16_t>(j);
+      start_[b] = static_cast<uint8_t>(j);  // at most 255 thresholds
       int k = j;
       const uint32_t hi = lo | 0xFFFFu;
       while (k < nthr && order_key(thr_[k]) <= hi) ++k;
@@ -38,21 +58,15 @@ class BucketEncoder {
     thr_.resize(nthr + scan_ + 1, INFINITY);
   }
 
-  int count_below(float x) const {
-    const uint32_t b = order_key(x) >> 16;
-    const int s = start_[b];
-    int c = s;
-    for (int k = 0; k < scan_; ++k) c += thr_[s + k] < x ? 1 : 0;
-    return c;
-  }
-
-  uint8_t encode(float normalized) const { return table_.sorted_codes[count_below(normalized)]; }
+  BucketView view() const { return BucketView{start_.data(), thr_.data(), table_.sorted_codes, scan_}; }
+  int count_below(float x) const { return view().count_below(x); }
+  uint8_t encode(float normalized) const { return view().encode(normalized); }
   const EncodeTable& table() const { return table_; }
   int scan_length() const { return scan_; }
 
  private:
   EncodeTable table_;
-  std::vector<uint16_t> start_;
+  std::vector<uint8_t> start_;
   std::vector<float> thr_;
   int scan_ = 0;
 };

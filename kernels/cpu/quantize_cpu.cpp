@@ -5,6 +5,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <vector>
 #include <mutex>
 
 #include "../common/encode.h"
@@ -24,32 +27,63 @@ const BucketEncoder& bucket_encoder(QuantFormat fmt) {
 
 namespace {
 
+const float* cached_codebook(QuantFormat fmt) {
+  static std::vector<float> books[kNumQuantFormats];
+  static std::once_flag once[kNumQuantFormats];
+  const int i = static_cast<int>(fmt);
+  std::call_once(once[i], [&] { books[i] = make_codebook(fmt); });
+  return books[i].data();
+}
+
+// Three passes over a block that stays in L1: scan (vectorizes), normalize (vectorized division,
+// exact IEEE like every other backend), encode (table lookups).
 template <typename T>
 void quantize_impl(const QuantizeParams& p) {
   const T* x = static_cast<const T*>(p.input);
-  const BucketEncoder& enc = bucket_encoder(p.format);
+  const BucketView enc = bucket_encoder(p.format).view();
   const bool is_signed = format_is_signed(p.format);
   const bool four_bit = format_bits(p.format) == 4;
   const int64_t nblocks = num_blocks(p.n, p.block_size);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t begin = b * p.block_size;
-    const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
-    BlockScan scan;
-    for (int64_t i = 0; i < len; ++i) scan_add(scan, to_f32(x[begin + i]));
-    const float amax = block_absmax(scan, is_signed);
-    p.absmax[b] = amax;
-    if (four_bit) {
-      // Blocks hold an even number of elements, so a byte never straddles two blocks.
-      uint8_t* out = p.codes + begin / 2;
-      for (int64_t i = 0; i < len; i += 2) {
-        const uint8_t lo = enc.encode(normalize(to_f32(x[begin + i]), amax));
-        const uint8_t hi = i + 1 < len ? enc.encode(normalize(to_f32(x[begin + i + 1]), amax)) : 0;
-        out[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
+#pragma omp parallel
+  {
+    std::vector<float> buf(p.block_size);
+    float* v = buf.data();
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t begin = b * p.block_size;
+      const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
+      // On the bit patterns, so the reduction vectorizes without fast-math: for non-NaN floats
+      // |x| orders like its bits; any bits >= Inf's are Inf or NaN; sign set with a nonzero
+      // magnitude is a negative value (-0.0 is not).
+      uint32_t max_bits = 0, neg = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        const float xi = to_f32(x[begin + i]);
+        v[i] = xi;
+        const uint32_t u = f32_bits(xi);
+        max_bits = std::max(max_bits, u & 0x7FFFFFFFu);
+        neg |= u > 0x80000000u ? 1u : 0u;
       }
-    } else {
-      uint8_t* out = p.codes + begin;
-      for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(normalize(to_f32(x[begin + i]), amax));
+      BlockScan scan;
+      scan.nonfinite = max_bits >= 0x7F800000u;
+      scan.negative = neg != 0;
+      scan.amax = scan.nonfinite ? 0.0f : f32_from_bits(max_bits);
+      const float am = block_absmax(scan, is_signed);
+      p.absmax[b] = am;
+      if (am > 0.0f) {
+        for (int64_t i = 0; i < len; ++i) v[i] = v[i] / am;
+      } else {
+        for (int64_t i = 0; i < len; ++i) v[i] = 0.0f;  // all-zero (or flagged) block
+      }
+      if (four_bit) {
+        // Blocks hold an even number of elements, so a byte never straddles two blocks.
+        uint8_t* out = p.codes + begin / 2;
+        for (int64_t i = 0; i + 1 < len; i += 2)
+          out[i / 2] = static_cast<uint8_t>(enc.encode(v[i]) | (enc.encode(v[i + 1]) << 4));
+        if (len % 2) out[len / 2] = enc.encode(v[len - 1]);
+      } else {
+        uint8_t* out = p.codes + begin;
+        for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(v[i]);
+      }
     }
   }
 }
@@ -57,8 +91,7 @@ void quantize_impl(const QuantizeParams& p) {
 template <typename T>
 void dequantize_impl(const DequantizeParams& p) {
   T* y = static_cast<T*>(p.output);
-  const std::vector<float> codebook = make_codebook(p.format);
-  const float* cb = codebook.data();
+  const float* cb = cached_codebook(p.format);
   const bool four_bit = format_bits(p.format) == 4;
   const int64_t nblocks = num_blocks(p.n, p.block_size);
 #pragma omp parallel for schedule(static)
@@ -68,11 +101,13 @@ void dequantize_impl(const DequantizeParams& p) {
     const float amax = p.absmax[b];
     if (four_bit) {
       const uint8_t* in = p.codes + begin / 2;
-      for (int64_t i = 0; i < len; ++i) {
+      T* out = y + begin;
+      for (int64_t i = 0; i + 1 < len; i += 2) {
         const uint8_t byte = in[i / 2];
-        const uint8_t code = (i & 1) ? (byte >> 4) : (byte & 0xF);
-        y[begin + i] = from_f32<T>(decode_value(cb, code, amax));
+        out[i] = from_f32<T>(decode_value(cb, byte & 0xF, amax));
+        out[i + 1] = from_f32<T>(decode_value(cb, byte >> 4, amax));
       }
+      if (len % 2) out[len - 1] = from_f32<T>(decode_value(cb, in[len / 2] & 0xF, amax));
     } else {
       const uint8_t* in = p.codes + begin;
       for (int64_t i = 0; i < len; ++i) y[begin + i] = from_f32<T>(decode_value(cb, in[i], amax));

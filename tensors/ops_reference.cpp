@@ -37,8 +37,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, s
       at::tensor(at::ArrayRef<float>(tab.thresholds, tab.num_values - 1), at::kFloat).to(blocks.device());
   const at::Tensor sorted_codes =
       at::tensor(at::ArrayRef<uint8_t>(tab.sorted_codes, tab.num_values), at::kByte).to(blocks.device());
-  const at::Tensor scale = absmax.unsqueeze(1);
-  const at::Tensor normalized = at::where(scale > 0, blocks / scale, at::zeros_like(blocks));
+  // Normalizer of kernels/common/encode.h: (x * pre) * (1 / (absmax * pre)), 0 for all-zero blocks.
+  const at::Tensor pre = at::where(absmax < 0x1p-64f, at::full_like(absmax, 0x1p64f),
+                                   at::where(absmax > 0x1p64f, at::full_like(absmax, 0x1p-64f), at::ones_like(absmax)));
+  const at::Tensor inv = at::where(absmax > 0, at::ones_like(absmax) / (absmax * pre), at::zeros_like(absmax));
+  const at::Tensor normalized = (blocks * pre.unsqueeze(1)) * inv.unsqueeze(1);
   const at::Tensor idx = at::bucketize(normalized, thresholds, /*out_int32=*/false, /*right=*/false);
   at::Tensor codes = sorted_codes.index({idx.view(-1)}).narrow(0, 0, n);
   if (format_bits(a.format) == 4) {

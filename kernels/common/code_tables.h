@@ -172,5 +172,34 @@ inline EncodeTable make_encode_table(QuantFormat fmt) {
   return tab;
 }
 
+// Start index table for encoding by bucket: for the bucket of order keys sharing their top
+// `key_bits` bits, starts[b] = #{thresholds below the bucket}; then
+//   #{thresholds < x} = starts[b] + #{k < widest : thresholds[starts[b] + k] < x}
+// with thresholds padded by +inf. `widest` is the most thresholds inside one bucket.
+inline uint32_t order_key_host(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
+
+inline std::vector<uint8_t> make_bucket_starts(const EncodeTable& tab, int key_bits, int* widest) {
+  const int nthr = tab.num_values - 1;
+  const uint32_t nb = 1u << key_bits;
+  const int shift = 32 - key_bits;
+  std::vector<uint8_t> starts(nb);
+  int j = 0;
+  *widest = 0;
+  for (uint32_t b = 0; b < nb; ++b) {
+    const uint32_t lo = b << shift;
+    const uint32_t hi = lo | ((1u << shift) - 1u);
+    while (j < nthr && order_key_host(tab.thresholds[j]) < lo) ++j;
+    starts[b] = static_cast<uint8_t>(j);  // at most 255 thresholds
+    int k = j;
+    while (k < nthr && order_key_host(tab.thresholds[k]) <= hi) ++k;
+    *widest = std::max(*widest, k - j);
+  }
+  return starts;
+}
+
 }  // namespace kernels
 }  // namespace lowbit

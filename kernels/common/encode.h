@@ -19,9 +19,29 @@ LOWBIT_UNROLL
   return i - (1 << DEPTH);
 }
 
-// The value a block's elements are divided by. An all-zero block has absmax 0: every element is
-// encoded as normalized 0 and decodes to codebook[code] * 0 = 0, for every format.
-LOWBIT_HD float normalize(float x, float absmax) { return absmax > 0.0f ? x / absmax : 0.0f; }
+// x / absmax as every backend computes it: one division per block, then a multiply per element,
+//   normalized = (x * pre) * inv,   inv = 1 / (absmax * pre),
+// where pre (a power of two, so x * pre is exact) keeps inv a normal float for tiny or huge absmax.
+// An all-zero block has inv = 0: its elements normalize to 0 and decode to codebook[code] * 0 = 0,
+// in every format.
+struct Normalizer {
+  float pre;
+  float inv;
+};
+
+LOWBIT_HD Normalizer make_normalizer(float absmax) {
+  if (!(absmax > 0.0f)) return {1.0f, 0.0f};
+  const float pre = absmax < 0x1p-64f ? 0x1p64f : (absmax > 0x1p64f ? 0x1p-64f : 1.0f);
+  return {pre, 1.0f / (absmax * pre)};
+}
+
+LOWBIT_HD float normalize(const Normalizer& n, float x) { return (x * n.pre) * n.inv; }
+
+// Order-preserving integer key of a float's bits (NaN aside); branch-free, since half of a signed
+// tensor is negative and a mispredicted branch per element costs more than the whole encode.
+LOWBIT_HD uint32_t order_key_bits(uint32_t u) {
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
 
 LOWBIT_HD float decode_value(const float* codebook, uint8_t code, float absmax) {
   return codebook[code] * absmax;

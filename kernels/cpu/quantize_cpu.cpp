@@ -35,8 +35,8 @@ const float* cached_codebook(QuantFormat fmt) {
   return books[i].data();
 }
 
-// Three passes over a block that stays in L1: scan (vectorizes), normalize (vectorized division,
-// exact IEEE like every other backend), encode (table lookups).
+// Three passes over a block that stays in L1: scan (vectorizes), normalize (vectorizes; the same
+// float operations as every other backend), encode (table lookups).
 template <typename T>
 void quantize_impl(const QuantizeParams& p) {
   const T* x = static_cast<const T*>(p.input);
@@ -69,11 +69,8 @@ void quantize_impl(const QuantizeParams& p) {
       scan.amax = scan.nonfinite ? 0.0f : f32_from_bits(max_bits);
       const float am = block_absmax(scan, is_signed);
       p.absmax[b] = am;
-      if (am > 0.0f) {
-        for (int64_t i = 0; i < len; ++i) v[i] = v[i] / am;
-      } else {
-        for (int64_t i = 0; i < len; ++i) v[i] = 0.0f;  // all-zero (or flagged) block
-      }
+      const Normalizer nz = make_normalizer(am);
+      for (int64_t i = 0; i < len; ++i) v[i] = normalize(nz, v[i]);
       if (four_bit) {
         // Blocks hold an even number of elements, so a byte never straddles two blocks.
         uint8_t* out = p.codes + begin / 2;

@@ -1,18 +1,28 @@
-// Per-format tables passed to the GPU kernels by value (2.3 KB of kernel parameters) and staged in
-// shared memory, so no global constant memory needs managing per device.
+// Per-format tables of the GPU kernels. The small ones travel as kernel parameters (1.3 KB); the
+// bucket start table (16 KiB) lives in device memory, made once per device and format. Kernels
+// stage both in shared memory.
 #pragma once
 
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "../common/code_tables.h"
+#include "portability.cuh"
 
 namespace lowbit {
 namespace kernels {
 
+// Encode by bucket (code_tables.h): 14 key bits = 16 KiB of starts, at most 3 compares per
+// element for the built-in formats.
+constexpr int kGpuKeyBits = 14;
+constexpr int kGpuMaxScan = 4;
+
 struct GpuTables {
-  float eytzinger[256];     // encode: thresholds as a breadth-first BST (index 1..)
+  float thresholds[256 + kGpuMaxScan];  // ascending, +inf padded
   uint8_t sorted_codes[256];
-  float codebook[256];      // decode: value of each code
+  float codebook[256];                  // decode: value of each code
+  int scan = 1;                         // compares after the bucket lookup
 };
 
 inline const GpuTables& gpu_tables(QuantFormat fmt) {
@@ -23,16 +33,41 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
     const EncodeTable enc = make_encode_table(fmt);
     const std::vector<float> cb = make_codebook(fmt);
     GpuTables& t = tables[i];
+    for (int k = 0; k < 256 + kGpuMaxScan; ++k) t.thresholds[k] = k < 256 ? enc.thresholds[k] : INFINITY;
     for (int k = 0; k < 256; ++k) {
-      t.eytzinger[k] = enc.eytzinger[k];
       t.sorted_codes[k] = enc.sorted_codes[k];
       t.codebook[k] = k < static_cast<int>(cb.size()) ? cb[k] : 0.0f;
     }
+    make_bucket_starts(enc, kGpuKeyBits, &t.scan);
   });
   return tables[i];
 }
 
-// Copies the first `n` floats / bytes of a table into shared memory; the caller syncs.
+// The bucket starts of `fmt` on the current device (allocated on first use, kept for the process).
+inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, uint8_t*> cache;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, static_cast<int>(fmt));
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int widest = 0;
+    const std::vector<uint8_t> starts = make_bucket_starts(make_encode_table(fmt), kGpuKeyBits, &widest);
+    uint8_t* d = nullptr;
+    e = cudaMalloc(reinterpret_cast<void**>(&d), starts.size());
+    if (e != cudaSuccess) return e;
+    e = cudaMemcpy(d, starts.data(), starts.size(), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+    it = cache.emplace(key, d).first;
+  }
+  *out = it->second;
+  return cudaSuccess;
+}
+
+// Copies n elements into shared memory, block-strided; the caller syncs.
 template <typename T>
 __device__ __forceinline__ void stage(T* dst, const T* src, int n) {
   for (int k = threadIdx.x; k < n; k += blockDim.x) dst[k] = src[k];

@@ -31,14 +31,38 @@ __device__ __forceinline__ void group_reduce(BlockScan& s) {
   s.negative = flags & 2;
 }
 
+// Encode tables in shared memory (see gpu_tables.cuh).
+struct SharedEncode {
+  uint8_t starts[1 << kGpuKeyBits];
+  float thresholds[256 + kGpuMaxScan];
+  uint8_t sorted_codes[256];
+};
+
+__device__ __forceinline__ void stage_encode(SharedEncode& sh, const uint8_t* starts, const GpuTables& t) {
+  const uint4* src = reinterpret_cast<const uint4*>(starts);
+  uint4* dst = reinterpret_cast<uint4*>(sh.starts);
+  stage(dst, src, (1 << kGpuKeyBits) / 16);
+  stage(sh.thresholds, t.thresholds, 256 + kGpuMaxScan);
+  stage(sh.sorted_codes, t.sorted_codes, 256);
+}
+
+// #{thresholds < x}: bucket lookup on the order key's top bits, then `scan` compares.
+__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, int scan, float x) {
+  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
+  int c = s;
+#pragma unroll
+  for (int k = 0; k < kGpuMaxScan; ++k)
+    if (k < scan) c += sh.thresholds[s + k] < x ? 1 : 0;
+  return sh.sorted_codes[c];
+}
+
 // Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
 template <int BITS>
-__device__ __forceinline__ void encode_store8(const float (&v)[8], float amax, const float* eytz,
-                                              const uint8_t* sorted_codes, uint8_t* codes, int64_t i,
-                                              int64_t n, bool vec) {
+__device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const SharedEncode& sh,
+                                              int scan, uint8_t* codes, int64_t i, int64_t n, bool vec) {
   uint8_t c[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = sorted_codes[count_below_eytzinger<BITS>(eytz, normalize(v[k], amax))];
+  for (int k = 0; k < 8; ++k) c[k] = encode_one(sh, scan, normalize(nz, v[k]));
   if (BITS == 8) {
     if (vec && i + 8 <= n) {
       uint2 w;
@@ -67,11 +91,11 @@ __device__ __forceinline__ void encode_store8(const float (&v)[8], float amax, c
 template <typename T, int BITS, int BLOCK, int WARP>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
                                                             float* __restrict__ absmax, int64_t n, bool is_signed,
-                                                            bool vec, GpuTables tables) {
-  __shared__ float s_eytz[256];
-  __shared__ uint8_t s_codes[256];
-  stage(s_eytz, tables.eytzinger, 1 << BITS);
-  stage(s_codes, tables.sorted_codes, 1 << BITS);
+                                                            bool vec, const uint8_t* __restrict__ starts,
+                                                            GpuTables tables) {
+  __shared__ __align__(16) SharedEncode sh;
+  stage_encode(sh, starts, tables);
+  const int scan = tables.scan;
   __syncthreads();
 
   constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
@@ -94,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const float amax = block_absmax(s, is_signed);
       const int64_t block = i / BLOCK;
       if (lane % kGroup == 0 && i < n) absmax[block] = amax;
-      if (i < n) encode_store8<BITS>(v, amax, s_eytz, s_codes, codes, i, n, vec);
+      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
     } else {
       BlockScan s;
       for (int c = 0; c < kChunks; ++c) {
@@ -105,13 +129,14 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       }
       group_reduce<WARP>(s);
       const float amax = block_absmax(s, is_signed);
+      const Normalizer nz = make_normalizer(amax);
       if (lane == 0) absmax[unit] = amax;
       for (int c = 0; c < kChunks; ++c) {
         const int64_t i = base + (int64_t(c) * WARP + lane) * kElemsPerThread;
         if (i >= n) break;
         float v[8];
         load8(x, i, n, vec, v);
-        encode_store8<BITS>(v, amax, s_eytz, s_codes, codes, i, n, vec);
+        encode_store8<BITS>(v, nz, sh, scan, codes, i, n, vec);
       }
     }
   }
@@ -125,8 +150,12 @@ cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t 
   const int64_t wanted = (units + warps_per_block - 1) / warps_per_block;
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 8)));
   const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 8 == 0;
-  quantize_kernel<T, BITS, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(
-      static_cast<const T*>(p.input), p.codes, p.absmax, p.n, format_is_signed(p.format), vec, gpu_tables(p.format));
+  const uint8_t* starts = nullptr;
+  const cudaError_t e = device_bucket_starts(p.format, &starts);
+  if (e != cudaSuccess) return e;
+  quantize_kernel<T, BITS, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.input), p.codes,
+                                                                       p.absmax, p.n, format_is_signed(p.format), vec,
+                                                                       starts, gpu_tables(p.format));
   return cudaGetLastError();
 }
 

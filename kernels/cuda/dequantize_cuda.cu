@@ -13,9 +13,25 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// 16 elements per thread: 16 (8-bit) or 8 (4-bit) code bytes in one load, enough bytes in flight
-// per SM to cover memory latency although the codes are a fifth of the traffic.
-constexpr int kElems = 16;
+// Work comes in groups of 4 consecutive elements; consecutive threads take consecutive groups, so
+// each warp-wide store writes one contiguous 512-byte (fp32) run. Each thread loads the codes of
+// kUnroll groups, a grid apart, before decoding any: enough loads in flight to cover latency.
+constexpr int kUnroll = 4;
+
+template <typename T>
+__device__ __forceinline__ void store4(T* y, int64_t i, int64_t n, bool vec, const float (&v)[4]) {
+  if (vec && i + 4 <= n) {
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      *reinterpret_cast<uint2*>(y + i) = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (i + k < n) y[i + k] = from_f32<T>(v[k]);
+  }
+}
 
 template <typename T, int BITS>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t* __restrict__ codes,
@@ -24,51 +40,50 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t* __r
   __shared__ float s_cb[256];
   stage(s_cb, tables.codebook, 1 << BITS);
   __syncthreads();
-  const int64_t chunks = (n + kElems - 1) / kElems;
-  for (int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * kThreads) {
-    const int64_t i = c * kElems;
-    // 16 elements never straddle two blocks: blocks are multiples of 32 elements.
-    const float amax = absmax[i >> block_shift];
-    uint8_t code[kElems];
-    const bool full = vec && i + kElems <= n;
-    if (BITS == 8) {
-      if (full) {
-        const uint4 w = *reinterpret_cast<const uint4*>(codes + i);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  const int64_t groups = (n + 3) / 4;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t base = int64_t(blockIdx.x) * kThreads + threadIdx.x; base < groups; base += kUnroll * stride) {
+    uint32_t word[kUnroll];  // 4 codes: 4 bytes (8-bit) or 2 bytes (4-bit)
+    float amax[kUnroll];
 #pragma unroll
-        for (int k = 0; k < kElems; ++k) code[k] = (words[k / 4] >> (8 * (k % 4))) & 0xFF;
-      } else {
-#pragma unroll
-        for (int k = 0; k < kElems; ++k) code[k] = i + k < n ? codes[i + k] : 0;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t g = base + u * stride;
+      const int64_t i = g * 4;
+      word[u] = 0;
+      amax[u] = 0.0f;
+      if (g < groups) {
+        amax[u] = absmax[i >> block_shift];  // 4 elements never straddle two blocks (blocks >= 32)
+        if (vec && i + 4 <= n) {
+          word[u] = BITS == 8 ? *reinterpret_cast<const uint32_t*>(codes + i)
+                              : *reinterpret_cast<const uint16_t*>(codes + i / 2);
+        } else {
+          for (int k = 0; k < 4 && i + k < n; ++k)
+            word[u] |= BITS == 8 ? uint32_t(codes[i + k]) << (8 * k)
+                                 : uint32_t((codes[(i + k) / 2] >> (4 * ((i + k) & 1))) & 0xF) << (4 * k);
+        }
       }
-    } else {
-      uint2 w = make_uint2(0, 0);
-      if (full) {
-        w = *reinterpret_cast<const uint2*>(codes + i / 2);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kElems / 2; ++k)
-          if (i + 2 * k < n) (k < 4 ? w.x : w.y) |= uint32_t(codes[i / 2 + k]) << (8 * (k % 4));
-      }
-#pragma unroll
-      for (int k = 0; k < kElems; ++k) code[k] = ((k < 8 ? w.x : w.y) >> (4 * (k % 8))) & 0xF;
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float v[8];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t g = base + u * stride;
+      if (g >= groups) break;
+      float v[4];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = decode_value(s_cb, code[8 * half + k], amax);
-      store8(y, i + 8 * half, n, vec, v);
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t code = BITS == 8 ? (word[u] >> (8 * k)) & 0xFF : (word[u] >> (4 * k)) & 0xF;
+        v[k] = decode_value(s_cb, static_cast<uint8_t>(code), amax[u]);
+      }
+      store4(y, g * 4, n, vec, v);
     }
   }
 }
 
 template <typename T, int BITS>
 cudaError_t launch(const DequantizeParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  const int64_t chunks = (p.n + kElems - 1) / kElems;
-  const int64_t wanted = (chunks + kThreads - 1) / kThreads;
+  const int64_t groups = (p.n + 3) / 4;
+  const int64_t wanted = (groups + kThreads * kUnroll - 1) / (kThreads * kUnroll);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 8)));
-  const bool vec = reinterpret_cast<uintptr_t>(p.output) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 16 == 0;
+  const bool vec = reinterpret_cast<uintptr_t>(p.output) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 4 == 0;
   int shift = 0;
   while ((int64_t(1) << shift) < p.block_size) ++shift;
   dequantize_kernel<T, BITS><<<grid, kThreads, 0, stream>>>(p.codes, p.absmax, static_cast<T*>(p.output), p.n, shift,

@@ -104,22 +104,29 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
   const int lane = threadIdx.x % WARP;
   const int64_t warps_total = int64_t(gridDim.x) * (kThreads / WARP);
   const int64_t units = (n + kUnit - 1) / kUnit;
-  for (int64_t unit = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP; unit < units;
-       unit += warps_total) {
-    const int64_t base = unit * kUnit;
-    if constexpr (kChunks == 1) {
-      const int64_t i = base + int64_t(lane) * kElemsPerThread;
-      float v[8];
-      load8(x, i, n, vec, v);
+  const int64_t first = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP;
+  if constexpr (kChunks == 1) {
+    // Software-pipelined: the next unit's loads are issued before this unit's reduce and encode,
+    // so each thread keeps a load in flight through its compute.
+    float v[8];
+    if (first < units) load8(x, first * kUnit + int64_t(lane) * kElemsPerThread, n, vec, v);
+    for (int64_t unit = first; unit < units; unit += warps_total) {
+      const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
+      float next[8];
+      if (unit + warps_total < units) load8(x, i + warps_total * kUnit, n, vec, next);
       BlockScan s;
 #pragma unroll
       for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
       group_reduce<kGroup>(s);
       const float amax = block_absmax(s, is_signed);
-      const int64_t block = i / BLOCK;
-      if (lane % kGroup == 0 && i < n) absmax[block] = amax;
+      if (lane % kGroup == 0 && i < n) absmax[i / BLOCK] = amax;
       if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
-    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = next[k];
+    }
+  } else {
+    for (int64_t unit = first; unit < units; unit += warps_total) {
+      const int64_t base = unit * kUnit;
       BlockScan s;
       for (int c = 0; c < kChunks; ++c) {
         float v[8];

@@ -4,3 +4,4 @@
 #include <lowbit/tensors/build_info.h>
 #include <lowbit/tensors/qtensor.h>
 #include <lowbit/tensors/quant_format.h>
+#include <lowbit/optim/optimizers.h>

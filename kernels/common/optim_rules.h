@@ -1,0 +1,148 @@
+// The per-element update rule of every optimizer, in fp32, shared by the CPU loop, the GPU kernels
+// and mirrored op for op by the ATen reference (tensors/optim_reference.cpp). Written as separate
+// IEEE operations (the build turns off fma contraction) so every backend rounds identically.
+// Semantics follow torch.optim exactly; each rule names its state slots.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "host_device.h"
+
+namespace lowbit {
+namespace kernels {
+
+enum class Rule : int32_t { Adam = 0, AdamW = 1, SGD = 2, Lion = 3, RMSprop = 4, Adagrad = 5, AdEMAMix = 6 };
+
+// Everything a rule needs besides the element: filled per parameter group (and step) on the host.
+struct Hyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, beta3 = 0.9999f;  // beta3: AdEMAMix's slow EMA
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float alpha = 0.0f;          // RMSprop smoothing; AdEMAMix mixing coefficient
+  float momentum = 0.0f, dampening = 0.0f;
+  bool nesterov = false, centered = false, amsgrad = false, maximize = false;
+  bool first_step = false;     // SGD: the momentum buffer starts as the gradient
+  // Derived on the host in double, rounded once. 1 - beta must not be computed in float from the
+  // rounded beta: 1 - 0.999f is 0.00099998713, a 1.3e-5 relative bias in the second moment.
+  float one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f, one_minus_beta3 = 1e-4f;
+  float one_minus_alpha = 0.01f;      // RMSprop
+  float one_minus_dampening = 1.0f;   // SGD
+  float step_size = 0.0f;      // Adam: lr / (1 - beta1^t); Adagrad: lr / (1 + (t-1) * lr_decay)
+  float bias2_sqrt = 1.0f;     // sqrt(1 - beta2^t)
+  float bias1 = 1.0f;          // 1 - beta1^t (AdEMAMix)
+  float decay = 1.0f;          // AdamW / Lion: 1 - lr * weight_decay
+};
+
+// Number of state slots of a rule, and whether slot k holds signed values (chooses the quantized
+// format: signed -> Dyn8Signed / DE4Signed / FP8E4M3, unsigned -> Dyn8Unsigned / Linear4Unsigned /
+// FP8E5M2).
+struct SlotSpec {
+  int count;
+  bool is_signed[3];
+};
+
+inline SlotSpec rule_slots(Rule r, const Hyper& h) {
+  switch (r) {
+    case Rule::Adam:
+    case Rule::AdamW: return h.amsgrad ? SlotSpec{3, {true, false, false}} : SlotSpec{2, {true, false, false}};
+    case Rule::SGD: return h.momentum != 0.0f ? SlotSpec{1, {true}} : SlotSpec{0, {}};
+    case Rule::Lion: return SlotSpec{1, {true}};
+    // RMSprop: square_avg, momentum_buffer, grad_avg (slots present only when used; see rmsprop)
+    case Rule::RMSprop: return SlotSpec{3, {false, true, true}};
+    case Rule::Adagrad: return SlotSpec{1, {false}};
+    case Rule::AdEMAMix: return SlotSpec{3, {true, true, false}};
+  }
+  return SlotSpec{0, {}};
+}
+
+LOWBIT_HD float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
+
+// torch.optim.Adam / AdamW. s[0] = exp_avg, s[1] = exp_avg_sq, s[2] = max_exp_avg_sq (amsgrad).
+LOWBIT_HD void adam(const Hyper& h, bool decoupled, float g, float& p, float* s) {
+  if (decoupled) {
+    p = p * h.decay;
+  } else if (h.weight_decay != 0.0f) {
+    g = g + h.weight_decay * p;
+  }
+  s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
+  s[1] = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
+  float v = s[1];
+  if (h.amsgrad) {
+    s[2] = s[2] > s[1] ? s[2] : s[1];
+    v = s[2];
+  }
+  const float denom = sqrtf(v) / h.bias2_sqrt + h.eps;
+  p = p - h.step_size * (s[0] / denom);
+}
+
+// torch.optim.SGD. s[0] = momentum_buffer.
+LOWBIT_HD void sgd(const Hyper& h, float g, float& p, float* s) {
+  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  if (h.momentum != 0.0f) {
+    s[0] = h.first_step ? g : s[0] * h.momentum + h.one_minus_dampening * g;
+    g = h.nesterov ? g + h.momentum * s[0] : s[0];
+  }
+  p = p - h.lr * g;
+}
+
+// Lion (Chen et al., arXiv 2302.06675). s[0] = exp_avg.
+LOWBIT_HD void lion(const Hyper& h, float g, float& p, float* s) {
+  const float c = s[0] * h.beta1 + h.one_minus_beta1 * g;
+  p = p * h.decay - h.lr * sign_of(c);
+  s[0] = s[0] * h.beta2 + h.one_minus_beta2 * g;
+}
+
+// torch.optim.RMSprop. s[0] = square_avg, s[1] = momentum_buffer, s[2] = grad_avg (centered).
+LOWBIT_HD void rmsprop(const Hyper& h, float g, float& p, float* s) {
+  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  s[0] = s[0] * h.alpha + h.one_minus_alpha * (g * g);
+  float avg;
+  if (h.centered) {
+    s[2] = s[2] * h.alpha + h.one_minus_alpha * g;
+    avg = sqrtf(s[0] - s[2] * s[2]) + h.eps;
+  } else {
+    avg = sqrtf(s[0]) + h.eps;
+  }
+  if (h.momentum > 0.0f) {
+    s[1] = s[1] * h.momentum + g / avg;
+    p = p - h.lr * s[1];
+  } else {
+    p = p - h.lr * (g / avg);
+  }
+}
+
+// torch.optim.Adagrad. s[0] = sum. step_size = lr / (1 + (t-1) * lr_decay).
+LOWBIT_HD void adagrad(const Hyper& h, float g, float& p, float* s) {
+  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  s[0] = s[0] + g * g;
+  p = p - h.step_size * (g / (sqrtf(s[0]) + h.eps));
+}
+
+// AdEMAMix (Pagliardini et al., arXiv 2409.03137). s[0] = fast EMA m1, s[1] = slow EMA m2,
+// s[2] = nu. alpha and beta3 arrive already scheduled for this step.
+LOWBIT_HD void ademamix(const Hyper& h, float g, float& p, float* s) {
+  s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
+  s[1] = s[1] * h.beta3 + h.one_minus_beta3 * g;
+  s[2] = s[2] * h.beta2 + h.one_minus_beta2 * (g * g);
+  const float denom = sqrtf(s[2]) / h.bias2_sqrt + h.eps;
+  const float update = (s[0] / h.bias1 + h.alpha * s[1]) / denom;
+  p = p - h.lr * (update + h.weight_decay * p);
+}
+
+LOWBIT_HD void apply_rule(Rule r, const Hyper& h, float g, float& p, float* s) {
+  if (h.maximize) g = -g;
+  switch (r) {
+    case Rule::Adam: adam(h, false, g, p, s); break;
+    case Rule::AdamW: adam(h, true, g, p, s); break;
+    case Rule::SGD: sgd(h, g, p, s); break;
+    case Rule::Lion: lion(h, g, p, s); break;
+    case Rule::RMSprop: rmsprop(h, g, p, s); break;
+    case Rule::Adagrad: adagrad(h, g, p, s); break;
+    case Rule::AdEMAMix: ademamix(h, g, p, s); break;
+  }
+}
+
+}  // namespace kernels
+}  // namespace lowbit

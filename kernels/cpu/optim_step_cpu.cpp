@@ -1,0 +1,167 @@
+// Fused optimizer step on the CPU. Work item = one block of one parameter; a block is decoded into
+// fp32 (L1-resident buffers), updated by the rule of kernels/common/optim_rules.h, re-quantized
+// with a fresh absmax, and written back. Blocks are independent, so results do not depend on the
+// thread count or on how parameters are grouped.
+#include "optim_step_cpu.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <mutex>
+#include <vector>
+
+#include "../common/code_tables.h"
+#include "../common/encode.h"
+#include "../common/float_convert.h"
+#include "../common/stochastic_round.h"
+#include "bucket_encoder.h"
+
+namespace lowbit {
+namespace kernels {
+namespace {
+
+const float* codebook_of(QuantFormat fmt) {
+  static std::vector<float> books[kNumQuantFormats];
+  static std::once_flag once[kNumQuantFormats];
+  const int i = static_cast<int>(fmt);
+  std::call_once(once[i], [&] { books[i] = make_codebook(fmt); });
+  return books[i].data();
+}
+
+float load(const void* p, ElemType t, int64_t i) {
+  switch (t) {
+    case ElemType::F32: return static_cast<const float*>(p)[i];
+    case ElemType::BF16: return to_f32(static_cast<const bf16_t*>(p)[i]);
+    case ElemType::F16: return to_f32(static_cast<const f16_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+void load_block(const void* p, ElemType t, int64_t begin, int64_t len, float* out) {
+  if (t == ElemType::F32) {
+    std::copy(static_cast<const float*>(p) + begin, static_cast<const float*>(p) + begin + len, out);
+  } else {
+    for (int64_t i = 0; i < len; ++i) out[i] = load(p, t, begin + i);
+  }
+}
+
+void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* out) {
+  switch (s.storage) {
+    case SlotStorage::None: return;
+    case SlotStorage::F32: load_block(s.values, ElemType::F32, begin, len, out); return;
+    case SlotStorage::BF16: load_block(s.values, ElemType::BF16, begin, len, out); return;
+    case SlotStorage::Quant: {
+      const float* cb = codebook_of(s.format);
+      const float amax = s.absmax[block];
+      if (format_bits(s.format) == 4) {
+        const uint8_t* c = s.codes + begin / 2;
+        for (int64_t i = 0; i < len; ++i) out[i] = decode_value(cb, (c[i / 2] >> (4 * (i & 1))) & 0xF, amax);
+      } else {
+        const uint8_t* c = s.codes + begin;
+        for (int64_t i = 0; i < len; ++i) out[i] = decode_value(cb, c[i], amax);
+      }
+      return;
+    }
+  }
+}
+
+void encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v) {
+  switch (s.storage) {
+    case SlotStorage::None: return;
+    case SlotStorage::F32: std::copy(v, v + len, static_cast<float*>(s.values) + begin); return;
+    case SlotStorage::BF16: {
+      bf16_t* out = static_cast<bf16_t*>(s.values) + begin;
+      for (int64_t i = 0; i < len; ++i) out[i] = from_f32<bf16_t>(v[i]);
+      return;
+    }
+    case SlotStorage::Quant: {
+      BlockScan scan;
+      for (int64_t i = 0; i < len; ++i) scan_add(scan, v[i]);
+      const float am = block_absmax(scan, format_is_signed(s.format));
+      s.absmax[block] = am;
+      const Normalizer nz = make_normalizer(am);
+      const BucketView enc = bucket_encoder(s.format).view();
+      if (format_bits(s.format) == 4) {
+        uint8_t* out = s.codes + begin / 2;
+        for (int64_t i = 0; i + 1 < len; i += 2)
+          out[i / 2] = static_cast<uint8_t>(enc.encode(normalize(nz, v[i])) | (enc.encode(normalize(nz, v[i + 1])) << 4));
+        if (len % 2) out[len / 2] = enc.encode(normalize(nz, v[len - 1]));
+      } else {
+        uint8_t* out = s.codes + begin;
+        for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(normalize(nz, v[i]));
+      }
+      return;
+    }
+  }
+}
+
+void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v) {
+  switch (t.param_type) {
+    case ElemType::F32: std::copy(v, v + len, static_cast<float*>(t.param) + begin); return;
+    case ElemType::BF16: {
+      bf16_t* out = static_cast<bf16_t*>(t.param) + begin;
+      if (t.stochastic_round) {
+        for (int64_t i = 0; i < len; ++i) out[i] = bf16_stochastic(v[i], t.seed, static_cast<uint64_t>(begin + i));
+      } else {
+        for (int64_t i = 0; i < len; ++i) out[i] = from_f32<bf16_t>(v[i]);
+      }
+      return;
+    }
+    case ElemType::F16: {
+      f16_t* out = static_cast<f16_t*>(t.param) + begin;
+      for (int64_t i = 0; i < len; ++i) out[i] = from_f32<f16_t>(v[i]);
+      return;
+    }
+  }
+}
+
+void step_block(Rule rule, const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  float* p = buf;
+  float* g = buf + B;
+  float* s[3] = {buf + 2 * B, buf + 3 * B, buf + 4 * B};
+  load_block(t.param, t.param_type, begin, len, p);
+  load_block(t.grad, t.grad_type, begin, len, g);
+  if (grad_scale != 1.0f)
+    for (int64_t i = 0; i < len; ++i) g[i] = g[i] * grad_scale;
+  for (int k = 0; k < t.num_slots; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
+  for (int64_t i = 0; i < len; ++i) {
+    float st[3] = {s[0][i], s[1][i], s[2][i]};
+    apply_rule(rule, t.hyper, g[i], p[i], st);
+    s[0][i] = st[0];
+    s[1][i] = st[1];
+    s[2][i] = st[2];
+  }
+  for (int k = 0; k < t.num_slots; ++k) encode_slot(t.slots[k], block, begin, len, s[k]);
+  store_param(t, begin, len, p);
+}
+
+}  // namespace
+
+void optim_step_cpu(const OptimStep& step) {
+  // Flatten (task, block) pairs so one parallel loop covers every block of every parameter.
+  std::vector<int64_t> first_item(step.num_tasks + 1, 0);
+  int64_t max_block = 1;
+  for (int64_t t = 0; t < step.num_tasks; ++t) {
+    first_item[t + 1] = first_item[t] + num_blocks(step.tasks[t].numel, step.tasks[t].block_size);
+    max_block = std::max(max_block, step.tasks[t].block_size);
+  }
+  const int64_t items = first_item[step.num_tasks];
+  if (items == 0) return;
+#pragma omp parallel
+  {
+    // p, g and three state slots; zeroed so unused slots hold defined values.
+    std::vector<float> buf(5 * max_block, 0.0f);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+      step_block(step.rule, step.tasks[t], item - first_item[t], step.grad_scale, buf.data());
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,47 @@
+// The fused optimizer step on the CPU: every block of every parameter of a group in one OpenMP
+// region; per block one read of param, grad and state, one write of param and state.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/optim_rules.h"
+#include "../common/quantize_params.h"
+
+namespace lowbit {
+namespace kernels {
+
+enum class SlotStorage : int32_t { None = 0, F32 = 1, BF16 = 2, Quant = 3 };  // None: slot unused
+
+struct StateSlotRef {
+  SlotStorage storage = SlotStorage::None;
+  void* values = nullptr;    // F32: float*, BF16: bf16 bits (uint16_t*)
+  uint8_t* codes = nullptr;  // Quant
+  float* absmax = nullptr;   // Quant: one per block of block_size
+  QuantFormat format = QuantFormat::Dyn8Signed;
+};
+
+struct ParamTask {
+  void* param = nullptr;
+  ElemType param_type = ElemType::F32;
+  const void* grad = nullptr;
+  ElemType grad_type = ElemType::F32;
+  int64_t numel = 0;
+  int64_t block_size = 256;  // quantization block of the state; also the unit of work
+  int num_slots = 0;
+  StateSlotRef slots[3];
+  Hyper hyper;
+  bool stochastic_round = false;  // bf16 params: round the fp32 result stochastically
+  uint64_t seed = 0;              // counter-based RNG: hash(seed, element index)
+};
+
+struct OptimStep {
+  Rule rule = Rule::AdamW;
+  const ParamTask* tasks = nullptr;
+  int64_t num_tasks = 0;
+  float grad_scale = 1.0f;  // gradient clipping factor, applied as the gradient is read
+};
+
+void optim_step_cpu(const OptimStep& step);
+
+}  // namespace kernels
+}  // namespace lowbit

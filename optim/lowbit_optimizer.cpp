@@ -1,0 +1,360 @@
+// LowbitOptimizer: state creation, the step (checks, skip on non-finite gradients, clipping, the
+// fused CPU kernel or the ATen reference elsewhere), accounting and checkpoints.
+#include "lowbit_optimizer.h"
+
+#include <torch/serialize.h>
+
+#include <cmath>
+
+#include <lowbit/kernels/common/stochastic_round.h>
+#include <lowbit/kernels/cpu/optim_step_cpu.h>
+#include <lowbit/tensors/blockwise_ops.h>
+
+#include "reference_step.h"
+
+namespace lowbit {
+namespace optim {
+
+namespace {
+
+constexpr int64_t kCheckpointMagic = 0x6C6F7762697401;  // "lowbit" + 1
+constexpr int64_t kDenseWorkBlock = 1024;               // unit of work for FP32/BF16 state
+
+int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  TORCH_CHECK(a.try_read(key, v), "lowbit checkpoint: missing entry '", key, "'");
+  TORCH_CHECK(v.isInt(), "lowbit checkpoint: entry '", key, "' is not an integer");
+  return v.toInt();
+}
+
+double read_double(torch::serialize::InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  TORCH_CHECK(a.try_read(key, v), "lowbit checkpoint: missing entry '", key, "'");
+  TORCH_CHECK(v.isDouble(), "lowbit checkpoint: entry '", key, "' is not a number");
+  return v.toDouble();
+}
+
+at::Tensor read_tensor(torch::serialize::InputArchive& a, const std::string& key) {
+  at::Tensor t;
+  TORCH_CHECK(a.try_read(key, t), "lowbit checkpoint: missing tensor '", key, "'");
+  return t;
+}
+
+std::string param_key(size_t g, size_t i) { return "param/" + std::to_string(g) + "/" + std::to_string(i); }
+
+kernels::ElemType elem_type_of(const at::Tensor& t) { return ops::elem_type(t.scalar_type()); }
+
+}  // namespace
+
+int64_t StateSlot::nbytes() const {
+  if (is_quantized(storage)) return quantized.nbytes();
+  return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;
+}
+
+at::Tensor StateSlot::to_float() const {
+  if (is_quantized(storage)) return quantized.defined() ? quantized.dequantize() : at::Tensor();
+  return dense.defined() ? dense.to(at::kFloat) : at::Tensor();
+}
+
+LowbitOptimizer::LowbitOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                 std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+    : torch::optim::Optimizer(std::move(groups), std::move(defaults)) {}
+
+void LowbitOptimizer::override_state_format(const at::Tensor& param, StateFormat format) {
+  TORCH_CHECK(states_.find(param.unsafeGetTensorImpl()) == states_.end(), name(),
+              ": override_state_format must come before the parameter's first step");
+  overrides_[param.unsafeGetTensorImpl()] = format;
+}
+
+const ParamState* LowbitOptimizer::state_of(const at::Tensor& param) const {
+  auto it = states_.find(param.unsafeGetTensorImpl());
+  return it == states_.end() ? nullptr : &it->second;
+}
+
+std::vector<at::Tensor> LowbitOptimizer::export_state_fp32(const at::Tensor& param) const {
+  std::vector<at::Tensor> out;
+  if (const ParamState* st = state_of(param))
+    for (const auto& s : st->slots) {
+      at::Tensor t = s.to_float();
+      out.push_back(t.defined() ? t.view(param.sizes()) : t);
+    }
+  return out;
+}
+
+int64_t LowbitOptimizer::state_bytes() const {
+  int64_t total = 0;
+  for (const auto& kv : states_)
+    for (const auto& s : kv.second.slots) total += s.nbytes();
+  return total;
+}
+
+void LowbitOptimizer::check_grad(const at::Tensor& p, const at::Tensor& g, int64_t group, int64_t index) const {
+  const auto where = [&] { return c10::str("parameter ", index, " of group ", group, " (shape ", p.sizes(), ")"); };
+  TORCH_CHECK(!g.is_sparse(), name(), ": ", where(), " has a sparse gradient; lowbit optimizers need dense gradients");
+  TORCH_CHECK(p.layout() == at::kStrided, name(), ": ", where(), " is not a dense tensor");
+  const auto ok = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; };
+  TORCH_CHECK(ok(p.scalar_type()), name(), ": ", where(), " has dtype ", p.scalar_type(),
+              "; supported: float32, bfloat16, float16");
+  TORCH_CHECK(ok(g.scalar_type()), name(), ": the gradient of ", where(), " has dtype ", g.scalar_type(),
+              "; supported: float32, bfloat16, float16");
+  TORCH_CHECK(g.device() == p.device(), name(), ": ", where(), " is on ", p.device(), " but its gradient is on ",
+              g.device());
+  TORCH_CHECK(g.sizes() == p.sizes(), name(), ": ", where(), " has a gradient of shape ", g.sizes());
+}
+
+ParamState& LowbitOptimizer::ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
+                                          int64_t group, int64_t index) {
+  auto it = states_.find(p.unsafeGetTensorImpl());
+  if (it != states_.end()) {
+    for (const auto& s : it->second.slots) {
+      const at::Device d = is_quantized(s.storage) ? (s.quantized.defined() ? s.quantized.device() : p.device())
+                                                  : (s.dense.defined() ? s.dense.device() : p.device());
+      TORCH_CHECK(d == p.device(), name(), ": parameter ", index, " of group ", group, " is on ", p.device(),
+                  " but its optimizer state is on ", d, "; move the parameter back or recreate the optimizer");
+    }
+    return it->second;
+  }
+  const CommonOptions c = common(options);
+  ParamState st;
+  auto ov = overrides_.find(p.unsafeGetTensorImpl());
+  st.format = ov != overrides_.end() ? ov->second : c.state_format;
+  // Decided on the whole parameter's numel, so a shard never changes a tensor's state format.
+  if (is_quantized(st.format) && p.numel() < c.min_quant_numel) st.format = StateFormat::FP32;
+  if (is_quantized(st.format)) {
+    const QuantFormat probe = quant_format_for(st.format, true);
+    st.block_size = resolve_block_size(probe, c.block_size, name());
+  } else {
+    st.block_size = kDenseWorkBlock;
+  }
+  const kernels::SlotSpec spec = kernels::rule_slots(rule(), hyper(options, 1));
+  st.slots.resize(spec.count);
+  const auto fopts = p.options().dtype(at::kFloat);
+  for (int k = 0; k < spec.count; ++k) {
+    StateSlot& s = st.slots[k];
+    if (!slot_used(options, k)) continue;
+    const double init = initial_state_value(options, k);
+    s.storage = st.format;
+    if (is_quantized(st.format)) {
+      s.quantized = quantize(at::full({p.numel()}, init, fopts), quant_format_for(st.format, spec.is_signed[k]),
+                             st.block_size);
+    } else {
+      s.dense = at::full({p.numel()}, init, fopts.dtype(st.format == StateFormat::BF16 ? at::kBFloat16 : at::kFloat));
+    }
+  }
+  return states_.emplace(p.unsafeGetTensorImpl(), std::move(st)).first->second;
+}
+
+torch::Tensor LowbitOptimizer::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  // A non-finite gradient anywhere skips the whole step: parameters and state stay as they are.
+  std::vector<at::Tensor> finite_flags;
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& params = param_groups_[gi].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& g = params[i].grad();
+      if (!g.defined()) continue;
+      check_grad(params[i], g, gi, i);
+      finite_flags.push_back(at::isfinite(g).all().to(at::kCPU));
+    }
+  }
+  for (const auto& f : finite_flags) {
+    if (!f.item<bool>()) {
+      ++skipped_steps_;
+      return loss;
+    }
+  }
+
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    auto& group = param_groups_[gi];
+    const auto& options = group.options();
+    const CommonOptions c = common(options);
+    float grad_scale = 1.0f;
+    if (c.max_grad_norm > 0) {
+      // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+      double sq = 0.0;
+      for (const auto& p : group.params())
+        if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+      const double coef = c.max_grad_norm / (std::sqrt(sq) + 1e-6);
+      if (coef < 1.0) grad_scale = static_cast<float>(coef);
+    }
+    std::vector<kernels::ParamTask> tasks;
+    std::vector<at::Tensor> keep_alive;
+    for (size_t i = 0; i < group.params().size(); ++i) {
+      at::Tensor& p = group.params()[i];
+      if (!p.grad().defined()) continue;
+      ParamState& st = ensure_state(p, options, gi, i);
+      st.step += 1;
+      kernels::Hyper h = hyper(options, st.step);
+      if (force_reference_ || !p.device().is_cpu() || !p.is_contiguous()) {
+        reference_step(rule(), h, p, p.grad(), st, grad_scale);
+        continue;
+      }
+      const at::Tensor g = p.grad().contiguous();
+      keep_alive.push_back(g);
+      kernels::ParamTask t;
+      t.param = p.data_ptr();
+      t.param_type = elem_type_of(p);
+      t.grad = g.data_ptr();
+      t.grad_type = elem_type_of(g);
+      t.numel = p.numel();
+      t.block_size = st.block_size;
+      t.hyper = h;
+      t.stochastic_round = c.bf16_stochastic_round && p.scalar_type() == at::kBFloat16;
+      t.seed = kernels::mix64(seed_ ^ kernels::mix64(static_cast<uint64_t>(st.step) * 1000003u + gi * 7919u + i));
+      t.num_slots = static_cast<int>(st.slots.size());
+      for (size_t k = 0; k < st.slots.size(); ++k) {
+        StateSlot& s = st.slots[k];
+        kernels::StateSlotRef& r = t.slots[k];
+        if (is_quantized(s.storage) && s.quantized.defined()) {
+          r.storage = kernels::SlotStorage::Quant;
+          r.codes = s.quantized.codes().data_ptr<uint8_t>();
+          r.absmax = s.quantized.absmax().data_ptr<float>();
+          r.format = s.quantized.format();
+        } else if (s.dense.defined()) {
+          r.storage = s.storage == StateFormat::BF16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32;
+          r.values = s.dense.data_ptr();
+        }
+      }
+      tasks.push_back(t);
+    }
+    kernels::OptimStep step;
+    step.rule = rule();
+    step.tasks = tasks.data();
+    step.num_tasks = static_cast<int64_t>(tasks.size());
+    step.grad_scale = grad_scale;
+    kernels::optim_step_cpu(step);
+  }
+  return loss;
+}
+
+// ---- checkpoints --------------------------------------------------------------------------------
+// Entries: magic, version, optimizer name, seed, skipped steps, per group its lr and parameter
+// count, per parameter a fragment (element offset 0, numel), step, format, block size and each
+// slot's storage with its tensors (codes + absmax for quantized state, never expanded).
+
+void LowbitOptimizer::save(torch::serialize::OutputArchive& a) const {
+  a.write("lowbit/magic", c10::IValue(kCheckpointMagic));
+  a.write("lowbit/version", c10::IValue(kCheckpointVersion));
+  a.write("lowbit/optimizer", c10::IValue(std::string(name())));
+  a.write("lowbit/seed", c10::IValue(static_cast<int64_t>(seed_)));
+  a.write("lowbit/skipped_steps", c10::IValue(skipped_steps_));
+  a.write("lowbit/groups", c10::IValue(static_cast<int64_t>(param_groups_.size())));
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& group = param_groups_[gi];
+    const std::string gk = "group/" + std::to_string(gi);
+    a.write(gk + "/lr", c10::IValue(group.options().get_lr()));
+    a.write(gk + "/params", c10::IValue(static_cast<int64_t>(group.params().size())));
+    for (size_t i = 0; i < group.params().size(); ++i) {
+      const at::Tensor& p = group.params()[i];
+      const std::string k = param_key(gi, i);
+      a.write(k + "/numel", c10::IValue(p.numel()));
+      a.write(k + "/offset", c10::IValue(int64_t(0)));
+      const ParamState* st = state_of(p);
+      a.write(k + "/has_state", c10::IValue(int64_t(st ? 1 : 0)));
+      if (!st) continue;
+      a.write(k + "/step", c10::IValue(st->step));
+      a.write(k + "/format", c10::IValue(static_cast<int64_t>(st->format)));
+      a.write(k + "/block_size", c10::IValue(st->block_size));
+      a.write(k + "/slots", c10::IValue(static_cast<int64_t>(st->slots.size())));
+      for (size_t s = 0; s < st->slots.size(); ++s) {
+        const StateSlot& slot = st->slots[s];
+        const std::string sk = k + "/slot/" + std::to_string(s);
+        const bool present = is_quantized(slot.storage) ? slot.quantized.defined() : slot.dense.defined();
+        a.write(sk + "/storage", c10::IValue(present ? static_cast<int64_t>(slot.storage) : int64_t(-1)));
+        if (!present) continue;
+        if (is_quantized(slot.storage)) {
+          a.write(sk + "/qformat", c10::IValue(static_cast<int64_t>(slot.quantized.format())));
+          a.write(sk + "/codes", slot.quantized.codes().cpu());
+          a.write(sk + "/absmax", slot.quantized.absmax().cpu());
+        } else {
+          a.write(sk + "/values", slot.dense.cpu());
+        }
+      }
+    }
+  }
+}
+
+void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
+  // Everything is read and checked into new containers first: a bad checkpoint leaves the
+  // optimizer exactly as it was.
+  c10::IValue magic;
+  TORCH_CHECK(a.try_read("lowbit/magic", magic) && magic.isInt() && magic.toInt() == kCheckpointMagic, name(),
+              ": not a lowbit optimizer checkpoint (no lowbit magic number)");
+  const int64_t version = read_int(a, "lowbit/version");
+  TORCH_CHECK(version == kCheckpointVersion, name(), ": checkpoint format version ", version,
+              " is not supported (this build reads version ", kCheckpointVersion, ")");
+  c10::IValue who;
+  TORCH_CHECK(a.try_read("lowbit/optimizer", who) && who.isString(), "lowbit checkpoint: missing optimizer name");
+  TORCH_CHECK(who.toStringRef() == name(), name(), ": the checkpoint was written by ", who.toStringRef());
+  const int64_t groups = read_int(a, "lowbit/groups");
+  TORCH_CHECK(groups == static_cast<int64_t>(param_groups_.size()), name(), ": the checkpoint has ", groups,
+              " parameter groups, this optimizer has ", param_groups_.size());
+  std::unordered_map<c10::TensorImpl*, ParamState> states;
+  std::vector<double> lrs;
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& group = param_groups_[gi];
+    const std::string gk = "group/" + std::to_string(gi);
+    lrs.push_back(read_double(a, gk + "/lr"));
+    const int64_t n = read_int(a, gk + "/params");
+    TORCH_CHECK(n == static_cast<int64_t>(group.params().size()), name(), ": group ", gi, " of the checkpoint has ", n,
+                " parameters, this optimizer's has ", group.params().size());
+    for (size_t i = 0; i < group.params().size(); ++i) {
+      const at::Tensor& p = group.params()[i];
+      const std::string k = param_key(gi, i);
+      const int64_t numel = read_int(a, k + "/numel");
+      TORCH_CHECK(numel == p.numel(), name(), ": parameter ", i, " of group ", gi, " has ", p.numel(),
+                  " elements but the checkpoint's has ", numel);
+      TORCH_CHECK(read_int(a, k + "/offset") == 0, name(), ": parameter fragments are not supported here");
+      if (read_int(a, k + "/has_state") == 0) continue;
+      ParamState st;
+      st.step = read_int(a, k + "/step");
+      const int64_t fmt = read_int(a, k + "/format");
+      TORCH_CHECK(fmt >= 0 && fmt <= 4 && st.step >= 0, name(), ": corrupt checkpoint entry for ", k);
+      st.format = static_cast<StateFormat>(fmt);
+      st.block_size = read_int(a, k + "/block_size");
+      const int64_t nslots = read_int(a, k + "/slots");
+      TORCH_CHECK(nslots == kernels::rule_slots(rule(), hyper(group.options(), 1)).count, name(),
+                  ": the checkpoint's state of ", k, " has ", nslots, " slots, expected ",
+                  kernels::rule_slots(rule(), hyper(group.options(), 1)).count);
+      st.slots.resize(nslots);
+      for (int64_t s = 0; s < nslots; ++s) {
+        const std::string sk = k + "/slot/" + std::to_string(s);
+        const int64_t storage = read_int(a, sk + "/storage");
+        if (storage < 0) continue;
+        TORCH_CHECK(storage <= 4, name(), ": corrupt storage id in ", sk);
+        StateSlot& slot = st.slots[s];
+        slot.storage = static_cast<StateFormat>(storage);
+        if (is_quantized(slot.storage)) {
+          const int64_t qf = read_int(a, sk + "/qformat");
+          TORCH_CHECK(is_valid_format(static_cast<int32_t>(qf)), name(), ": corrupt quantization format in ", sk);
+          // The QTensor constructor checks that codes and absmax fit the shape and block size.
+          slot.quantized = QTensor(read_tensor(a, sk + "/codes"), read_tensor(a, sk + "/absmax"), {numel},
+                                   static_cast<QuantFormat>(qf), st.block_size)
+                               .to(p.device());
+        } else {
+          at::Tensor v = read_tensor(a, sk + "/values");
+          TORCH_CHECK(v.numel() == numel, name(), ": state ", sk, " has ", v.numel(), " values, expected ", numel);
+          TORCH_CHECK(v.scalar_type() == (slot.storage == StateFormat::BF16 ? at::kBFloat16 : at::kFloat), name(),
+                      ": state ", sk, " has dtype ", v.scalar_type());
+          slot.dense = v.reshape({numel}).to(p.device()).clone();
+        }
+      }
+      states.emplace(p.unsafeGetTensorImpl(), std::move(st));
+    }
+  }
+  const int64_t seed = read_int(a, "lowbit/seed");
+  const int64_t skipped = read_int(a, "lowbit/skipped_steps");
+  // Commit.
+  states_ = std::move(states);
+  seed_ = static_cast<uint64_t>(seed);
+  skipped_steps_ = skipped;
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options().set_lr(lrs[gi]);
+}
+
+}  // namespace optim
+}  // namespace lowbit

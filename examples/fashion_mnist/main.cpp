@@ -1,0 +1,196 @@
+// fashion_mnist: trains a small CNN on Fashion-MNIST with one optimizer in several state formats
+// (same seed, same data order) and compares test accuracy, optimizer-state bytes and step time.
+// Writes a CSV of the loss curves and, when gnuplot is installed, a PNG of them.
+//   fashion_mnist [--optimizer adamw|adam|sgd|lion|rmsprop|adagrad|ademamix] [--formats FP32,BF16,Q8,Q4,FP8]
+//                 [--epochs N] [--batch N] [--lr X] [--device cpu|cuda] [--dir DIR] [--out PREFIX]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <lowbit/lowbit.h>
+
+#include "../idx_reader.h"
+
+namespace lo = lowbit::optim;
+using lowbit::StateFormat;
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)))),
+        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  at::Tensor forward(at::Tensor x) {
+    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    x = torch::relu(fc1(x.flatten(1)));
+    return fc2(x);
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+std::unique_ptr<lo::LowbitOptimizer> make_optimizer(const std::string& name, std::vector<at::Tensor> params,
+                                                    StateFormat f, double lr) {
+  if (name == "adamw") return std::make_unique<lo::AdamW>(params, lo::AdamWOptions(lr).state_format(f));
+  if (name == "adam") return std::make_unique<lo::Adam>(params, lo::AdamOptions(lr).state_format(f));
+  if (name == "sgd") return std::make_unique<lo::SGD>(params, lo::SGDOptions(lr).momentum(0.9).state_format(f));
+  if (name == "lion") return std::make_unique<lo::Lion>(params, lo::LionOptions(lr).state_format(f));
+  if (name == "rmsprop") return std::make_unique<lo::RMSprop>(params, lo::RMSpropOptions(lr).state_format(f));
+  if (name == "adagrad") return std::make_unique<lo::Adagrad>(params, lo::AdagradOptions(lr).state_format(f));
+  if (name == "ademamix") return std::make_unique<lo::AdEMAMix>(params, lo::AdEMAMixOptions(lr).state_format(f));
+  throw std::runtime_error("unknown optimizer '" + name + "'; use adamw, adam, sgd, lion, rmsprop, adagrad or ademamix");
+}
+
+double default_lr(const std::string& name) {
+  if (name == "sgd") return 0.05;
+  if (name == "lion") return 1e-4;
+  if (name == "adagrad") return 0.02;
+  return 1e-3;
+}
+
+struct Result {
+  StateFormat format;
+  double accuracy, ms_per_step;
+  int64_t state_bytes;
+  std::vector<double> losses;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string optimizer = "adamw", formats = "FP32,BF16,Q8,Q4,FP8", device = "cpu", out = "fashion_mnist";
+  std::string dir = lowbit_examples::kFashionMnistDir;
+  int epochs = 1;
+  int64_t batch = 128;
+  double lr = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
+      return argv[++i];
+    };
+    try {
+      if (a == "--optimizer") optimizer = next();
+      else if (a == "--formats") formats = next();
+      else if (a == "--epochs") epochs = std::stoi(next());
+      else if (a == "--batch") batch = std::stoll(next());
+      else if (a == "--lr") lr = std::stod(next());
+      else if (a == "--device") device = next();
+      else if (a == "--dir") dir = next();
+      else if (a == "--out") out = next();
+      else throw std::runtime_error("unknown flag " + a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fashion_mnist: %s\nflags: --optimizer --formats --epochs --batch --lr --device --dir --out\n", e.what());
+      return 2;
+    }
+  }
+  if (lr < 0) lr = default_lr(optimizer);
+  try {
+    const at::Device dev(device);
+    const at::Tensor train_x = (lowbit_examples::read_idx_gz(dir + "/train-images-idx3-ubyte.gz").to(at::kFloat) / 255 - 0.286) / 0.353;
+    const at::Tensor train_y = lowbit_examples::read_idx_gz(dir + "/train-labels-idx1-ubyte.gz").to(at::kLong);
+    const at::Tensor test_x = (lowbit_examples::read_idx_gz(dir + "/t10k-images-idx3-ubyte.gz").to(at::kFloat) / 255 - 0.286) / 0.353;
+    const at::Tensor test_y = lowbit_examples::read_idx_gz(dir + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);
+    const int64_t n = train_x.size(0), steps_per_epoch = n / batch;
+    std::printf("Fashion-MNIST: %lld train / %lld test images; optimizer %s lr %g, %d epoch(s) of %lld steps, batch %lld, %s\n",
+                (long long)n, (long long)test_x.size(0), optimizer.c_str(), lr, epochs, (long long)steps_per_epoch,
+                (long long)batch, device.c_str());
+    std::vector<Result> results;
+    std::stringstream fl(formats);
+    std::string fname;
+    while (std::getline(fl, fname, ',')) {
+      StateFormat f;
+      if (!lowbit::parse_state_format(fname, &f)) throw std::runtime_error("unknown state format '" + fname + "'");
+      torch::manual_seed(0);
+      Net net;
+      net->to(dev);
+      auto opt = make_optimizer(optimizer, net->parameters(), f, lr);
+      Result r{f, 0, 0, 0, {}};
+      double train_ms = 0;
+      int64_t steps = 0;
+      for (int e = 0; e < epochs; ++e) {
+        torch::manual_seed(1000 + e);  // same data order for every format
+        const at::Tensor perm = at::randperm(n);
+        double running = 0;
+        for (int64_t s = 0; s < steps_per_epoch; ++s) {
+          const at::Tensor idx = perm.narrow(0, s * batch, batch);
+          const at::Tensor x = train_x.index({idx}).unsqueeze(1).to(dev), y = train_y.index({idx}).to(dev);
+          const auto t0 = std::chrono::steady_clock::now();
+          opt->zero_grad();
+          at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+          loss.backward();
+          opt->step();
+          train_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          ++steps;
+          const double l = loss.item<double>();
+          r.losses.push_back(l);
+          running = s == 0 ? l : 0.98 * running + 0.02 * l;
+          if ((s + 1) % 100 == 0 || s + 1 == steps_per_epoch) {
+            std::printf("\r  %-5s epoch %d step %4lld/%lld  loss %.4f", lowbit::state_format_name(f), e + 1, (long long)(s + 1),
+                        (long long)steps_per_epoch, running);
+            std::fflush(stdout);
+          }
+        }
+      }
+      torch::NoGradGuard ng;
+      net->eval();
+      int64_t correct = 0;
+      for (int64_t s = 0; s < test_x.size(0); s += 1000) {
+        const int64_t len = std::min<int64_t>(1000, test_x.size(0) - s);
+        const at::Tensor pred = net->forward(test_x.narrow(0, s, len).unsqueeze(1).to(dev)).argmax(1).cpu();
+        correct += pred.eq(test_y.narrow(0, s, len)).sum().item<int64_t>();
+      }
+      r.accuracy = 100.0 * correct / test_x.size(0);
+      r.ms_per_step = train_ms / steps;
+      r.state_bytes = opt->state_bytes();
+      std::printf("\r  %-5s test accuracy %.2f%%, state %lld bytes, %.2f ms/step                 \n",
+                  lowbit::state_format_name(f), r.accuracy, (long long)r.state_bytes, r.ms_per_step);
+      results.push_back(r);
+    }
+    std::printf("\n%-6s %10s %14s %12s %10s\n", "state", "test acc", "state bytes", "vs FP32", "ms/step");
+    const double base_bytes = results.empty() ? 1 : double(results[0].state_bytes);
+    for (const auto& r : results)
+      std::printf("%-6s %9.2f%% %14lld %11.2fx %10.2f\n", lowbit::state_format_name(r.format), r.accuracy,
+                  (long long)r.state_bytes, r.state_bytes / base_bytes, r.ms_per_step);
+    // Loss curves: CSV, then a PNG through gnuplot when it is installed.
+    const std::string csv = out + ".csv", png = out + ".png";
+    std::ofstream f(csv);
+    f << "step";
+    for (const auto& r : results) f << "," << lowbit::state_format_name(r.format);
+    f << "\n";
+    for (size_t s = 0; !results.empty() && s < results[0].losses.size(); ++s) {
+      f << s + 1;
+      for (const auto& r : results) f << "," << r.losses[s];
+      f << "\n";
+    }
+    f.close();
+    std::printf("\nloss curves: %s", csv.c_str());
+    if (std::system("command -v gnuplot >/dev/null 2>&1") == 0 && !results.empty()) {
+      std::ofstream gp(out + ".gp");
+      gp << "set terminal pngcairo size 900,500\nset output '" << png << "'\nset datafile separator ','\n"
+         << "set key top right\nset xlabel 'step'\nset ylabel 'training loss (smoothed)'\nset yrange [0:1.2]\n"
+         << "set title 'Fashion-MNIST, " << optimizer << ": loss by optimizer-state format'\nplot ";
+      for (size_t k = 0; k < results.size(); ++k)
+        gp << (k ? ", " : "") << "'" << csv << "' using 1:" << k + 2 << " smooth bezier with lines title '"
+           << lowbit::state_format_name(results[k].format) << "'";
+      gp << "\n";
+      gp.close();
+      if (std::system(("gnuplot " + out + ".gp").c_str()) == 0) std::printf(", plot: %s", png.c_str());
+    }
+    std::printf("\n");
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -15,6 +15,7 @@
 #include "../common/encode.h"
 #include "../common/float_convert.h"
 #include "../common/stochastic_round.h"
+#include "block_ops.h"
 #include "bucket_encoder.h"
 
 namespace lowbit {
@@ -56,10 +57,10 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
       const float amax = s.absmax[block];
       if (format_bits(s.format) == 4) {
         const uint8_t* c = s.codes + begin / 2;
-        for (int64_t i = 0; i < len; ++i) out[i] = decode_value(cb, (c[i / 2] >> (4 * (i & 1))) & 0xF, amax);
+        decode4(cb, c, len & ~int64_t(1), amax, out);
+        if (len % 2) out[len - 1] = decode_value(cb, c[len / 2] & 0xF, amax);
       } else {
-        const uint8_t* c = s.codes + begin;
-        for (int64_t i = 0; i < len; ++i) out[i] = decode_value(cb, c[i], amax);
+        decode8(cb, s.codes + begin, len, amax, out);
       }
       return;
     }
@@ -76,20 +77,20 @@ void encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
       return;
     }
     case SlotStorage::Quant: {
-      BlockScan scan;
-      for (int64_t i = 0; i < len; ++i) scan_add(scan, v[i]);
-      const float am = block_absmax(scan, format_is_signed(s.format));
+      uint32_t max_bits = 0, neg = 0;
+      scan_block(v, len, v, &max_bits, &neg);
+      const float am = block_absmax_from_bits(max_bits, neg, format_is_signed(s.format));
       s.absmax[block] = am;
-      const Normalizer nz = make_normalizer(am);
       const BucketView enc = bucket_encoder(s.format).view();
+      normalize_block(v, len, make_normalizer(am));  // v is scratch from here on
       if (format_bits(s.format) == 4) {
+        uint8_t c[kMaxBlockSize];
+        encode_codes(enc, v, len, c);
         uint8_t* out = s.codes + begin / 2;
-        for (int64_t i = 0; i + 1 < len; i += 2)
-          out[i / 2] = static_cast<uint8_t>(enc.encode(normalize(nz, v[i])) | (enc.encode(normalize(nz, v[i + 1])) << 4));
-        if (len % 2) out[len / 2] = enc.encode(normalize(nz, v[len - 1]));
+        for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = static_cast<uint8_t>(c[i] | (c[i + 1] << 4));
+        if (len % 2) out[len / 2] = c[len - 1];
       } else {
-        uint8_t* out = s.codes + begin;
-        for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(normalize(nz, v[i]));
+        encode_codes(enc, v, len, s.codes + begin);
       }
       return;
     }

@@ -12,6 +12,7 @@
 
 #include "../common/encode.h"
 #include "../common/float_convert.h"
+#include "block_ops.h"
 #include "bucket_encoder.h"
 
 namespace lowbit {
@@ -47,39 +48,26 @@ void quantize_impl(const QuantizeParams& p) {
 #pragma omp parallel
   {
     std::vector<float> buf(p.block_size);
+    std::vector<uint8_t> cbuf(p.block_size);
     float* v = buf.data();
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t begin = b * p.block_size;
       const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
-      // On the bit patterns, so the reduction vectorizes without fast-math: for non-NaN floats
-      // |x| orders like its bits; any bits >= Inf's are Inf or NaN; sign set with a nonzero
-      // magnitude is a negative value (-0.0 is not).
       uint32_t max_bits = 0, neg = 0;
-      for (int64_t i = 0; i < len; ++i) {
-        const float xi = to_f32(x[begin + i]);
-        v[i] = xi;
-        const uint32_t u = f32_bits(xi);
-        max_bits = std::max(max_bits, u & 0x7FFFFFFFu);
-        neg |= u > 0x80000000u ? 1u : 0u;
-      }
-      BlockScan scan;
-      scan.nonfinite = max_bits >= 0x7F800000u;
-      scan.negative = neg != 0;
-      scan.amax = scan.nonfinite ? 0.0f : f32_from_bits(max_bits);
-      const float am = block_absmax(scan, is_signed);
+      scan_block(x + begin, len, v, &max_bits, &neg);
+      const float am = block_absmax_from_bits(max_bits, neg, is_signed);
       p.absmax[b] = am;
-      const Normalizer nz = make_normalizer(am);
-      for (int64_t i = 0; i < len; ++i) v[i] = normalize(nz, v[i]);
+      normalize_block(v, len, make_normalizer(am));
       if (four_bit) {
         // Blocks hold an even number of elements, so a byte never straddles two blocks.
+        uint8_t* c = cbuf.data();
+        encode_codes(enc, v, len, c);
         uint8_t* out = p.codes + begin / 2;
-        for (int64_t i = 0; i + 1 < len; i += 2)
-          out[i / 2] = static_cast<uint8_t>(enc.encode(v[i]) | (enc.encode(v[i + 1]) << 4));
-        if (len % 2) out[len / 2] = enc.encode(v[len - 1]);
+        for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = static_cast<uint8_t>(c[i] | (c[i + 1] << 4));
+        if (len % 2) out[len / 2] = c[len - 1];
       } else {
-        uint8_t* out = p.codes + begin;
-        for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(v[i]);
+        encode_codes(enc, v, len, p.codes + begin);
       }
     }
   }
@@ -99,15 +87,23 @@ void dequantize_impl(const DequantizeParams& p) {
     if (four_bit) {
       const uint8_t* in = p.codes + begin / 2;
       T* out = y + begin;
-      for (int64_t i = 0; i + 1 < len; i += 2) {
+      if constexpr (sizeof(T) == 4) {
+        decode4(cb, in, len & ~int64_t(1), amax, reinterpret_cast<float*>(out));
+      } else {
+        for (int64_t i = 0; i + 1 < len; i += 2) {
         const uint8_t byte = in[i / 2];
         out[i] = from_f32<T>(decode_value(cb, byte & 0xF, amax));
         out[i + 1] = from_f32<T>(decode_value(cb, byte >> 4, amax));
+        }
       }
       if (len % 2) out[len - 1] = from_f32<T>(decode_value(cb, in[len / 2] & 0xF, amax));
     } else {
       const uint8_t* in = p.codes + begin;
-      for (int64_t i = 0; i < len; ++i) y[begin + i] = from_f32<T>(decode_value(cb, in[i], amax));
+      if constexpr (sizeof(T) == 4) {
+        decode8(cb, in, len, amax, reinterpret_cast<float*>(y + begin));
+      } else {
+        for (int64_t i = 0; i < len; ++i) y[begin + i] = from_f32<T>(decode_value(cb, in[i], amax));
+      }
     }
   }
 }

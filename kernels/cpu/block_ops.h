@@ -1,0 +1,38 @@
+// Per-block loops shared by the CPU quantizer and the fused optimizer step, compiled for
+// AVX-512, AVX2 and baseline x86-64 (picked at load time; identical results on each).
+#pragma once
+
+#include <cstdint>
+
+#include "../common/encode.h"
+#include "../common/float_convert.h"
+
+namespace lowbit {
+namespace kernels {
+
+// Copies a block to fp32 in v; returns the largest |x| bit pattern and whether a negative value
+// occurs (see block_scan).
+void scan_block(const float* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
+void scan_block(const bf16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
+void scan_block(const f16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
+
+// normalize(nz, v[i]) in place.
+void normalize_block(float* v, int64_t len, Normalizer nz);
+
+// out[i] = codebook[c[i]] * absmax for 8-bit codes.
+void decode8(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
+
+// Same for 4-bit codes, two per byte (even element in the low nibble); len must be even.
+void decode4(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
+
+// The absmax (with the in-band flags of encode.h) from a scan's result.
+inline float block_absmax_from_bits(uint32_t max_bits, uint32_t negative, bool format_signed) {
+  BlockScan scan;
+  scan.nonfinite = max_bits >= 0x7F800000u;
+  scan.negative = negative != 0;
+  scan.amax = scan.nonfinite ? 0.0f : f32_from_bits(max_bits);
+  return block_absmax(scan, format_signed);
+}
+
+}  // namespace kernels
+}  // namespace lowbit

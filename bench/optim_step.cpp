@@ -91,5 +91,10 @@ int main(int argc, char** argv) {
     lo::AdEMAMix o({p}, lo::AdEMAMixOptions());
     report("AdEMAMix", StateFormat::Q8, time_steps(o, p, reps));
   }
+  {
+    at::Tensor p = at::randn({n});
+    lo::LAMB o({p}, lo::LAMBOptions());
+    report("LAMB", StateFormat::Q8, time_steps(o, p, reps));
+  }
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <lowbit/kernels/common/stochastic_round.h>
@@ -102,18 +103,8 @@ void LowbitOptimizer::check_grad(const at::Tensor& p, const at::Tensor& g, int64
   TORCH_CHECK(g.sizes() == p.sizes(), name(), ": ", where(), " has a gradient of shape ", g.sizes());
 }
 
-ParamState& LowbitOptimizer::ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
-                                          int64_t group, int64_t index) {
-  auto it = states_.find(p.unsafeGetTensorImpl());
-  if (it != states_.end()) {
-    for (const auto& s : it->second.slots) {
-      const at::Device d = is_quantized(s.storage) ? (s.quantized.defined() ? s.quantized.device() : p.device())
-                                                  : (s.dense.defined() ? s.dense.device() : p.device());
-      TORCH_CHECK(d == p.device(), name(), ": parameter ", index, " of group ", group, " is on ", p.device(),
-                  " but its optimizer state is on ", d, "; move the parameter back or recreate the optimizer");
-    }
-    return it->second;
-  }
+ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
+                                       const std::vector<at::Tensor>& values) const {
   const CommonOptions c = common(options);
   ParamState st;
   auto ov = overrides_.find(p.unsafeGetTensorImpl());
@@ -132,16 +123,32 @@ ParamState& LowbitOptimizer::ensure_state(const at::Tensor& p, const torch::opti
   for (int k = 0; k < spec.count; ++k) {
     StateSlot& s = st.slots[k];
     if (!slot_used(options, k)) continue;
-    const double init = initial_state_value(options, k);
+    at::Tensor init = k < static_cast<int>(values.size()) && values[k].defined()
+                          ? values[k].detach().to(p.device(), at::kFloat).reshape({p.numel()})
+                          : at::full({p.numel()}, initial_state_value(options, k), fopts);
     s.storage = st.format;
     if (is_quantized(st.format)) {
-      s.quantized = quantize(at::full({p.numel()}, init, fopts), quant_format_for(st.format, spec.is_signed[k]),
-                             st.block_size);
+      s.quantized = quantize(init, quant_format_for(st.format, spec.is_signed[k]), st.block_size);
     } else {
-      s.dense = at::full({p.numel()}, init, fopts.dtype(st.format == StateFormat::BF16 ? at::kBFloat16 : at::kFloat));
+      s.dense = init.to(st.format == StateFormat::BF16 ? at::kBFloat16 : at::kFloat).clone();
     }
   }
-  return states_.emplace(p.unsafeGetTensorImpl(), std::move(st)).first->second;
+  return st;
+}
+
+ParamState& LowbitOptimizer::ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
+                                          int64_t group, int64_t index) {
+  auto it = states_.find(p.unsafeGetTensorImpl());
+  if (it != states_.end()) {
+    for (const auto& s : it->second.slots) {
+      const at::Device d = is_quantized(s.storage) ? (s.quantized.defined() ? s.quantized.device() : p.device())
+                                                  : (s.dense.defined() ? s.dense.device() : p.device());
+      TORCH_CHECK(d == p.device(), name(), ": parameter ", index, " of group ", group, " is on ", p.device(),
+                  " but its optimizer state is on ", d, "; move the parameter back or recreate the optimizer");
+    }
+    return it->second;
+  }
+  return states_.emplace(p.unsafeGetTensorImpl(), make_state(p, options, {})).first->second;
 }
 
 torch::Tensor LowbitOptimizer::step(LossClosure closure) {
@@ -279,7 +286,58 @@ void LowbitOptimizer::save(torch::serialize::OutputArchive& a) const {
   }
 }
 
+void LowbitOptimizer::load_torch_adam(torch::serialize::InputArchive& a) {
+  TORCH_CHECK(rule() == kernels::Rule::Adam || rule() == kernels::Rule::AdamW, name(),
+              ": this is a libtorch optimizer checkpoint; only lowbit's Adam and AdamW read those (of "
+              "torch::optim::Adam / AdamW)");
+  torch::serialize::InputArchive groups_archive, state_archive;
+  TORCH_CHECK(a.try_read("param_groups", groups_archive) && a.try_read("state", state_archive), name(),
+              ": libtorch checkpoint without param_groups / state");
+  at::Tensor ngroups;
+  groups_archive.read("param_groups/size", ngroups);
+  TORCH_CHECK(ngroups.item<int64_t>() == static_cast<int64_t>(param_groups_.size()), name(), ": the checkpoint has ",
+              ngroups.item<int64_t>(), " parameter groups, this optimizer has ", param_groups_.size());
+  std::unordered_map<c10::TensorImpl*, ParamState> states;
+  std::vector<double> lrs;
+  const auto state_keys = state_archive.keys();
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& group = param_groups_[gi];
+    torch::serialize::InputArchive ga, opts;
+    groups_archive.read("param_groups/" + std::to_string(gi), ga);
+    at::Tensor n;
+    ga.read("params/size", n);
+    TORCH_CHECK(n.item<int64_t>() == static_cast<int64_t>(group.params().size()), name(), ": group ", gi,
+                " of the checkpoint has ", n.item<int64_t>(), " parameters, this optimizer's has ", group.params().size());
+    c10::IValue lr;
+    ga.read("options", opts);
+    lrs.push_back(opts.try_read("lr", lr) && lr.isDouble() ? lr.toDouble() : group.options().get_lr());
+    for (size_t i = 0; i < group.params().size(); ++i) {
+      const at::Tensor& p = group.params()[i];
+      c10::IValue key;
+      ga.read("params/" + std::to_string(i), key);
+      if (std::find(state_keys.begin(), state_keys.end(), key.toStringRef()) == state_keys.end()) continue;
+      torch::serialize::InputArchive ps;
+      state_archive.read(key.toStringRef(), ps);
+      c10::IValue step, m, v, vmax;
+      TORCH_CHECK(ps.try_read("step", step) && ps.try_read("exp_avg", m) && ps.try_read("exp_avg_sq", v), name(),
+                  ": parameter ", i, " of group ", gi, ": the libtorch state lacks step / exp_avg / exp_avg_sq");
+      TORCH_CHECK(m.toTensor().numel() == p.numel() && v.toTensor().numel() == p.numel(), name(), ": parameter ", i,
+                  " of group ", gi, " has ", p.numel(), " elements but its libtorch state has ", m.toTensor().numel());
+      std::vector<at::Tensor> values = {m.toTensor(), v.toTensor()};
+      if (ps.try_read("max_exp_avg_sq", vmax) && vmax.isTensor() && vmax.toTensor().defined())
+        values.push_back(vmax.toTensor());
+      ParamState st = make_state(p, group.options(), values);
+      st.step = step.toInt();
+      states.emplace(p.unsafeGetTensorImpl(), std::move(st));
+    }
+  }
+  states_ = std::move(states);
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options().set_lr(lrs[gi]);
+}
+
 void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
+  c10::IValue torch_version;
+  if (a.try_read("pytorch_version", torch_version)) return load_torch_adam(a);
   // Everything is read and checked into new containers first: a bad checkpoint leaves the
   // optimizer exactly as it was.
   c10::IValue magic;

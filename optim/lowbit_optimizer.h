@@ -81,6 +81,11 @@ class LowbitOptimizer : public torch::optim::Optimizer {
  private:
   ParamState& ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options, int64_t group,
                            int64_t index);
+  // A fresh state for p in its resolved format; slot k starts from values[k] when given.
+  ParamState make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
+                        const std::vector<at::Tensor>& values) const;
+  // Reads a checkpoint of libtorch's torch::optim::Adam / AdamW into this (Adam / AdamW) optimizer.
+  void load_torch_adam(torch::serialize::InputArchive& archive);
   void check_grad(const at::Tensor& p, const at::Tensor& g, int64_t group, int64_t index) const;
 
   std::unordered_map<c10::TensorImpl*, ParamState> states_;

@@ -171,5 +171,27 @@ void AdEMAMix::validate(const AdEMAMixOptions& o) {
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
 }
 
+kernels::Hyper LAMB::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
+  const auto& o = opts(oo);
+  kernels::Hyper h;
+  const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
+  h.lr = static_cast<float>(o.lr());
+  h.beta1 = static_cast<float>(b1);
+  h.beta2 = static_cast<float>(b2);
+  h.one_minus_beta1 = static_cast<float>(1 - b1);
+  h.one_minus_beta2 = static_cast<float>(1 - b2);
+  h.eps = static_cast<float>(o.eps());
+  h.weight_decay = static_cast<float>(o.weight_decay());
+  h.maximize = o.maximize();
+  h.bias1 = static_cast<float>(1 - std::pow(b1, static_cast<double>(t)));
+  h.bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
+  return h;
+}
+void LAMB::validate(const LAMBOptions& o) {
+  check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
+  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+}
+
 }  // namespace optim
 }  // namespace lowbit

@@ -118,6 +118,15 @@ class AdEMAMix : public detail::OptimizerWith<AdEMAMixOptions> {
   static void validate(const AdEMAMixOptions& o);
 };
 
+class LAMB : public detail::OptimizerWith<LAMBOptions> {
+ public:
+  LOWBIT_OPTIMIZER_CTORS(LAMB, LAMBOptions)
+ protected:
+  kernels::Rule rule() const override { return kernels::Rule::LAMB; }
+  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  static void validate(const LAMBOptions& o);
+};
+
 #undef LOWBIT_OPTIMIZER_CTORS
 
 }  // namespace optim

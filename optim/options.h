@@ -126,5 +126,18 @@ struct AdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<AdEMAMix
   LOWBIT_COMMON_ARGS(AdEMAMixOptions)
 };
 
+// LAMB (You et al., arXiv 1904.00962): Adam's direction plus decoupled weight decay, scaled per
+// parameter by the trust ratio ||p|| / ||r||.
+struct LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions> {
+  LAMBOptions(double lr = 1e-3) : lr_(lr) {}
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-6;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, maximize) = false;
+  LOWBIT_COMMON_ARGS(LAMBOptions)
+};
+
 }  // namespace optim
 }  // namespace lowbit

@@ -4,6 +4,8 @@
 
 #include <lowbit/tensors/blockwise_ops.h>
 
+#include <cmath>
+
 namespace lowbit {
 namespace optim {
 namespace {
@@ -23,7 +25,29 @@ Tensor fsqrt(const Tensor& a) { return at::sqrt(a.to(at::kDouble)).to(at::kFloat
 // s * t + u * w, rounded as the kernels do: two products, then the sum.
 Tensor ema(const Tensor& s, float a, const Tensor& g, float b) { return tadd(tmul(s, a), tmul(g, b)); }
 
-void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g, std::vector<Tensor>& s) {
+// LAMB's trust ratio ||p|| / ||r||: squares summed in double per block of `block` elements, the
+// block sums added in block order, as the fused kernel does.
+float lamb_trust(const Tensor& p, const Tensor& r, int64_t block) {
+  auto block_sums = [&](const Tensor& x) {
+    const int64_t n = x.numel(), nb = (n + block - 1) / block;
+    Tensor padded = at::zeros({nb * block}, x.options().dtype(at::kDouble));
+    padded.narrow(0, 0, n).copy_(x);
+    const Tensor sq = (padded * padded).view({nb, block}).cpu();
+    double total = 0.0;
+    const double* d = sq.data_ptr<double>();
+    for (int64_t b = 0; b < nb; ++b) {
+      double part = 0.0;
+      for (int64_t i = 0; i < block; ++i) part += d[b * block + i];
+      total += part;
+    }
+    return total;
+  };
+  const double pn = std::sqrt(block_sums(p)), rn = std::sqrt(block_sums(r));
+  return (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
+}
+
+void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g, std::vector<Tensor>& s,
+               int64_t block) {
   using kernels::Rule;
   if (h.maximize) g = at::neg(g);
   switch (rule) {
@@ -81,6 +105,15 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
       p = tsub(p, tmul(at::div(g, tadd(fsqrt(s[0]), h.eps)), h.step_size));
       return;
     }
+    case Rule::LAMB: {
+      s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
+      s[1] = ema(s[1], h.beta2, at::mul(g, g), h.one_minus_beta2);
+      const Tensor denom = tadd(divs(fsqrt(s[1]), h.bias2_sqrt), h.eps);
+      const Tensor r = tadd(at::div(divs(s[0], h.bias1), denom), tmul(p, h.weight_decay));
+      const float step = h.lr * lamb_trust(p, r, block);
+      p = tsub(p, tmul(r, step));
+      return;
+    }
     case Rule::AdEMAMix: {
       s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
       s[1] = ema(s[1], h.beta3, g, h.one_minus_beta3);
@@ -113,7 +146,7 @@ void reference_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& param, 
   }
   for (auto& t : s)
     if (!t.defined()) t = at::zeros_like(p);
-  rule_step(rule, h, p, g, s);
+  rule_step(rule, h, p, g, s, state.block_size);
   for (size_t k = 0; k < state.slots.size(); ++k) {
     StateSlot& slot = state.slots[k];
     if (is_quantized(slot.storage) && slot.quantized.defined()) {

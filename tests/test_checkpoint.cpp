@@ -117,10 +117,107 @@ TEST(Checkpoint, MismatchedOrCorruptCheckpointsAreRefusedAndChangeNothing) {
     out.write(data.data(), static_cast<std::streamsize>(data.size() / 2));
   }
   check_unchanged(opt, [&] { torch::load(opt, cut); }, "");
-  // Not a lowbit checkpoint at all.
+  // A libtorch checkpoint, which only Adam / AdamW import.
   torch::optim::AdamW plain(p, torch::optim::AdamWOptions());
   const std::string foreign = temp_path("foreign");
   torch::save(plain, foreign);
-  check_unchanged(opt, [&] { torch::load(opt, foreign); }, "not a lowbit optimizer checkpoint");
+  lo::Lion lion2(p, lo::LionOptions());
+  EXPECT_THROW(torch::load(lion2, foreign), c10::Error);
+  // Not a checkpoint of any optimizer.
+  const std::string junk = temp_path("junk");
+  torch::save(at::ones({3}), junk);
+  check_unchanged(opt, [&] { torch::load(opt, junk); }, "not a lowbit optimizer checkpoint");
+  std::filesystem::remove(junk);
   for (const auto& f : {path, cut, foreign}) std::filesystem::remove(f);
+}
+
+// A libtorch AdamW checkpoint loads into lowbit's AdamW (state quantized when asked), and lowbit's
+// fp32 export continues in libtorch's AdamW.
+TEST(Checkpoint, InteropWithLibtorchAdamW) {
+  auto p0 = params();
+  const auto gs = grad_stream(p0, 60);
+  std::vector<at::Tensor> a, b;
+  for (auto& t : p0) {
+    a.push_back(t.clone());
+    b.push_back(t.clone());
+  }
+  const auto topts = torch::optim::AdamWOptions(1e-2).weight_decay(0.05);
+  torch::optim::AdamW theirs(a, topts);
+  for (int s = 0; s < 30; ++s) {
+    for (size_t i = 0; i < a.size(); ++i) a[i].mutable_grad() = gs[s][i].clone();
+    theirs.step();
+  }
+  const std::string path = temp_path("torch_adamw");
+  torch::save(theirs, path);
+  for (size_t i = 0; i < a.size(); ++i) b[i].detach().copy_(a[i]);
+
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    std::vector<at::Tensor> c;
+    for (auto& t : b) c.push_back(t.clone());
+    lo::AdamW ours(c, lo::AdamWOptions(1e-3).weight_decay(0.05).state_format(f));
+    torch::load(ours, path);
+    EXPECT_DOUBLE_EQ(ours.param_groups()[0].options().get_lr(), 1e-2);  // lr comes from the checkpoint
+    EXPECT_EQ(ours.state_of(c[0])->step, 30);
+    EXPECT_EQ(ours.state_of(c[0])->format, f);
+    train(ours, c, gs, 30, 60);
+    if (f == StateFormat::FP32) {
+      // Continue libtorch's run too: the two agree to rounding.
+      for (int s = 30; s < 60; ++s) {
+        for (size_t i = 0; i < a.size(); ++i) a[i].mutable_grad() = gs[s][i].clone();
+        theirs.step();
+      }
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_LE(((c[i] - a[i]).norm() / a[i].norm()).item<double>(), 1e-6) << "param " << i;
+    } else {
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_LE(((c[i] - a[i]).norm() / a[i].norm()).item<double>(), 1e-2) << "Q8 param " << i;
+    }
+  }
+  std::filesystem::remove(path);
+
+  // Export: lowbit's state as fp32 tensors seeds libtorch's AdamW.
+  std::vector<at::Tensor> d, e;
+  for (auto& t : p0) {
+    d.push_back(t.clone());
+    e.push_back(t.clone());
+  }
+  lo::AdamW mine(d, lo::AdamWOptions(1e-2).weight_decay(0.05).state_format(StateFormat::FP32));
+  train(mine, d, gs, 0, 30);
+  for (size_t i = 0; i < d.size(); ++i) e[i].detach().copy_(d[i]);
+  torch::optim::AdamW other(e, topts);
+  for (size_t i = 0; i < e.size(); ++i) {
+    const auto st = mine.export_state_fp32(d[i]);
+    auto ps = std::make_unique<torch::optim::AdamWParamState>();
+    ps->step(mine.state_of(d[i])->step);
+    ps->exp_avg(st[0].clone());
+    ps->exp_avg_sq(st[1].clone());
+    other.state()[e[i].unsafeGetTensorImpl()] = std::move(ps);
+  }
+  train(mine, d, gs, 30, 60);
+  for (int s = 30; s < 60; ++s) {
+    for (size_t i = 0; i < e.size(); ++i) e[i].mutable_grad() = gs[s][i].clone();
+    other.step();
+  }
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_LE(((d[i] - e[i]).norm() / e[i].norm()).item<double>(), 1e-6);
+}
+
+// `lowbit inspect FILE` reports what a checkpoint holds.
+TEST(Checkpoint, InspectCommandListsParametersFormatsAndBytes) {
+  auto p = params();
+  lo::AdamW opt(p, lo::AdamWOptions().state_format(StateFormat::Q4));
+  train(opt, p, grad_stream(p, 2), 0, 2);
+  const std::string path = temp_path("inspect"), out = path + ".txt";
+  torch::save(opt, path);
+  ASSERT_EQ(std::system((std::string(LOWBIT_CLI_PATH) + " inspect " + path + " > " + out).c_str()), 0);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("lowbit::optim::AdamW checkpoint, format version 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("DE4Signed:"), std::string::npos) << text;
+  EXPECT_NE(text.find("Linear4Unsigned:"), std::string::npos) << text;
+  EXPECT_NE(text.find("bytes of state"), std::string::npos) << text;
+  EXPECT_NE(text.find(std::to_string(opt.state_bytes()) + " bytes of state"), std::string::npos) << text;
+  // A file that is not a checkpoint: a non-zero exit and a message.
+  EXPECT_NE(std::system((std::string(LOWBIT_CLI_PATH) + " inspect " + out + " 2>/dev/null").c_str()), 0);
+  std::filesystem::remove(path);
+  std::filesystem::remove(out);
 }

@@ -154,6 +154,30 @@ TEST(OptimFP32, LionAndAdEMAMixMatchFp64Loops) {
     }
   }
   EXPECT_LE(max_rel_diff(q, q64), 1e-5);
+
+  // LAMB: the fp64 loop of the paper's update with the per-parameter trust ratio.
+  auto r = make_params();
+  std::vector<at::Tensor> r64;
+  for (size_t i = 0; i < r.size(); ++i) {
+    r64.push_back(r[i].to(at::kDouble));
+    m[i].zero_();
+    v[i].zero_();
+  }
+  lo::LAMB lamb(r, lo::LAMBOptions(1e-2).weight_decay(0.01).state_format(StateFormat::FP32));
+  for (int s = 1; s <= steps; ++s) {
+    const auto gs = random_grads(r);
+    set_grads(r, gs);
+    lamb.step();
+    for (size_t i = 0; i < r.size(); ++i) {
+      const at::Tensor g = gs[i].to(at::kDouble);
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      const at::Tensor dir = (m[i] / (1 - std::pow(0.9, s))) / ((v[i] / (1 - std::pow(0.999, s))).sqrt() + 1e-6) + 0.01 * r64[i];
+      const double trust = (r64[i].norm() / dir.norm()).item<double>();
+      r64[i] = r64[i] - 1e-2 * trust * dir;
+    }
+  }
+  EXPECT_LE(max_rel_diff(r, r64), 1e-5);
 }
 
 // ---- quantized state: fused kernel == ATen reference, bit for bit ------------------------------
@@ -168,6 +192,7 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
       {"RMSprop", [](auto& p, StateFormat f) { return std::make_unique<lo::RMSprop>(p, lo::RMSpropOptions(1e-3).centered(true).momentum(0.5).state_format(f)); }},
       {"Adagrad", [](auto& p, StateFormat f) { return std::make_unique<lo::Adagrad>(p, lo::AdagradOptions(0.05).state_format(f)); }},
       {"AdEMAMix", [](auto& p, StateFormat f) { return std::make_unique<lo::AdEMAMix>(p, lo::AdEMAMixOptions(1e-3).t_alpha_beta3(10).state_format(f)); }},
+      {"LAMB", [](auto& p, StateFormat f) { return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).weight_decay(0.01).state_format(f)); }},
   };
   for (auto& [name, make] : rules) {
     for (StateFormat f : kAllFormats) {

@@ -1,7 +1,7 @@
 // fashion_mnist: trains a small CNN on Fashion-MNIST with one optimizer in several state formats
 // (same seed, same data order) and compares test accuracy, optimizer-state bytes and step time.
 // Writes a CSV of the loss curves and, when gnuplot is installed, a PNG of them.
-//   fashion_mnist [--optimizer adamw|adam|sgd|lion|rmsprop|adagrad|ademamix] [--formats FP32,BF16,Q8,Q4,FP8]
+//   fashion_mnist [--optimizer adamw|adam|sgd|lion|rmsprop|adagrad|ademamix|lamb] [--formats FP32,BF16,Q8,Q4,FP8]
 //                 [--epochs N] [--batch N] [--lr X] [--device cpu|cuda] [--dir DIR] [--out PREFIX]
 #include <torch/torch.h>
 
@@ -45,7 +45,8 @@ std::unique_ptr<lo::LowbitOptimizer> make_optimizer(const std::string& name, std
   if (name == "rmsprop") return std::make_unique<lo::RMSprop>(params, lo::RMSpropOptions(lr).state_format(f));
   if (name == "adagrad") return std::make_unique<lo::Adagrad>(params, lo::AdagradOptions(lr).state_format(f));
   if (name == "ademamix") return std::make_unique<lo::AdEMAMix>(params, lo::AdEMAMixOptions(lr).state_format(f));
-  throw std::runtime_error("unknown optimizer '" + name + "'; use adamw, adam, sgd, lion, rmsprop, adagrad or ademamix");
+  if (name == "lamb") return std::make_unique<lo::LAMB>(params, lo::LAMBOptions(lr).state_format(f));
+  throw std::runtime_error("unknown optimizer '" + name + "'; use adamw, adam, sgd, lion, rmsprop, adagrad, ademamix or lamb");
 }
 
 double default_lr(const std::string& name) {

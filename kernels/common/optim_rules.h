@@ -12,7 +12,7 @@
 namespace lowbit {
 namespace kernels {
 
-enum class Rule : int32_t { Adam = 0, AdamW = 1, SGD = 2, Lion = 3, RMSprop = 4, Adagrad = 5, AdEMAMix = 6 };
+enum class Rule : int32_t { Adam = 0, AdamW = 1, SGD = 2, Lion = 3, RMSprop = 4, Adagrad = 5, AdEMAMix = 6, LAMB = 7 };
 
 // Everything a rule needs besides the element: filled per parameter group (and step) on the host.
 struct Hyper {
@@ -33,6 +33,7 @@ struct Hyper {
   float bias2_sqrt = 1.0f;     // sqrt(1 - beta2^t)
   float bias1 = 1.0f;          // 1 - beta1^t (AdEMAMix)
   float decay = 1.0f;          // AdamW / Lion: 1 - lr * weight_decay
+  float trust = 1.0f;          // LAMB: ||p|| / ||r|| of the whole parameter, set between two passes
 };
 
 // Number of state slots of a rule, and whether slot k holds signed values (chooses the quantized
@@ -53,6 +54,7 @@ inline SlotSpec rule_slots(Rule r, const Hyper& h) {
     case Rule::RMSprop: return SlotSpec{3, {false, true, true}};
     case Rule::Adagrad: return SlotSpec{1, {false}};
     case Rule::AdEMAMix: return SlotSpec{3, {true, true, false}};
+    case Rule::LAMB: return SlotSpec{2, {true, false}};
   }
   return SlotSpec{0, {}};
 }
@@ -131,6 +133,24 @@ LOWBIT_HD void ademamix(const Hyper& h, float g, float& p, float* s) {
   p = p - h.lr * (update + h.weight_decay * p);
 }
 
+// LAMB (You et al., arXiv 1904.00962). s[0] = exp_avg, s[1] = exp_avg_sq. The update direction
+// r = m_hat / (sqrt(v_hat) + eps) + wd * p is scaled by the layer's trust ratio ||p|| / ||r||,
+// which needs the whole parameter: lamb_direction runs first (state untouched) to get the norms.
+LOWBIT_HD float lamb_direction(const Hyper& h, float g, float p, const float* s, float* m_new, float* v_new) {
+  *m_new = s[0] * h.beta1 + h.one_minus_beta1 * g;
+  *v_new = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
+  const float denom = sqrtf(*v_new) / h.bias2_sqrt + h.eps;
+  return (*m_new / h.bias1) / denom + h.weight_decay * p;
+}
+
+LOWBIT_HD void lamb(const Hyper& h, float g, float& p, float* s) {
+  float m, v;
+  const float r = lamb_direction(h, g, p, s, &m, &v);
+  s[0] = m;
+  s[1] = v;
+  p = p - (h.lr * h.trust) * r;
+}
+
 LOWBIT_HD void apply_rule(Rule r, const Hyper& h, float g, float& p, float* s) {
   if (h.maximize) g = -g;
   switch (r) {
@@ -141,6 +161,7 @@ LOWBIT_HD void apply_rule(Rule r, const Hyper& h, float g, float& p, float* s) {
     case Rule::RMSprop: rmsprop(h, g, p, s); break;
     case Rule::Adagrad: adagrad(h, g, p, s); break;
     case Rule::AdEMAMix: ademamix(h, g, p, s); break;
+    case Rule::LAMB: lamb(h, g, p, s); break;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cfloat>
 #include <mutex>
 #include <vector>
@@ -147,7 +148,33 @@ void update_block(Rule rule, const Hyper& h, int64_t len, float* p, const float*
     case Rule::RMSprop: return update_elements<Rule::RMSprop>(h, len, p, g, s[0], s[1], s[2]);
     case Rule::Adagrad: return update_elements<Rule::Adagrad>(h, len, p, g, s[0], s[1], s[2]);
     case Rule::AdEMAMix: return update_elements<Rule::AdEMAMix>(h, len, p, g, s[0], s[1], s[2]);
+    case Rule::LAMB: return update_elements<Rule::LAMB>(h, len, p, g, s[0], s[1], s[2]);
   }
+}
+
+// LAMB's first pass over a block: sums of p^2 and r^2 (in double, element order), state untouched.
+void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  float* p = buf;
+  float* g = buf + B;
+  float* s[2] = {buf + 2 * B, buf + 3 * B};
+  load_block(t.param, t.param_type, begin, len, p);
+  load_block(t.grad, t.grad_type, begin, len, g);
+  for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
+  double pp = 0.0, rr = 0.0;
+  for (int64_t i = 0; i < len; ++i) {
+    float gi = grad_scale != 1.0f ? g[i] * grad_scale : g[i];
+    if (t.hyper.maximize) gi = -gi;
+    const float st[2] = {s[0][i], s[1][i]};
+    float m, v;
+    const float r = lamb_direction(t.hyper, gi, p[i], st, &m, &v);
+    pp += static_cast<double>(p[i]) * p[i];
+    rr += static_cast<double>(r) * r;
+  }
+  sums[0] = pp;
+  sums[1] = rr;
 }
 
 void step_block(Rule rule, const ParamTask& t, int64_t block, float grad_scale, float* buf) {
@@ -179,6 +206,33 @@ void optim_step_cpu(const OptimStep& step) {
   }
   const int64_t items = first_item[step.num_tasks];
   if (items == 0) return;
+  std::vector<ParamTask> lamb_tasks;
+  const ParamTask* tasks = step.tasks;
+  if (step.rule == Rule::LAMB) {
+    // Pass 1: per-block sums, added per parameter in block order (independent of threads), give
+    // each parameter's trust ratio; pass 2 below is the ordinary fused update.
+    std::vector<double> sums(2 * items);
+#pragma omp parallel
+    {
+      std::vector<float> buf(5 * max_block, 0.0f);
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < items; ++item) {
+        const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+        lamb_norms_block(step.tasks[t], item - first_item[t], step.grad_scale, buf.data(), &sums[2 * item]);
+      }
+    }
+    lamb_tasks.assign(step.tasks, step.tasks + step.num_tasks);
+    for (int64_t t = 0; t < step.num_tasks; ++t) {
+      double pp = 0.0, rr = 0.0;
+      for (int64_t item = first_item[t]; item < first_item[t + 1]; ++item) {
+        pp += sums[2 * item];
+        rr += sums[2 * item + 1];
+      }
+      const double pn = std::sqrt(pp), rn = std::sqrt(rr);
+      lamb_tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
+    }
+    tasks = lamb_tasks.data();
+  }
 #pragma omp parallel
   {
     // p, g and three state slots; zeroed so unused slots hold defined values.
@@ -186,7 +240,7 @@ void optim_step_cpu(const OptimStep& step) {
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
-      step_block(step.rule, step.tasks[t], item - first_item[t], step.grad_scale, buf.data());
+      step_block(step.rule, tasks[t], item - first_item[t], step.grad_scale, buf.data());
     }
   }
 }

@@ -62,6 +62,30 @@ DequantizeArgs check_dequantize_args(const at::Tensor& codes, const at::Tensor& 
   return a;
 }
 
+kernels::QuantizeParams quantize_params(const QuantizeArgs& a, at::Tensor& codes, at::Tensor& absmax) {
+  kernels::QuantizeParams p;
+  p.input = a.input.data_ptr();
+  p.input_type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.block_size = a.block_size;
+  p.format = a.format;
+  p.codes = codes.data_ptr<uint8_t>();
+  p.absmax = absmax.data_ptr<float>();
+  return p;
+}
+
+kernels::DequantizeParams dequantize_params(const DequantizeArgs& a, at::Tensor& out) {
+  kernels::DequantizeParams p;
+  p.codes = a.codes.data_ptr<uint8_t>();
+  p.absmax = a.absmax.data_ptr<float>();
+  p.n = a.numel;
+  p.block_size = a.block_size;
+  p.format = a.format;
+  p.output = out.data_ptr();
+  p.output_type = elem_type(a.dtype);
+  return p;
+}
+
 std::tuple<at::Tensor, at::Tensor> allocate_quantized(const QuantizeArgs& a) {
   const int64_t n = a.input.numel();
   const auto opts = a.input.options();

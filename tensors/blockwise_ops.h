@@ -56,6 +56,10 @@ void check_absmax_flags(const at::Tensor& absmax, const QuantizeArgs& a, const c
 
 kernels::ElemType elem_type(at::ScalarType t);
 
+// Kernel parameters for checked arguments and their outputs (any device).
+kernels::QuantizeParams quantize_params(const QuantizeArgs& a, at::Tensor& codes, at::Tensor& absmax);
+kernels::DequantizeParams dequantize_params(const DequantizeArgs& a, at::Tensor& out);
+
 // The ATen-only reference (also registered as the CompositeExplicitAutograd kernel).
 std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, std::string_view format,
                                                       int64_t block_size);

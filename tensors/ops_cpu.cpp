@@ -14,14 +14,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& input, std::st
   const char* op = "lowbit::quantize_blockwise";
   const QuantizeArgs a = check_quantize_args(input, std::string(format), block_size, op);
   auto [codes, absmax] = allocate_quantized(a);
-  kernels::QuantizeParams p;
-  p.input = a.input.data_ptr();
-  p.input_type = elem_type(a.input.scalar_type());
-  p.n = a.input.numel();
-  p.block_size = a.block_size;
-  p.format = a.format;
-  p.codes = codes.data_ptr<uint8_t>();
-  p.absmax = absmax.data_ptr<float>();
+  const kernels::QuantizeParams p = quantize_params(a, codes, absmax);
   kernels::quantize_blockwise_cpu(p);
   check_absmax_flags(absmax, a, op);
   return {codes, absmax};
@@ -32,14 +25,7 @@ at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& absmax, std
   const DequantizeArgs a = check_dequantize_args(codes, absmax, std::string(format), block_size, shape, dtype,
                                                  "lowbit::dequantize_blockwise");
   at::Tensor out = at::empty(a.shape, a.codes.options().dtype(a.dtype));
-  kernels::DequantizeParams p;
-  p.codes = a.codes.data_ptr<uint8_t>();
-  p.absmax = a.absmax.data_ptr<float>();
-  p.n = a.numel;
-  p.block_size = a.block_size;
-  p.format = a.format;
-  p.output = out.data_ptr();
-  p.output_type = elem_type(a.dtype);
+  const kernels::DequantizeParams p = dequantize_params(a, out);
   kernels::dequantize_blockwise_cpu(p);
   return out;
 }

@@ -1,8 +1,21 @@
 // Per-block loops shared by the CPU quantizer and the fused optimizer step (block_ops.h).
 #include "block_ops.h"
 
+#include <mutex>
+#include <vector>
+
+#include "../common/code_tables.h"
+
 namespace lowbit {
 namespace kernels {
+
+const float* cached_codebook(QuantFormat fmt) {
+  static std::vector<float> books[kNumQuantFormats];
+  static std::once_flag once[kNumQuantFormats];
+  const int i = static_cast<int>(fmt);
+  std::call_once(once[i], [&] { books[i] = make_codebook(fmt); });
+  return books[i].data();
+}
 
 // Scan of one block: copies it to fp32 in v and returns (through the pointers) the largest |x|
 // bit pattern and whether a negative value occurs. On the bit patterns, so the reduction vectorizes

@@ -6,6 +6,7 @@
 
 #include "../common/encode.h"
 #include "../common/float_convert.h"
+#include "../common/quant_format.h"
 
 namespace lowbit {
 namespace kernels {
@@ -18,6 +19,9 @@ void scan_block(const f16_t* x, int64_t len, float* v, uint32_t* max_bits, uint3
 
 // normalize(nz, v[i]) in place.
 void normalize_block(float* v, int64_t len, Normalizer nz);
+
+// The codebook of a format, built once per process.
+const float* cached_codebook(QuantFormat fmt);
 
 // out[i] = codebook[c[i]] * absmax for 8-bit codes.
 void decode8(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);

@@ -23,13 +23,6 @@ namespace lowbit {
 namespace kernels {
 namespace {
 
-const float* codebook_of(QuantFormat fmt) {
-  static std::vector<float> books[kNumQuantFormats];
-  static std::once_flag once[kNumQuantFormats];
-  const int i = static_cast<int>(fmt);
-  std::call_once(once[i], [&] { books[i] = make_codebook(fmt); });
-  return books[i].data();
-}
 
 float load(const void* p, ElemType t, int64_t i) {
   switch (t) {
@@ -54,7 +47,7 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
     case SlotStorage::F32: load_block(s.values, ElemType::F32, begin, len, out); return;
     case SlotStorage::BF16: load_block(s.values, ElemType::BF16, begin, len, out); return;
     case SlotStorage::Quant: {
-      const float* cb = codebook_of(s.format);
+      const float* cb = cached_codebook(s.format);
       const float amax = s.absmax[block];
       if (format_bits(s.format) == 4) {
         const uint8_t* c = s.codes + begin / 2;

@@ -28,13 +28,6 @@ const BucketEncoder& bucket_encoder(QuantFormat fmt) {
 
 namespace {
 
-const float* cached_codebook(QuantFormat fmt) {
-  static std::vector<float> books[kNumQuantFormats];
-  static std::once_flag once[kNumQuantFormats];
-  const int i = static_cast<int>(fmt);
-  std::call_once(once[i], [&] { books[i] = make_codebook(fmt); });
-  return books[i].data();
-}
 
 // Three passes over a block that stays in L1: scan (vectorizes), normalize (vectorizes; the same
 // float operations as every other backend), encode (table lookups).

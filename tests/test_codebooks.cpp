@@ -1,7 +1,6 @@
 // Codebooks are generated, not pasted: check their defining properties and the encode tables.
 #include <lowbit/kernels/common/code_tables.h>
 #include <lowbit/kernels/common/encode.h>
-#include <lowbit/kernels/common/float_convert.h>
 #include <lowbit/kernels/cpu/bucket_encoder.h>
 
 #include <random>
@@ -78,15 +77,9 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
     const auto cb = lk::make_codebook(f);
     const lk::EncodeTable tab = lk::make_encode_table(f);
     const lk::BucketEncoder& enc = lk::bucket_encoder(f);
-    const lk::MagnitudeBuckets mag = lk::make_magnitude_buckets(tab, 14);
-    EXPECT_LE(mag.widest, 2) << lowbit::format_name(f);
-    EXPECT_LE(mag.starts.size(), 1u << 14);
     std::vector<float> probes;
     std::uniform_real_distribution<float> u(-1.05f, 1.05f);
     for (int i = 0; i < 20000; ++i) probes.push_back(u(rng));
-    // Tiny and huge magnitudes, zeros of both signs, values around 1.
-    for (float p : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 1.0f, -1.0f, 1.0000001f, 3.0f, -3.0f, 1e30f})
-      probes.push_back(p);
     // Every exact midpoint and its float neighbours: the tie and near-tie cases.
     for (int i = 0; i + 1 < tab.num_values; ++i) {
       const float a = cb[tab.sorted_codes[i]], b = cb[tab.sorted_codes[i + 1]];
@@ -102,11 +95,6 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
       ASSERT_EQ(tab.sorted_codes[count], want) << lowbit::format_name(f) << " x=" << x;
       ASSERT_EQ(eytz, count) << lowbit::format_name(f) << " x=" << x;
       ASSERT_EQ(enc.count_below(x), count) << lowbit::format_name(f) << " x=" << x;
-      // The GPU's magnitude buckets.
-      const int b = lk::magnitude_bucket(lk::f32_bits(x), mag.e_lo, mag.n_exp, mag.mant_bits);
-      int c = mag.starts[b];
-      for (int k = 0; k < mag.widest; ++k) c += (c < tab.num_values - 1 && tab.thresholds[c] < x) ? 1 : 0;
-      ASSERT_EQ(c, count) << lowbit::format_name(f) << " magnitude bucket, x=" << x;
     }
   }
 }

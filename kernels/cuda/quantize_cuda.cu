@@ -32,31 +32,23 @@ __device__ __forceinline__ void group_reduce(BlockScan& s) {
 }
 
 // Encode tables in shared memory (see gpu_tables.cuh).
-// Tables in shared memory; the starts table (2^key_bits bytes) is dynamic shared memory. The
-// view holds pointers and sizes in registers.
 struct SharedEncode {
+  uint8_t starts[1 << kGpuKeyBits];
   float thresholds[256 + kGpuMaxScan];
   uint8_t sorted_codes[256];
 };
 
-struct EncodeView {
-  const uint8_t* starts;
-  const float* thresholds;
-  const uint8_t* sorted_codes;
-  int shift;
-};
-
-__device__ __forceinline__ EncodeView stage_encode(SharedEncode& sh, uint8_t* dyn, const uint8_t* starts,
-                                                   const GpuTables& t) {
-  stage(reinterpret_cast<uint4*>(dyn), reinterpret_cast<const uint4*>(starts), (1 << t.key_bits) / 16);
+__device__ __forceinline__ void stage_encode(SharedEncode& sh, const uint8_t* starts, const GpuTables& t) {
+  const uint4* src = reinterpret_cast<const uint4*>(starts);
+  uint4* dst = reinterpret_cast<uint4*>(sh.starts);
+  stage(dst, src, (1 << kGpuKeyBits) / 16);
   stage(sh.thresholds, t.thresholds, 256 + kGpuMaxScan);
   stage(sh.sorted_codes, t.sorted_codes, 256);
-  return EncodeView{dyn, sh.thresholds, sh.sorted_codes, 32 - t.key_bits};
 }
 
 // #{thresholds < x}: bucket lookup on the order key's top bits, then `scan` compares.
-__device__ __forceinline__ uint8_t encode_one(const EncodeView& sh, int scan, float x) {
-  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> sh.shift];
+__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, int scan, float x) {
+  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
   int c = s;
 #pragma unroll
   for (int k = 0; k < kGpuMaxScan; ++k)
@@ -66,7 +58,7 @@ __device__ __forceinline__ uint8_t encode_one(const EncodeView& sh, int scan, fl
 
 // Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
 template <int BITS>
-__device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const EncodeView& sh,
+__device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const SharedEncode& sh,
                                               int scan, uint8_t* codes, int64_t i, int64_t n, bool vec) {
   uint8_t c[8];
 #pragma unroll
@@ -101,9 +93,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
                                                             float* __restrict__ absmax, int64_t n, bool is_signed,
                                                             bool vec, const uint8_t* __restrict__ starts,
                                                             GpuTables tables) {
-  __shared__ __align__(16) SharedEncode shared_tables;
-  extern __shared__ __align__(16) uint8_t dyn_starts[];
-  const EncodeView sh = stage_encode(shared_tables, dyn_starts, starts, tables);
+  __shared__ __align__(16) SharedEncode sh;
+  stage_encode(sh, starts, tables);
   const int scan = tables.scan;
   __syncthreads();
 
@@ -183,10 +174,9 @@ cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t 
   const uint8_t* starts = nullptr;
   const cudaError_t e = device_bucket_starts(p.format, &starts);
   if (e != cudaSuccess) return e;
-  const GpuTables& tables = gpu_tables(p.format);
-  quantize_kernel<T, BITS, BLOCK, WARP><<<grid, kThreads, size_t(1) << tables.key_bits, stream>>>(static_cast<const T*>(p.input), p.codes,
+  quantize_kernel<T, BITS, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.input), p.codes,
                                                                        p.absmax, p.n, format_is_signed(p.format), vec,
-                                                                       starts, tables);
+                                                                       starts, gpu_tables(p.format));
   return cudaGetLastError();
 }
 

@@ -128,7 +128,7 @@ ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::
                           : at::full({p.numel()}, initial_state_value(options, k), fopts);
     s.storage = st.format;
     if (is_quantized(st.format)) {
-      s.quantized = quantize(init, quant_format_for(st.format, spec.is_signed[k]), st.block_size);
+      s.quantized = quantize(init, quant_format_for(st.format, spec.is_signed[k], c.fp8_second_moment), st.block_size);
     } else {
       s.dense = init.to(st.format == StateFormat::BF16 ? at::kBFloat16 : at::kFloat).clone();
     }

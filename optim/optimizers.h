@@ -31,6 +31,8 @@ class OptimizerWith : public LowbitOptimizer {
     TORCH_CHECK(o.min_quant_numel() >= 0, "Invalid min_quant_numel: ", o.min_quant_numel());
     TORCH_CHECK(o.max_grad_norm() >= 0, "Invalid max_grad_norm: ", o.max_grad_norm());
     if (o.block_size() != 0) resolve_block_size(QuantFormat::Dyn8Signed, o.block_size(), "lowbit optimizer options");
+    TORCH_CHECK(o.fp8_second_moment() == QuantFormat::FP8E4M3 || o.fp8_second_moment() == QuantFormat::FP8E5M2,
+                "Invalid fp8_second_moment: ", format_name(o.fp8_second_moment()), "; expected FP8E4M3 or FP8E5M2");
   }
 };
 

@@ -18,12 +18,16 @@ namespace optim {
 //                          parameter's numel, so sharding never changes it)
 //   bf16_stochastic_round  round bf16 parameters stochastically (seeded, reproducible)
 //   max_grad_norm          clip the group's gradients to this global L2 norm first (0 = off)
+//   fp8_second_moment      FP8 state: format of the unsigned states (second moments). E4M3 (the
+//                          default) measured better than E5M2 in the Fashion-MNIST demo (89.02 % vs
+//                          88.61 %, FP32 89.02 %); E5M2 keeps more range.
 #define LOWBIT_COMMON_ARGS(Options)                                  \
   TORCH_ARG(::lowbit::StateFormat, state_format) = ::lowbit::StateFormat::Q8; \
   TORCH_ARG(int64_t, block_size) = 0;                                \
   TORCH_ARG(int64_t, min_quant_numel) = 4096;                        \
   TORCH_ARG(bool, bf16_stochastic_round) = false;                    \
   TORCH_ARG(double, max_grad_norm) = 0.0;                            \
+  TORCH_ARG(::lowbit::QuantFormat, fp8_second_moment) = ::lowbit::QuantFormat::FP8E4M3; \
                                                                      \
  public:                                                             \
   double get_lr() const override { return lr(); }                    \
@@ -35,11 +39,13 @@ struct CommonOptions {
   int64_t min_quant_numel;
   bool bf16_stochastic_round;
   double max_grad_norm;
+  QuantFormat fp8_second_moment;
 };
 
 template <typename Options>
 CommonOptions common_options(const Options& o) {
-  return {o.state_format(), o.block_size(), o.min_quant_numel(), o.bf16_stochastic_round(), o.max_grad_norm()};
+  return {o.state_format(),  o.block_size(),    o.min_quant_numel(), o.bf16_stochastic_round(),
+          o.max_grad_norm(), o.fp8_second_moment()};
 }
 
 struct AdamOptions : public torch::optim::OptimizerCloneableOptions<AdamOptions> {

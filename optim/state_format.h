@@ -23,11 +23,13 @@ inline const char* state_format_name(StateFormat f) {
 inline bool is_quantized(StateFormat f) { return f == StateFormat::Q8 || f == StateFormat::Q4 || f == StateFormat::FP8; }
 
 // The QuantFormat of a quantized state: first moments (signed) and second moments (unsigned) get
-// the maps of DESIGN.md. FP8 stores signed states as E4M3 and unsigned ones as E5M2 (range).
-inline QuantFormat quant_format_for(StateFormat f, bool is_signed) {
+// the maps of DESIGN.md. FP8 stores signed states as E4M3 and unsigned ones in `fp8_unsigned`
+// (E4M3 by default, E5M2 selectable; see optim/options.h).
+inline QuantFormat quant_format_for(StateFormat f, bool is_signed,
+                                    QuantFormat fp8_unsigned = QuantFormat::FP8E4M3) {
   switch (f) {
     case StateFormat::Q4: return is_signed ? QuantFormat::DE4Signed : QuantFormat::Linear4Unsigned;
-    case StateFormat::FP8: return is_signed ? QuantFormat::FP8E4M3 : QuantFormat::FP8E5M2;
+    case StateFormat::FP8: return is_signed ? QuantFormat::FP8E4M3 : fp8_unsigned;
     default: return is_signed ? QuantFormat::Dyn8Signed : QuantFormat::Dyn8Unsigned;
   }
 }

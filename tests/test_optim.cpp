@@ -293,6 +293,19 @@ TEST(OptimBehaviour, StateBytesPerFormat) {
   EXPECT_EQ(opt.state_bytes(), 4095 * 8);
 }
 
+TEST(OptimBehaviour, Fp8SecondMomentFormatIsSelectable) {
+  for (auto qf : {lowbit::QuantFormat::FP8E4M3, lowbit::QuantFormat::FP8E5M2}) {
+    std::vector<at::Tensor> p = {at::randn({5000})};
+    lo::AdamW opt(p, lo::AdamWOptions().state_format(StateFormat::FP8).fp8_second_moment(qf));
+    p[0].mutable_grad() = at::randn({5000});
+    opt.step();
+    EXPECT_EQ(opt.state_of(p[0])->slots[0].quantized.format(), lowbit::QuantFormat::FP8E4M3);
+    EXPECT_EQ(opt.state_of(p[0])->slots[1].quantized.format(), qf);
+  }
+  std::vector<at::Tensor> p = {at::randn({10})};
+  EXPECT_THROW(lo::AdamW(p, lo::AdamWOptions().fp8_second_moment(lowbit::QuantFormat::Dyn8Unsigned)), c10::Error);
+}
+
 TEST(OptimBehaviour, PerParameterFormatOverride) {
   auto p = make_params();
   lo::AdamW opt(p, lo::AdamWOptions().state_format(StateFormat::Q4));

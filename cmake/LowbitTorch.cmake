@@ -1,5 +1,9 @@
-# Finds libtorch: Torch_DIR if given, else the `torch` Python wheel's CMake package.
-if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
+# Finds libtorch: Torch_DIR if given (CMake or environment variable), else the `torch` Python wheel's
+# CMake package.
+if(NOT Torch_DIR AND DEFINED ENV{Torch_DIR})
+  set(Torch_DIR "$ENV{Torch_DIR}")
+endif()
+if(NOT Torch_DIR)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
     execute_process(

@@ -14,24 +14,31 @@ void check_betas(double b1, double b2) {
   TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
 }
 
-template <typename O>
-kernels::Hyper adam_like(const O& o, int64_t t) {
+// The Adam family's shared part: lr, betas with their complements (rounded from double), eps,
+// weight decay, maximize, and the bias corrections of step t.
+kernels::Hyper adam_family(double lr, double b1, double b2, double eps, double wd, bool maximize, int64_t t) {
   kernels::Hyper h;
-  const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
-  h.lr = static_cast<float>(o.lr());
+  h.lr = static_cast<float>(lr);
   h.beta1 = static_cast<float>(b1);
   h.beta2 = static_cast<float>(b2);
   h.one_minus_beta1 = static_cast<float>(1 - b1);
   h.one_minus_beta2 = static_cast<float>(1 - b2);
-  h.eps = static_cast<float>(o.eps());
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.amsgrad = o.amsgrad();
-  h.maximize = o.maximize();
+  h.eps = static_cast<float>(eps);
+  h.weight_decay = static_cast<float>(wd);
+  h.maximize = maximize;
   const double bc1 = 1 - std::pow(b1, static_cast<double>(t));
-  const double bc2 = 1 - std::pow(b2, static_cast<double>(t));
-  h.step_size = static_cast<float>(o.lr() / bc1);
-  h.bias2_sqrt = static_cast<float>(std::sqrt(bc2));
-  h.decay = static_cast<float>(1 - o.lr() * o.weight_decay());
+  h.bias1 = static_cast<float>(bc1);
+  h.step_size = static_cast<float>(lr / bc1);
+  h.bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
+  h.decay = static_cast<float>(1 - lr * wd);
+  return h;
+}
+
+template <typename O>
+kernels::Hyper adam_like(const O& o, int64_t t) {
+  kernels::Hyper h = adam_family(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                                 o.maximize(), t);
+  h.amsgrad = o.amsgrad();
   return h;
 }
 
@@ -136,18 +143,8 @@ void Adagrad::validate(const AdagradOptions& o) {
 
 kernels::Hyper AdEMAMix::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
   const auto& o = opts(oo);
-  kernels::Hyper h;
-  const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), b3 = std::get<2>(o.betas());
-  h.lr = static_cast<float>(o.lr());
-  h.beta1 = static_cast<float>(b1);
-  h.beta2 = static_cast<float>(b2);
-  h.one_minus_beta1 = static_cast<float>(1 - b1);
-  h.one_minus_beta2 = static_cast<float>(1 - b2);
-  h.eps = static_cast<float>(o.eps());
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.maximize = o.maximize();
-  h.bias1 = static_cast<float>(1 - std::pow(b1, static_cast<double>(t)));
-  h.bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
+  const double b1 = std::get<0>(o.betas()), b3 = std::get<2>(o.betas());
+  kernels::Hyper h = adam_family(o.lr(), b1, std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.maximize(), t);
   double alpha = o.alpha(), beta3 = b3;
   if (o.t_alpha_beta3() > 0) {
     // The paper's warm-up: alpha rises linearly; beta3 follows the schedule that makes the slow
@@ -173,19 +170,8 @@ void AdEMAMix::validate(const AdEMAMixOptions& o) {
 
 kernels::Hyper LAMB::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
   const auto& o = opts(oo);
-  kernels::Hyper h;
-  const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
-  h.lr = static_cast<float>(o.lr());
-  h.beta1 = static_cast<float>(b1);
-  h.beta2 = static_cast<float>(b2);
-  h.one_minus_beta1 = static_cast<float>(1 - b1);
-  h.one_minus_beta2 = static_cast<float>(1 - b2);
-  h.eps = static_cast<float>(o.eps());
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.maximize = o.maximize();
-  h.bias1 = static_cast<float>(1 - std::pow(b1, static_cast<double>(t)));
-  h.bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
-  return h;
+  return adam_family(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.maximize(),
+                     t);
 }
 void LAMB::validate(const LAMBOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));

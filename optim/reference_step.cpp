@@ -87,7 +87,7 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
       Tensor avg;
       if (h.centered) {
         s[2] = ema(s[2], h.alpha, g, h.one_minus_alpha);
-        avg = tadd(fsqrt(tsub(s[0], at::mul(s[2], s[2]))), h.eps);
+        avg = tadd(fsqrt(at::clamp_min(tsub(s[0], at::mul(s[2], s[2])), 0.0)), h.eps);
       } else {
         avg = tadd(fsqrt(s[0]), h.eps);
       }

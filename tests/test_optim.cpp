@@ -197,6 +197,7 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
   for (auto& [name, make] : rules) {
     for (StateFormat f : kAllFormats) {
       for (auto dt : {at::kFloat, at::kBFloat16}) {
+        SCOPED_TRACE(std::string(name) + " " + lowbit::state_format_name(f) + " " + c10::toString(dt));
         auto pa = make_params(dt), pb = clone_all(pa);
         auto fused = make(pa, f);
         auto ref = make(pb, f);
@@ -205,8 +206,13 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
           const auto gs = random_grads(pa);
           set_grads(pa, gs);
           set_grads(pb, gs);
-          fused->step();
-          ref->step();
+          try {
+            fused->step();
+            ref->step();
+          } catch (const c10::Error& e) {
+            FAIL() << name << " " << lowbit::state_format_name(f) << " " << dt << " step " << s << ": "
+                   << e.what_without_backtrace();
+          }
         }
         ASSERT_TRUE(all_bitwise_equal(pa, pb)) << name << " " << lowbit::state_format_name(f) << " " << dt;
         for (size_t i = 0; i < pa.size(); ++i) {

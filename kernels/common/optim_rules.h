@@ -103,7 +103,11 @@ LOWBIT_HD void rmsprop(const Hyper& h, float g, float& p, float* s) {
   float avg;
   if (h.centered) {
     s[2] = s[2] * h.alpha + h.one_minus_alpha * g;
-    avg = sqrtf(s[0] - s[2] * s[2]) + h.eps;
+    // Variance estimate, clamped at 0: with quantized state the two averages are rounded
+    // independently and their difference can dip below zero, where torch would take sqrt of a
+    // negative number and write NaN into the parameter.
+    const float var = s[0] - s[2] * s[2];
+    avg = sqrtf(var > 0.0f ? var : 0.0f) + h.eps;
   } else {
     avg = sqrtf(s[0]) + h.eps;
   }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../common/code_tables.h"
+#include "bucket_encoder.h"
 
 namespace lowbit {
 namespace kernels {
@@ -62,6 +63,23 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const 
     out[2 * j] = cb[c[j] & 0xF] * amax;
     out[2 * j + 1] = cb[c[j] >> 4] * amax;
   }
+}
+
+float encode_scanned_block(QuantFormat fmt, float* v, int64_t len, uint32_t max_bits, uint32_t negative,
+                           uint8_t* out) {
+  const float am = block_absmax_from_bits(max_bits, negative, format_is_signed(fmt));
+  normalize_block(v, len, make_normalizer(am));
+  const BucketView enc = bucket_encoder(fmt).view();
+  if (format_bits(fmt) == 4) {
+    // Blocks hold an even number of elements, so a byte never straddles two blocks.
+    uint8_t c[kMaxBlockSize];
+    encode_codes(enc, v, len, c);
+    for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = static_cast<uint8_t>(c[i] | (c[i + 1] << 4));
+    if (len % 2) out[len / 2] = c[len - 1];
+  } else {
+    encode_codes(enc, v, len, out);
+  }
+  return am;
 }
 
 }  // namespace kernels

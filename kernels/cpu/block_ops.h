@@ -29,6 +29,12 @@ void decode8(const float* codebook, const uint8_t* codes, int64_t len, float abs
 // Same for 4-bit codes, two per byte (even element in the low nibble); len must be even.
 void decode4(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
 
+// Finishes quantizing a block already scanned into fp32 v (v is scratch afterwards): absmax from
+// the scan, normalize, encode, and write the codes at `out` (the block's first code byte; 4-bit
+// codes packed two per byte). Returns the absmax to store.
+float encode_scanned_block(QuantFormat fmt, float* v, int64_t len, uint32_t max_bits, uint32_t negative,
+                           uint8_t* out);
+
 // The absmax (with the in-band flags of encode.h) from a scan's result.
 inline float block_absmax_from_bits(uint32_t max_bits, uint32_t negative, bool format_signed) {
   BlockScan scan;

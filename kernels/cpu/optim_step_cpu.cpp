@@ -73,19 +73,8 @@ void encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
     case SlotStorage::Quant: {
       uint32_t max_bits = 0, neg = 0;
       scan_block(v, len, v, &max_bits, &neg);
-      const float am = block_absmax_from_bits(max_bits, neg, format_is_signed(s.format));
-      s.absmax[block] = am;
-      const BucketView enc = bucket_encoder(s.format).view();
-      normalize_block(v, len, make_normalizer(am));  // v is scratch from here on
-      if (format_bits(s.format) == 4) {
-        uint8_t c[kMaxBlockSize];
-        encode_codes(enc, v, len, c);
-        uint8_t* out = s.codes + begin / 2;
-        for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = static_cast<uint8_t>(c[i] | (c[i + 1] << 4));
-        if (len % 2) out[len / 2] = c[len - 1];
-      } else {
-        encode_codes(enc, v, len, s.codes + begin);
-      }
+      const int64_t offset = format_bits(s.format) == 4 ? begin / 2 : begin;
+      s.absmax[block] = encode_scanned_block(s.format, v, len, max_bits, neg, s.codes + offset);
       return;
     }
   }

@@ -34,14 +34,11 @@ namespace {
 template <typename T>
 void quantize_impl(const QuantizeParams& p) {
   const T* x = static_cast<const T*>(p.input);
-  const BucketView enc = bucket_encoder(p.format).view();
-  const bool is_signed = format_is_signed(p.format);
   const bool four_bit = format_bits(p.format) == 4;
   const int64_t nblocks = num_blocks(p.n, p.block_size);
 #pragma omp parallel
   {
     std::vector<float> buf(p.block_size);
-    std::vector<uint8_t> cbuf(p.block_size);
     float* v = buf.data();
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblocks; ++b) {
@@ -49,19 +46,8 @@ void quantize_impl(const QuantizeParams& p) {
       const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
       uint32_t max_bits = 0, neg = 0;
       scan_block(x + begin, len, v, &max_bits, &neg);
-      const float am = block_absmax_from_bits(max_bits, neg, is_signed);
-      p.absmax[b] = am;
-      normalize_block(v, len, make_normalizer(am));
-      if (four_bit) {
-        // Blocks hold an even number of elements, so a byte never straddles two blocks.
-        uint8_t* c = cbuf.data();
-        encode_codes(enc, v, len, c);
-        uint8_t* out = p.codes + begin / 2;
-        for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = static_cast<uint8_t>(c[i] | (c[i + 1] << 4));
-        if (len % 2) out[len / 2] = c[len - 1];
-      } else {
-        encode_codes(enc, v, len, p.codes + begin);
-      }
+      p.absmax[b] = encode_scanned_block(p.format, v, len, max_bits, neg,
+                                         p.codes + (four_bit ? begin / 2 : begin));
     }
   }
 }

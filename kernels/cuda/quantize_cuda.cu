@@ -88,6 +88,21 @@ __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normali
   }
 }
 
+// One lane's 8 values of a block owned by GROUP lanes: reduce the absmax across the group, store it
+// (first lane), encode and store the codes.
+template <int BITS, int BLOCK, int GROUP>
+__device__ __forceinline__ void quantize_group8(const float (&v)[8], int64_t i, int lane, int64_t n, bool is_signed,
+                                                bool vec, const SharedEncode& sh, int scan, uint8_t* codes,
+                                                float* absmax) {
+  BlockScan s;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
+  group_reduce<GROUP>(s);
+  const float amax = block_absmax(s, is_signed);
+  if (lane % GROUP == 0 && i < n) absmax[i / BLOCK] = amax;
+  if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
+}
+
 template <typename T, int BITS, int BLOCK, int WARP>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
                                                             float* __restrict__ absmax, int64_t n, bool is_signed,
@@ -115,13 +130,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
       float next[8];
       if (unit + warps_total < units) load8(x, i + warps_total * kUnit, n, vec, next);
-      BlockScan s;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
-      group_reduce<kGroup>(s);
-      const float amax = block_absmax(s, is_signed);
-      if (lane % kGroup == 0 && i < n) absmax[i / BLOCK] = amax;
-      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
+      quantize_group8<BITS, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, scan, codes, absmax);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = next[k];
     }
@@ -130,13 +139,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
       float v[8];
       load8(x, i, n, vec, v);
-      BlockScan s;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
-      group_reduce<kGroup>(s);
-      const float amax = block_absmax(s, is_signed);
-      if (lane % kGroup == 0 && i < n) absmax[i / BLOCK] = amax;
-      if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
+      quantize_group8<BITS, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, scan, codes, absmax);
     }
   } else {
     for (int64_t unit = first; unit < units; unit += warps_total) {

@@ -1,7 +1,7 @@
 // Codebooks are generated, not pasted: check their defining properties and the encode tables.
 #include <lowbit/kernels/common/code_tables.h>
 #include <lowbit/kernels/common/encode.h>
-#include <lowbit/kernels/cpu/bucket_encoder.h>
+#include <lowbit/kernels/cpu/code_encoder.h>
 
 #include <random>
 
@@ -76,7 +76,7 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
   for (auto f : lowbit_test::all_formats()) {
     const auto cb = lk::make_codebook(f);
     const lk::EncodeTable tab = lk::make_encode_table(f);
-    const lk::BucketEncoder& enc = lk::bucket_encoder(f);
+    const lk::CodeEncoder& enc = lk::code_encoder(f);
     std::vector<float> probes;
     std::uniform_real_distribution<float> u(-1.05f, 1.05f);
     for (int i = 0; i < 20000; ++i) probes.push_back(u(rng));
@@ -94,7 +94,53 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
                                      : lk::count_below_eytzinger<8>(tab.eytzinger, x);
       ASSERT_EQ(tab.sorted_codes[count], want) << lowbit::format_name(f) << " x=" << x;
       ASSERT_EQ(eytz, count) << lowbit::format_name(f) << " x=" << x;
-      ASSERT_EQ(enc.count_below(x), count) << lowbit::format_name(f) << " x=" << x;
+      ASSERT_EQ(enc.encode(x), want) << lowbit::format_name(f) << " x=" << x;
+    }
+  }
+}
+
+// The bulk encoder (AVX-512 where present, with its masked tail) and the scalar loop against the
+// brute-force nearest code, on values that pass through the normalizing multiplies.
+TEST(Codebooks, BulkEncodeMatchesNearestOnBothPaths) {
+  std::mt19937 rng(std::random_device{}());
+  for (auto f : lowbit_test::all_formats()) {
+    const auto cb = lk::make_codebook(f);
+    const lk::EncodeTable tab = lk::make_encode_table(f);
+    std::vector<float> x;
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int i = 0; i < 5000; ++i) x.push_back(u(rng) * std::pow(10.0f, -static_cast<float>(rng() % 9)));
+    for (int i = 0; i + 1 < tab.num_values; ++i) {
+      const float t = tab.thresholds[i];
+      for (float p : {t, std::nextafter(t, -INFINITY), std::nextafter(t, INFINITY)}) x.push_back(p);
+    }
+    for (float p : {0.0f, -0.0f, 1.0f, -1.0f, 1e-30f, -1e-30f, 1e-45f}) x.push_back(p);
+    x.push_back(0.5f);  // odd length: the vector path's masked tail
+    if (x.size() % 16 == 0) x.push_back(0.25f);
+    const float scale = 0.75f;  // normalize(nz, v) = (v * 1) * (1 / 0.75)
+    const lk::Normalizer nz = lk::make_normalizer(scale);
+    std::vector<float> v(x.size());
+    for (size_t i = 0; i < x.size(); ++i) v[i] = x[i] * scale;
+    std::vector<uint8_t> fast(x.size()), slow(x.size());
+    const lk::KeyTableView enc = lk::code_encoder(f).view();
+    lk::encode_codes(enc, nz, v.data(), static_cast<int64_t>(v.size()), fast.data(), true);
+    lk::encode_codes(enc, nz, v.data(), static_cast<int64_t>(v.size()), slow.data(), false);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float n = lk::normalize(nz, v[i]);
+      ASSERT_EQ(slow[i], nearest_code(cb, n)) << lowbit::format_name(f) << " x=" << n;
+      ASSERT_EQ(fast[i], slow[i]) << lowbit::format_name(f) << " x=" << n << " at " << i;
+    }
+    if (lowbit::format_bits(f) != 4) continue;
+    // Packed: every length around the vector width (the tail and an odd last element).
+    for (int64_t len : {int64_t(1), int64_t(15), int64_t(16), int64_t(17), int64_t(33), static_cast<int64_t>(x.size())}) {
+      for (bool vec : {true, false}) {
+        std::vector<uint8_t> packed((len + 1) / 2 + 1, 0xAB);
+        lk::encode_codes_packed4(enc, nz, v.data(), len, packed.data(), vec);
+        for (int64_t i = 0; i < len; i += 2) {
+          const int hi = i + 1 < len ? slow[i + 1] : 0;
+          ASSERT_EQ(packed[i / 2], slow[i] | (hi << 4)) << lowbit::format_name(f) << " len " << len << " at " << i;
+        }
+        ASSERT_EQ(packed[(len + 1) / 2], 0xAB) << "wrote past the end, len " << len;
+      }
     }
   }
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <stdexcept>
 #include <vector>
 
 #include "quant_format.h"
@@ -199,6 +200,34 @@ inline std::vector<uint8_t> make_bucket_starts(const EncodeTable& tab, int key_b
     *widest = std::max(*widest, k - j);
   }
   return starts;
+}
+
+// One lookup per element on the CPU: for the bucket b of order keys sharing their top 16 bits,
+// entries[b] packs the code below and above the bucket's threshold and that threshold's low 16
+// key bits:
+//   code(x) = (key(x) & 0xFFFF) > (e >> 16) ? (e >> 8) & 0xFF : e & 0xFF,  e = entries[key(x) >> 16].
+// Within a bucket, x > t <=> the low key bits compare so. A bucket without a threshold stores 0xFFFF,
+// which no key exceeds. Needs at most one threshold per bucket and no threshold of -0.0 (whose key
+// would split -0.0 from +0.0): true for every built-in format, and checked.
+inline std::vector<uint32_t> make_key_table(const EncodeTable& tab) {
+  const int nthr = tab.num_values - 1;
+  std::vector<uint32_t> entries(1u << 16);
+  int j = 0;  // thresholds below the current bucket
+  for (uint32_t b = 0; b < (1u << 16); ++b) {
+    while (j < nthr && (order_key_host(tab.thresholds[j]) >> 16) < b) ++j;
+    const uint32_t lo = tab.sorted_codes[j];
+    if (j < nthr && (order_key_host(tab.thresholds[j]) >> 16) == b) {
+      if (j + 1 < nthr && (order_key_host(tab.thresholds[j + 1]) >> 16) == b)
+        throw std::logic_error("make_key_table: two thresholds share a 16-bit key bucket");
+      if (order_key_host(tab.thresholds[j]) == 0x7FFFFFFFu)
+        throw std::logic_error("make_key_table: a threshold of -0.0");
+      const uint32_t hi = tab.sorted_codes[j + 1];
+      entries[b] = lo | (hi << 8) | ((order_key_host(tab.thresholds[j]) & 0xFFFFu) << 16);
+    } else {
+      entries[b] = lo | (lo << 8) | 0xFFFF0000u;
+    }
+  }
+  return entries;
 }
 
 }  // namespace kernels

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../common/code_tables.h"
-#include "bucket_encoder.h"
+#include "code_encoder.h"
 
 namespace lowbit {
 namespace kernels {
@@ -43,11 +43,6 @@ LOWBIT_SCAN_BLOCK(bf16_t)
 LOWBIT_SCAN_BLOCK(f16_t)
 #undef LOWBIT_SCAN_BLOCK
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void normalize_block(float* v, int64_t len,
-                                                                                  Normalizer nz) {
-  for (int64_t i = 0; i < len; ++i) v[i] = normalize(nz, v[i]);
-}
-
 // codebook[code] * absmax for a block of 8-bit codes (a gather: cloned for AVX-512 / AVX2).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void decode8(const float* __restrict__ cb,
                                                                           const uint8_t* __restrict__ c, int64_t len,
@@ -68,16 +63,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const 
 float encode_scanned_block(QuantFormat fmt, float* v, int64_t len, uint32_t max_bits, uint32_t negative,
                            uint8_t* out) {
   const float am = block_absmax_from_bits(max_bits, negative, format_is_signed(fmt));
-  normalize_block(v, len, make_normalizer(am));
-  const BucketView enc = bucket_encoder(fmt).view();
+  const KeyTableView enc = code_encoder(fmt).view();
   if (format_bits(fmt) == 4) {
     // Blocks hold an even number of elements, so a byte never straddles two blocks.
-    uint8_t c[kMaxBlockSize];
-    encode_codes(enc, v, len, c);
-    for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = static_cast<uint8_t>(c[i] | (c[i + 1] << 4));
-    if (len % 2) out[len / 2] = c[len - 1];
+    encode_codes_packed4(enc, make_normalizer(am), v, len, out);
   } else {
-    encode_codes(enc, v, len, out);
+    encode_codes(enc, make_normalizer(am), v, len, out);
   }
   return am;
 }

@@ -17,9 +17,6 @@ void scan_block(const float* x, int64_t len, float* v, uint32_t* max_bits, uint3
 void scan_block(const bf16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
 void scan_block(const f16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
 
-// normalize(nz, v[i]) in place.
-void normalize_block(float* v, int64_t len, Normalizer nz);
-
 // The codebook of a format, built once per process.
 const float* cached_codebook(QuantFormat fmt);
 

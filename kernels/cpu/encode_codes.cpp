@@ -1,61 +1,82 @@
-// Bulk encode of normalized values (see bucket_encoder.h): the hot loop of CPU quantization and of
-// the optimizers' re-quantization. The AVX-512 version does the bucket lookup with gathers.
+// Bulk encode of a block (code_encoder.h): the hot loop of CPU quantization and of the optimizers'
+// re-quantization. Normalizing is fused in: normalize(nz, x) is two multiplies on every backend.
 #include <immintrin.h>
 
-#include "bucket_encoder.h"
+#include <mutex>
+
+#include "code_encoder.h"
 
 namespace lowbit {
 namespace kernels {
+
+const CodeEncoder& code_encoder(QuantFormat fmt) {
+  static const CodeEncoder* encoders[kNumQuantFormats] = {};
+  static std::once_flag once[kNumQuantFormats];
+  const int i = static_cast<int>(fmt);
+  std::call_once(once[i], [&] { encoders[i] = new CodeEncoder(fmt); });
+  return *encoders[i];
+}
+
 namespace {
 
-void encode_scalar(const BucketView& enc, const float* v, int64_t len, uint8_t* out) {
-  for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(v[i]);
+void encode_scalar(KeyTableView enc, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
+  for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(normalize(nz, v[i]));
+}
+
+void encode_packed4_scalar(KeyTableView enc, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
+  for (int64_t i = 0; i + 1 < len; i += 2)
+    out[i / 2] = static_cast<uint8_t>(enc.encode(normalize(nz, v[i])) | (enc.encode(normalize(nz, v[i + 1])) << 4));
+  if (len % 2) out[len / 2] = enc.encode(normalize(nz, v[len - 1]));
 }
 
 #if defined(__x86_64__)
-// #{thresholds < x} for 16 lanes without gathers: 15 compares against the coarse thresholds give
-// the group c of 16; 15 in-register permutes (fine[j][c]) and compares count inside the group.
-// 4-bit formats have only the 15 coarse thresholds.
-__attribute__((target("avx512f,avx512bw"))) void encode_avx512(const BucketView& enc, const float* v, int64_t len,
-                                                               uint8_t* out) {
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i low_byte = _mm512_set1_epi32(0xFF);
+// 16 lanes: two multiplies, the order key, one dword gather of the packed entry, one unsigned
+// compare, a blend, and a truncating narrow (the code is the entry's low byte, or its next byte).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m128i encode16(const uint32_t* table, __m512 x, __m512 pre,
+                                                                   __m512 inv) {
+  const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(x, pre), inv));
+  const __m512i key =
+      _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
+  const __m512i e = _mm512_i32gather_epi32(_mm512_srli_epi32(key, 16), table, 4);
+  const __mmask16 up =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(e, 16));
+  return _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(up, e, _mm512_srli_epi32(e, 8)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_avx512(KeyTableView enc, Normalizer nz, const float* v,
+                                                               int64_t len, uint8_t* out) {
+  const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
   int64_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    const __m512 x = _mm512_loadu_ps(v + i);
-    // Four independent partial counts: a single chain of 15 dependent adds would bound the loop.
-    __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-    for (int k = 0; k < 15; ++k)
-      a[k & 3] = _mm512_mask_add_epi32(a[k & 3], _mm512_cmp_ps_mask(_mm512_set1_ps(enc.coarse[k]), x, _CMP_LT_OQ),
-                                       a[k & 3], one);
-    const __m512i c = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
-    __m512i idx = c;
-    if (enc.eight_bit) {
-      __m512i f[4] = {_mm512_slli_epi32(c, 4), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-      for (int j = 0; j < 15; ++j) {
-        const __m512 t = _mm512_permutexvar_ps(c, _mm512_load_ps(enc.fine + 16 * j));
-        f[j & 3] = _mm512_mask_add_epi32(f[j & 3], _mm512_cmp_ps_mask(t, x, _CMP_LT_OQ), f[j & 3], one);
-      }
-      idx = _mm512_add_epi32(_mm512_add_epi32(f[0], f[1]), _mm512_add_epi32(f[2], f[3]));
-    }
-    __m512i code = idx;
-    if (enc.sign_magnitude > 0) {
-      const __m512i n = _mm512_set1_epi32(enc.sign_magnitude);
-      const __mmask16 neg = _mm512_cmp_epi32_mask(idx, n, _MM_CMPINT_LT);
-      code = _mm512_mask_sub_epi32(_mm512_sub_epi32(idx, n), neg, _mm512_add_epi32(n, _mm512_set1_epi32(0x80)), idx);
-    } else if (!enc.identity_codes) {
-      if (enc.eight_bit) {
-        code = _mm512_and_si512(_mm512_i32gather_epi32(idx, enc.codes, 1), low_byte);
-      } else {
-        // 16-entry code table as dwords, looked up in-register.
-        alignas(64) int32_t t16[16];
-        for (int k = 0; k < 16; ++k) t16[k] = enc.codes[k];
-        code = _mm512_permutexvar_epi32(idx, _mm512_load_si512(t16));
-      }
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(code));
+  for (; i + 16 <= len; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(enc.entries, _mm512_loadu_ps(v + i), pre, inv));
+  if (i < len) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+    const __m128i c = encode16(enc.entries, _mm512_maskz_loadu_ps(m, v + i), pre, inv);
+    _mm_mask_storeu_epi8(out + i, m, c);
   }
-  encode_scalar(enc, v + i, len - i, out + i);
+}
+
+// Two 4-bit codes per byte: as 16-bit words the codes are (even | odd << 8); (w | w >> 4) has the
+// packed byte low, and a saturating narrow of the masked words writes 8 bytes.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m128i pack_nibbles(__m128i c) {
+  const __m128i w = _mm_and_si128(_mm_or_si128(c, _mm_srli_epi16(c, 4)), _mm_set1_epi16(0xFF));
+  return _mm_packus_epi16(w, w);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(KeyTableView enc, Normalizer nz,
+                                                                               const float* v, int64_t len,
+                                                                               uint8_t* out) {
+  const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
+                     pack_nibbles(encode16(enc.entries, _mm512_loadu_ps(v + i), pre, inv)));
+  if (i < len) {
+    // Lanes past the end encode as 0, so an odd last element leaves its high nibble 0.
+    const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+    const __m128i c = _mm_maskz_mov_epi8(m, encode16(enc.entries, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+    _mm_mask_storeu_epi8(out + i / 2, static_cast<__mmask16>((1u << ((len - i + 1) / 2)) - 1u), pack_nibbles(c));
+  }
 }
 
 bool cpu_has_avx512() {
@@ -66,11 +87,20 @@ bool cpu_has_avx512() {
 
 }  // namespace
 
-void encode_codes(const BucketView& enc, const float* v, int64_t len, uint8_t* out) {
+void encode_codes(const KeyTableView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,
+                  bool vector_path) {
 #if defined(__x86_64__)
-  if (cpu_has_avx512()) return encode_avx512(enc, v, len, out);
+  if (vector_path && cpu_has_avx512()) return encode_avx512(enc, nz, v, len, out);
 #endif
-  encode_scalar(enc, v, len, out);
+  encode_scalar(enc, nz, v, len, out);
+}
+
+void encode_codes_packed4(const KeyTableView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,
+                          bool vector_path) {
+#if defined(__x86_64__)
+  if (vector_path && cpu_has_avx512()) return encode_packed4_avx512(enc, nz, v, len, out);
+#endif
+  encode_packed4_scalar(enc, nz, v, len, out);
 }
 
 }  // namespace kernels

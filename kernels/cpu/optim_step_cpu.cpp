@@ -17,7 +17,7 @@
 #include "../common/float_convert.h"
 #include "../common/stochastic_round.h"
 #include "block_ops.h"
-#include "bucket_encoder.h"
+#include "code_encoder.h"
 
 namespace lowbit {
 namespace kernels {

@@ -8,23 +8,13 @@
 #include <cfloat>
 #include <cmath>
 #include <vector>
-#include <mutex>
 
 #include "../common/encode.h"
 #include "../common/float_convert.h"
 #include "block_ops.h"
-#include "bucket_encoder.h"
 
 namespace lowbit {
 namespace kernels {
-
-const BucketEncoder& bucket_encoder(QuantFormat fmt) {
-  static const BucketEncoder* encoders[kNumQuantFormats] = {};
-  static std::once_flag once[kNumQuantFormats];
-  const int i = static_cast<int>(fmt);
-  std::call_once(once[i], [&] { encoders[i] = new BucketEncoder(fmt); });
-  return *encoders[i];
-}
 
 namespace {
 

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include <lowbit/kernels/common/stochastic_round.h>
+#include <lowbit/kernels/cpu/grad_stats_cpu.h>
 #include <lowbit/kernels/cpu/optim_step_cpu.h>
 #include <lowbit/tensors/blockwise_ops.h>
 
@@ -158,22 +159,41 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  // A non-finite gradient anywhere skips the whole step: parameters and state stay as they are.
-  std::vector<at::Tensor> finite_flags;
+  // One read of every gradient first: a non-finite one anywhere skips the whole step (parameters
+  // and state stay as they are), and the sums of squares serve gradient clipping.
+  bool want_sumsq = false;
+  for (const auto& group : param_groups_) want_sumsq |= common(group.options()).max_grad_norm > 0;
+  std::vector<std::vector<double>> sumsq(param_groups_.size());
+  std::vector<kernels::GradRef> cpu_grads;
+  std::vector<double*> cpu_sumsq;
+  bool all_finite = true;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const auto& params = param_groups_[gi].params();
+    sumsq[gi].assign(params.size(), 0.0);
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& g = params[i].grad();
       if (!g.defined()) continue;
       check_grad(params[i], g, gi, i);
-      finite_flags.push_back(at::isfinite(g).all().to(at::kCPU));
+      if (g.device().is_cpu() && g.is_contiguous()) {
+        cpu_grads.push_back({g.data_ptr(), elem_type_of(g), g.numel()});
+        cpu_sumsq.push_back(&sumsq[gi][i]);
+      } else {
+        all_finite &= at::isfinite(g).all().item<bool>();
+        if (want_sumsq) sumsq[gi][i] = g.to(at::kDouble).pow(2).sum().item<double>();
+      }
     }
   }
-  for (const auto& f : finite_flags) {
-    if (!f.item<bool>()) {
-      ++skipped_steps_;
-      return loss;
-    }
+  std::vector<uint8_t> finite(cpu_grads.size());
+  std::vector<double> cpu_sq(cpu_grads.size());
+  kernels::grad_stats_cpu(cpu_grads.data(), static_cast<int64_t>(cpu_grads.size()), want_sumsq, finite.data(),
+                          cpu_sq.data());
+  for (size_t k = 0; k < cpu_grads.size(); ++k) {
+    all_finite &= finite[k] != 0;
+    *cpu_sumsq[k] = cpu_sq[k];
+  }
+  if (!all_finite) {
+    ++skipped_steps_;
+    return loss;
   }
 
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
@@ -184,8 +204,7 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     if (c.max_grad_norm > 0) {
       // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
       double sq = 0.0;
-      for (const auto& p : group.params())
-        if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+      for (double v : sumsq[gi]) sq += v;
       const double coef = c.max_grad_norm / (std::sqrt(sq) + 1e-6);
       if (coef < 1.0) grad_scale = static_cast<float>(coef);
     }
@@ -234,6 +253,7 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     step.tasks = tasks.data();
     step.num_tasks = static_cast<int64_t>(tasks.size());
     step.grad_scale = grad_scale;
+    step.vector_path = !force_scalar_;
     kernels::optim_step_cpu(step);
   }
   return loss;

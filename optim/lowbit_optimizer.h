@@ -58,6 +58,9 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // Runs every parameter through the ATen reference step instead of the fused kernel (the test
   // oracle; also the path of devices without a fused kernel).
   void use_reference_step(bool on) { force_reference_ = on; }
+  // Runs the fused CPU kernel's scalar loop even where AVX-512 is present (what other CPUs run;
+  // tests compare the two loops).
+  void use_scalar_kernel(bool on) { force_scalar_ = on; }
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
@@ -92,6 +95,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   std::unordered_map<c10::TensorImpl*, StateFormat> overrides_;
   int64_t skipped_steps_ = 0;
   bool force_reference_ = false;
+  bool force_scalar_ = false;
   uint64_t seed_ = 0x6C6F77626974ull;  // "lowbit": stochastic rounding seed, saved in checkpoints
 };
 

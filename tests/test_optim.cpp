@@ -196,29 +196,39 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
   };
   for (auto& [name, make] : rules) {
     for (StateFormat f : kAllFormats) {
-      for (auto dt : {at::kFloat, at::kBFloat16}) {
+      for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
         SCOPED_TRACE(std::string(name) + " " + lowbit::state_format_name(f) + " " + c10::toString(dt));
-        auto pa = make_params(dt), pb = clone_all(pa);
+        // The fused kernel (AVX-512 loop where the CPU has it), its scalar loop, the ATen reference.
+        auto pa = make_params(dt), pb = clone_all(pa), pc = clone_all(pa);
         auto fused = make(pa, f);
         auto ref = make(pb, f);
+        auto scalar = make(pc, f);
         ref->use_reference_step(true);
+        scalar->use_scalar_kernel(true);
         for (int s = 0; s < 4; ++s) {
           const auto gs = random_grads(pa);
           set_grads(pa, gs);
           set_grads(pb, gs);
+          set_grads(pc, gs);
           try {
             fused->step();
             ref->step();
+            scalar->step();
           } catch (const c10::Error& e) {
             FAIL() << name << " " << lowbit::state_format_name(f) << " " << dt << " step " << s << ": "
                    << e.what_without_backtrace();
           }
         }
         ASSERT_TRUE(all_bitwise_equal(pa, pb)) << name << " " << lowbit::state_format_name(f) << " " << dt;
+        ASSERT_TRUE(all_bitwise_equal(pc, pb)) << name << " scalar " << lowbit::state_format_name(f) << " " << dt;
         for (size_t i = 0; i < pa.size(); ++i) {
-          const auto sa = fused->export_state_fp32(pa[i]), sb = ref->export_state_fp32(pb[i]);
-          for (size_t k = 0; k < sa.size(); ++k)
-            if (sa[k].defined()) ASSERT_TRUE(lowbit_test::bitwise_equal(sa[k], sb[k])) << name << " state " << k;
+          const auto sa = fused->export_state_fp32(pa[i]), sb = ref->export_state_fp32(pb[i]),
+                     sc = scalar->export_state_fp32(pc[i]);
+          for (size_t k = 0; k < sa.size(); ++k) {
+            if (!sa[k].defined()) continue;
+            ASSERT_TRUE(lowbit_test::bitwise_equal(sa[k], sb[k])) << name << " state " << k;
+            ASSERT_TRUE(lowbit_test::bitwise_equal(sc[k], sb[k])) << name << " scalar state " << k;
+          }
         }
         EXPECT_EQ(fused->state_bytes(), ref->state_bytes());
       }

@@ -59,10 +59,37 @@ inline SlotSpec rule_slots(Rule r, const Hyper& h) {
   return SlotSpec{0, {}};
 }
 
+// Element-wise helpers the rules use, for a float and (host compilers) for 16 floats as a GCC/Clang
+// vector: the rules are templates over that type, so the scalar loop, the GPU kernels and the
+// AVX-512 loop run the same source. vmax(a, b) is a > b ? a : b (what x86's max instruction does).
+LOWBIT_HD float vsqrt(float x) { return sqrtf(x); }
+LOWBIT_HD float vmax(float a, float b) { return a > b ? a : b; }
 LOWBIT_HD float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
 
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+// Passing 64-byte vectors by value differs between ABIs; these never cross a call (always inlined).
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float f32x16 __attribute__((vector_size(64)));
+// Inlined into a caller compiled for AVX-512, each of these is one or two instructions.
+#define LOWBIT_VEC_INLINE inline __attribute__((always_inline))
+LOWBIT_VEC_INLINE f32x16 vsqrt(f32x16 x) {
+  f32x16 r;
+  for (int i = 0; i < 16; ++i) r[i] = __builtin_sqrtf(x[i]);
+  return r;
+}
+LOWBIT_VEC_INLINE f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
+LOWBIT_VEC_INLINE f32x16 sign_of(f32x16 x) {
+  const f32x16 one = f32x16{} + 1.0f, zero = f32x16{};
+  return x > zero ? one : (x < zero ? -one : zero);
+}
+#define LOWBIT_RULE LOWBIT_VEC_INLINE
+#else
+#define LOWBIT_RULE LOWBIT_HD
+#endif
+
 // torch.optim.Adam / AdamW. s[0] = exp_avg, s[1] = exp_avg_sq, s[2] = max_exp_avg_sq (amsgrad).
-LOWBIT_HD void adam(const Hyper& h, bool decoupled, float g, float& p, float* s) {
+template <typename F>
+LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s) {
   if (decoupled) {
     p = p * h.decay;
   } else if (h.weight_decay != 0.0f) {
@@ -70,17 +97,18 @@ LOWBIT_HD void adam(const Hyper& h, bool decoupled, float g, float& p, float* s)
   }
   s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
   s[1] = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
-  float v = s[1];
+  F v = s[1];
   if (h.amsgrad) {
-    s[2] = s[2] > s[1] ? s[2] : s[1];
+    s[2] = vmax(s[2], s[1]);
     v = s[2];
   }
-  const float denom = sqrtf(v) / h.bias2_sqrt + h.eps;
+  const F denom = vsqrt(v) / h.bias2_sqrt + h.eps;
   p = p - h.step_size * (s[0] / denom);
 }
 
 // torch.optim.SGD. s[0] = momentum_buffer.
-LOWBIT_HD void sgd(const Hyper& h, float g, float& p, float* s) {
+template <typename F>
+LOWBIT_RULE void sgd(const Hyper& h, F g, F& p, F* s) {
   if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
   if (h.momentum != 0.0f) {
     s[0] = h.first_step ? g : s[0] * h.momentum + h.one_minus_dampening * g;
@@ -90,26 +118,28 @@ LOWBIT_HD void sgd(const Hyper& h, float g, float& p, float* s) {
 }
 
 // Lion (Chen et al., arXiv 2302.06675). s[0] = exp_avg.
-LOWBIT_HD void lion(const Hyper& h, float g, float& p, float* s) {
-  const float c = s[0] * h.beta1 + h.one_minus_beta1 * g;
+template <typename F>
+LOWBIT_RULE void lion(const Hyper& h, F g, F& p, F* s) {
+  const F c = s[0] * h.beta1 + h.one_minus_beta1 * g;
   p = p * h.decay - h.lr * sign_of(c);
   s[0] = s[0] * h.beta2 + h.one_minus_beta2 * g;
 }
 
 // torch.optim.RMSprop. s[0] = square_avg, s[1] = momentum_buffer, s[2] = grad_avg (centered).
-LOWBIT_HD void rmsprop(const Hyper& h, float g, float& p, float* s) {
+template <typename F>
+LOWBIT_RULE void rmsprop(const Hyper& h, F g, F& p, F* s) {
   if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
   s[0] = s[0] * h.alpha + h.one_minus_alpha * (g * g);
-  float avg;
+  F avg;
   if (h.centered) {
     s[2] = s[2] * h.alpha + h.one_minus_alpha * g;
     // Variance estimate, clamped at 0: with quantized state the two averages are rounded
     // independently and their difference can dip below zero, where torch would take sqrt of a
     // negative number and write NaN into the parameter.
-    const float var = s[0] - s[2] * s[2];
-    avg = sqrtf(var > 0.0f ? var : 0.0f) + h.eps;
+    const F var = s[0] - s[2] * s[2];
+    avg = vsqrt(vmax(var, F{})) + h.eps;
   } else {
-    avg = sqrtf(s[0]) + h.eps;
+    avg = vsqrt(s[0]) + h.eps;
   }
   if (h.momentum > 0.0f) {
     s[1] = s[1] * h.momentum + g / avg;
@@ -120,44 +150,50 @@ LOWBIT_HD void rmsprop(const Hyper& h, float g, float& p, float* s) {
 }
 
 // torch.optim.Adagrad. s[0] = sum. step_size = lr / (1 + (t-1) * lr_decay).
-LOWBIT_HD void adagrad(const Hyper& h, float g, float& p, float* s) {
+template <typename F>
+LOWBIT_RULE void adagrad(const Hyper& h, F g, F& p, F* s) {
   if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
   s[0] = s[0] + g * g;
-  p = p - h.step_size * (g / (sqrtf(s[0]) + h.eps));
+  p = p - h.step_size * (g / (vsqrt(s[0]) + h.eps));
 }
 
 // AdEMAMix (Pagliardini et al., arXiv 2409.03137). s[0] = fast EMA m1, s[1] = slow EMA m2,
 // s[2] = nu. alpha and beta3 arrive already scheduled for this step.
-LOWBIT_HD void ademamix(const Hyper& h, float g, float& p, float* s) {
+template <typename F>
+LOWBIT_RULE void ademamix(const Hyper& h, F g, F& p, F* s) {
   s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
   s[1] = s[1] * h.beta3 + h.one_minus_beta3 * g;
   s[2] = s[2] * h.beta2 + h.one_minus_beta2 * (g * g);
-  const float denom = sqrtf(s[2]) / h.bias2_sqrt + h.eps;
-  const float update = (s[0] / h.bias1 + h.alpha * s[1]) / denom;
+  const F denom = vsqrt(s[2]) / h.bias2_sqrt + h.eps;
+  const F update = (s[0] / h.bias1 + h.alpha * s[1]) / denom;
   p = p - h.lr * (update + h.weight_decay * p);
 }
 
 // LAMB (You et al., arXiv 1904.00962). s[0] = exp_avg, s[1] = exp_avg_sq. The update direction
 // r = m_hat / (sqrt(v_hat) + eps) + wd * p is scaled by the layer's trust ratio ||p|| / ||r||,
 // which needs the whole parameter: lamb_direction runs first (state untouched) to get the norms.
-LOWBIT_HD float lamb_direction(const Hyper& h, float g, float p, const float* s, float* m_new, float* v_new) {
+template <typename F>
+LOWBIT_RULE F lamb_direction(const Hyper& h, F g, F p, const F* s, F* m_new, F* v_new) {
   *m_new = s[0] * h.beta1 + h.one_minus_beta1 * g;
   *v_new = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
-  const float denom = sqrtf(*v_new) / h.bias2_sqrt + h.eps;
+  const F denom = vsqrt(*v_new) / h.bias2_sqrt + h.eps;
   return (*m_new / h.bias1) / denom + h.weight_decay * p;
 }
 
-LOWBIT_HD void lamb(const Hyper& h, float g, float& p, float* s) {
-  float m, v;
-  const float r = lamb_direction(h, g, p, s, &m, &v);
+template <typename F>
+LOWBIT_RULE void lamb(const Hyper& h, F g, F& p, F* s) {
+  F m, v;
+  const F r = lamb_direction(h, g, p, s, &m, &v);
   s[0] = m;
   s[1] = v;
   p = p - (h.lr * h.trust) * r;
 }
 
-LOWBIT_HD void apply_rule(Rule r, const Hyper& h, float g, float& p, float* s) {
+// One element (or one vector of elements) of rule R. `maximize` flips the gradient first.
+template <Rule R, typename F>
+LOWBIT_RULE void apply_rule(const Hyper& h, F g, F& p, F* s) {
   if (h.maximize) g = -g;
-  switch (r) {
+  switch (R) {
     case Rule::Adam: adam(h, false, g, p, s); break;
     case Rule::AdamW: adam(h, true, g, p, s); break;
     case Rule::SGD: sgd(h, g, p, s); break;

@@ -1,15 +1,18 @@
-// Fused optimizer step on the CPU. Work item = one block of one parameter; a block is decoded into
-// fp32 (L1-resident buffers), updated by the rule of kernels/common/optim_rules.h, re-quantized
-// with a fresh absmax, and written back. Blocks are independent, so results do not depend on the
-// thread count or on how parameters are grouped.
+// Fused optimizer step on the CPU. Work item = one block of one parameter: its values are read
+// once, updated by the rule of kernels/common/optim_rules.h, quantized state re-encoded with a
+// fresh absmax, and written once. Blocks are independent, so results do not depend on the thread
+// count or on how parameters are grouped.
+//
+// Two element loops compute the same IEEE operations (no contraction; vector sqrt and div are
+// correctly rounded): 16 lanes at a time with AVX-512 where the CPU has it, and a scalar loop
+// elsewhere (OptimStep::vector_path = false forces it, for tests).
 #include "optim_step_cpu.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cfloat>
-#include <mutex>
 #include <vector>
 
 #include "../common/code_tables.h"
@@ -23,7 +26,6 @@ namespace lowbit {
 namespace kernels {
 namespace {
 
-
 float load(const void* p, ElemType t, int64_t i) {
   switch (t) {
     case ElemType::F32: return static_cast<const float*>(p)[i];
@@ -34,11 +36,14 @@ float load(const void* p, ElemType t, int64_t i) {
 }
 
 void load_block(const void* p, ElemType t, int64_t begin, int64_t len, float* out) {
-  if (t == ElemType::F32) {
-    std::copy(static_cast<const float*>(p) + begin, static_cast<const float*>(p) + begin + len, out);
-  } else {
-    for (int64_t i = 0; i < len; ++i) out[i] = load(p, t, begin + i);
-  }
+  for (int64_t i = 0; i < len; ++i) out[i] = load(p, t, begin + i);
+}
+
+// absmax from the scan of the block's new values v, then the codes (v is scratch afterwards).
+void store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v,
+                          uint32_t max_bits, uint32_t negative) {
+  const int64_t offset = format_bits(s.format) == 4 ? begin / 2 : begin;
+  s.absmax[block] = encode_scanned_block(s.format, v, len, max_bits, negative, s.codes + offset);
 }
 
 void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* out) {
@@ -61,6 +66,7 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
   }
 }
 
+// Quantized slots: scan the block's new values (in v) and encode them; dense slots: store.
 void encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v) {
   switch (s.storage) {
     case SlotStorage::None: return;
@@ -73,8 +79,7 @@ void encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
     case SlotStorage::Quant: {
       uint32_t max_bits = 0, neg = 0;
       scan_block(v, len, v, &max_bits, &neg);
-      const int64_t offset = format_bits(s.format) == 4 ? begin / 2 : begin;
-      s.absmax[block] = encode_scanned_block(s.format, v, len, max_bits, neg, s.codes + offset);
+      store_quantized_slot(s, block, begin, len, v, max_bits, neg);
       return;
     }
   }
@@ -100,38 +105,203 @@ void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v)
   }
 }
 
-// The element loop, one instantiation per rule so it has no branch on the rule and vectorizes;
-// compiled for AVX-512, AVX2 and baseline x86-64, picked at load time (same IEEE results on each:
-// no contraction, and vector sqrt/div are correctly rounded).
+// ---- the scalar loop ----------------------------------------------------------------------------
+
 template <Rule R>
-__attribute__((target_clones("avx512f", "avx2", "default"))) void update_elements(const Hyper& h, int64_t len,
-                                                                                   float* __restrict__ p,
-                                                                                   const float* __restrict__ g,
-                                                                                   float* __restrict__ s0,
-                                                                                   float* __restrict__ s1,
-                                                                                   float* __restrict__ s2) {
+void update_elements(const Hyper& h, int64_t len, float* p, const float* g, float* s0, float* s1, float* s2) {
   for (int64_t i = 0; i < len; ++i) {
     float st[3] = {s0[i], s1[i], s2[i]};
-    float pi = p[i];
-    apply_rule(R, h, g[i], pi, st);
-    p[i] = pi;
+    apply_rule<R>(h, g[i], p[i], st);
     s0[i] = st[0];
     s1[i] = st[1];
     s2[i] = st[2];
   }
 }
 
-void update_block(Rule rule, const Hyper& h, int64_t len, float* p, const float* g, float** s) {
-  switch (rule) {
-    case Rule::Adam: return update_elements<Rule::Adam>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::AdamW: return update_elements<Rule::AdamW>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::SGD: return update_elements<Rule::SGD>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::Lion: return update_elements<Rule::Lion>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::RMSprop: return update_elements<Rule::RMSprop>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::Adagrad: return update_elements<Rule::Adagrad>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::AdEMAMix: return update_elements<Rule::AdEMAMix>(h, len, p, g, s[0], s[1], s[2]);
-    case Rule::LAMB: return update_elements<Rule::LAMB>(h, len, p, g, s[0], s[1], s[2]);
+template <Rule R>
+void step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  float* p = buf;
+  float* g = buf + B;
+  float* s[3] = {buf + 2 * B, buf + 3 * B, buf + 4 * B};
+  load_block(t.param, t.param_type, begin, len, p);
+  load_block(t.grad, t.grad_type, begin, len, g);
+  if (grad_scale != 1.0f)
+    for (int64_t i = 0; i < len; ++i) g[i] = g[i] * grad_scale;
+  for (int k = 0; k < t.num_slots; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
+  update_elements<R>(t.hyper, len, p, g, s[0], s[1], s[2]);
+  for (int k = 0; k < t.num_slots; ++k) encode_slot(t.slots[k], block, begin, len, s[k]);
+  store_param(t, begin, len, p);
+}
+
+// ---- the AVX-512 loop ---------------------------------------------------------------------------
+#if defined(__x86_64__)
+#define LOWBIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+LOWBIT_AVX512 inline __m512 load16(const void* p, ElemType t, int64_t i, __mmask16 m) {
+  switch (t) {
+    case ElemType::F32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    case ElemType::BF16: {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case ElemType::F16:
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
   }
+  return _mm512_setzero_ps();
+}
+
+// from_f32<bf16_t> on 16 lanes: round to nearest even on the bits, NaN to 0x7FC0.
+LOWBIT_AVX512 inline void store16_bf16(uint16_t* out, __m512 x, __mmask16 m) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(r));
+}
+
+// One state slot as the loop sees it: where it lives and, for quantized slots, the block's
+// decode constants and the running scan of the new values.
+struct VecSlot {
+  SlotStorage storage;
+  float* values;          // F32
+  uint16_t* bf16;         // BF16
+  const uint8_t* codes;   // Quant: the block's first code byte
+  const float* cb;        // Quant: 8-bit codebook (gathered from)
+  __m512 cb16;            // Quant: 4-bit codebook, in a register
+  __m512 amax;
+  bool four_bit;
+  float* out;             // Quant: new values, encoded after the loop
+  __m512i max_bits;
+  __mmask16 negative;
+};
+
+LOWBIT_AVX512 inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
+  if (s.four_bit) {
+    // Element 2j is the low nibble of byte j: unpack (low, high) nibbles to 16 bytes in order.
+    const __mmask16 bytes = static_cast<__mmask16>((1u << ((__builtin_popcount(m) + 1) / 2)) - 1u);
+    const __m128i b = _mm_maskz_loadu_epi8(bytes, s.codes + i / 2);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+    return _mm512_mul_ps(_mm512_permutexvar_ps(idx, s.cb16), s.amax);
+  }
+  const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s.codes + i));
+  return _mm512_mul_ps(_mm512_i32gather_ps(idx, s.cb, 4), s.amax);
+}
+
+template <Rule R>
+LOWBIT_AVX512 void step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  // Params stored through the scalar conversions (f16, stochastic bf16) go via buf.
+  const bool param_direct =
+      t.param_type == ElemType::F32 || (t.param_type == ElemType::BF16 && !t.stochastic_round);
+  float* pbuf = buf + 3 * B;
+  VecSlot slot[3];
+  for (int k = 0; k < t.num_slots; ++k) {
+    const StateSlotRef& r = t.slots[k];
+    VecSlot& v = slot[k];
+    v.storage = r.storage;
+    v.values = static_cast<float*>(r.values);
+    v.bf16 = static_cast<uint16_t*>(r.values);
+    v.out = buf + k * B;
+    v.max_bits = _mm512_setzero_si512();
+    v.negative = 0;
+    if (r.storage == SlotStorage::Quant) {
+      v.four_bit = format_bits(r.format) == 4;
+      v.cb = cached_codebook(r.format);
+      v.cb16 = v.four_bit ? _mm512_loadu_ps(v.cb) : _mm512_setzero_ps();
+      v.amax = _mm512_set1_ps(r.absmax[block]);
+      v.codes = r.codes + (v.four_bit ? begin / 2 : begin);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(grad_scale);
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
+    f32x16 p = (f32x16)load16(t.param, t.param_type, begin + i, m);
+    __m512 graw = load16(t.grad, t.grad_type, begin + i, m);
+    if (grad_scale != 1.0f) graw = _mm512_mul_ps(graw, scale);
+    const f32x16 g = (f32x16)graw;
+    f32x16 s[3] = {};
+    for (int k = 0; k < t.num_slots; ++k) {
+      const VecSlot& v = slot[k];
+      switch (v.storage) {
+        case SlotStorage::None: break;
+        case SlotStorage::F32: s[k] = (f32x16)_mm512_maskz_loadu_ps(m, v.values + begin + i); break;
+        case SlotStorage::BF16: s[k] = (f32x16)load16(v.bf16, ElemType::BF16, begin + i, m); break;
+        case SlotStorage::Quant: s[k] = (f32x16)decode16(v, i, m); break;
+      }
+    }
+    apply_rule<R>(t.hyper, g, p, s);
+    for (int k = 0; k < t.num_slots; ++k) {
+      VecSlot& v = slot[k];
+      switch (v.storage) {
+        case SlotStorage::None: break;
+        case SlotStorage::F32: _mm512_mask_storeu_ps(v.values + begin + i, m, (__m512)s[k]); break;
+        case SlotStorage::BF16: store16_bf16(v.bf16 + begin + i, (__m512)s[k], m); break;
+        case SlotStorage::Quant: {
+          // The scan of block_ops' scan_block: largest |x| bits, and any negative value.
+          const __m512i u = _mm512_castps_si512((__m512)s[k]);
+          _mm512_storeu_ps(v.out + i, (__m512)s[k]);
+          v.max_bits = _mm512_mask_max_epu32(v.max_bits, m, v.max_bits,
+                                             _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+          v.negative |= _mm512_mask_cmpgt_epu32_mask(m, u, _mm512_set1_epi32(INT32_MIN));
+          break;
+        }
+      }
+    }
+    if (t.param_type == ElemType::F32) {
+      _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
+    } else if (param_direct) {
+      store16_bf16(static_cast<uint16_t*>(t.param) + begin + i, (__m512)p, m);
+    } else {
+      _mm512_storeu_ps(pbuf + i, (__m512)p);
+    }
+  }
+  for (int k = 0; k < t.num_slots; ++k) {
+    const VecSlot& v = slot[k];
+    if (v.storage != SlotStorage::Quant) continue;
+    const uint32_t max_bits = _mm512_reduce_max_epu32(v.max_bits);
+    store_quantized_slot(t.slots[k], block, begin, len, v.out, max_bits, v.negative != 0);
+  }
+  if (!param_direct) store_param(t, begin, len, pbuf);
+}
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return has;
+}
+#endif
+
+using BlockFn = void (*)(const ParamTask&, int64_t, float, float*);
+
+template <Rule R>
+BlockFn block_fn(bool vector_path) {
+#if defined(__x86_64__)
+  if (vector_path && cpu_has_avx512()) return &step_block_avx512<R>;
+#endif
+  return &step_block_scalar<R>;
+}
+
+BlockFn pick_block_fn(Rule rule, bool vector_path) {
+  switch (rule) {
+    case Rule::Adam: return block_fn<Rule::Adam>(vector_path);
+    case Rule::AdamW: return block_fn<Rule::AdamW>(vector_path);
+    case Rule::SGD: return block_fn<Rule::SGD>(vector_path);
+    case Rule::Lion: return block_fn<Rule::Lion>(vector_path);
+    case Rule::RMSprop: return block_fn<Rule::RMSprop>(vector_path);
+    case Rule::Adagrad: return block_fn<Rule::Adagrad>(vector_path);
+    case Rule::AdEMAMix: return block_fn<Rule::AdEMAMix>(vector_path);
+    case Rule::LAMB: return block_fn<Rule::LAMB>(vector_path);
+  }
+  return nullptr;
 }
 
 // LAMB's first pass over a block: sums of p^2 and r^2 (in double, element order), state untouched.
@@ -159,23 +329,6 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
   sums[1] = rr;
 }
 
-void step_block(Rule rule, const ParamTask& t, int64_t block, float grad_scale, float* buf) {
-  const int64_t B = t.block_size;
-  const int64_t begin = block * B;
-  const int64_t len = std::min(B, t.numel - begin);
-  float* p = buf;
-  float* g = buf + B;
-  float* s[3] = {buf + 2 * B, buf + 3 * B, buf + 4 * B};
-  load_block(t.param, t.param_type, begin, len, p);
-  load_block(t.grad, t.grad_type, begin, len, g);
-  if (grad_scale != 1.0f)
-    for (int64_t i = 0; i < len; ++i) g[i] = g[i] * grad_scale;
-  for (int k = 0; k < t.num_slots; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
-  update_block(rule, t.hyper, len, p, g, s);
-  for (int k = 0; k < t.num_slots; ++k) encode_slot(t.slots[k], block, begin, len, s[k]);
-  store_param(t, begin, len, p);
-}
-
 }  // namespace
 
 void optim_step_cpu(const OptimStep& step) {
@@ -196,7 +349,7 @@ void optim_step_cpu(const OptimStep& step) {
     std::vector<double> sums(2 * items);
 #pragma omp parallel
     {
-      std::vector<float> buf(5 * max_block, 0.0f);
+      std::vector<float> buf(4 * max_block, 0.0f);
 #pragma omp for schedule(static)
       for (int64_t item = 0; item < items; ++item) {
         const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
@@ -215,14 +368,16 @@ void optim_step_cpu(const OptimStep& step) {
     }
     tasks = lamb_tasks.data();
   }
+  const BlockFn fn = pick_block_fn(step.rule, step.vector_path);
 #pragma omp parallel
   {
-    // p, g and three state slots; zeroed so unused slots hold defined values.
-    std::vector<float> buf(5 * max_block, 0.0f);
+    // p, g and three state slots (the vector loop uses the first four); zeroed so unused slots
+    // hold defined values. Aligned for whole-vector stores past a partial block's end.
+    std::vector<float> buf(5 * max_block + 16, 0.0f);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
-      step_block(step.rule, tasks[t], item - first_item[t], step.grad_scale, buf.data());
+      fn(tasks[t], item - first_item[t], step.grad_scale, buf.data());
     }
   }
 }

@@ -39,6 +39,7 @@ struct OptimStep {
   const ParamTask* tasks = nullptr;
   int64_t num_tasks = 0;
   float grad_scale = 1.0f;  // gradient clipping factor, applied as the gradient is read
+  bool vector_path = true;  // false: the scalar loop even where AVX-512 is present (tests)
 };
 
 void optim_step_cpu(const OptimStep& step);

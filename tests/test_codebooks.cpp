@@ -1,7 +1,7 @@
 // Codebooks are generated, not pasted: check their defining properties and the encode tables.
 #include <lowbit/kernels/common/code_tables.h>
 #include <lowbit/kernels/common/encode.h>
-#include <lowbit/kernels/cpu/code_encoder.h>
+#include <lowbit/kernels/cpu/format_tables.h>
 
 #include <random>
 
@@ -76,7 +76,7 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
   for (auto f : lowbit_test::all_formats()) {
     const auto cb = lk::make_codebook(f);
     const lk::EncodeTable tab = lk::make_encode_table(f);
-    const lk::CodeEncoder& enc = lk::code_encoder(f);
+    const lk::FormatView enc = lk::format_tables(f);
     std::vector<float> probes;
     std::uniform_real_distribution<float> u(-1.05f, 1.05f);
     for (int i = 0; i < 20000; ++i) probes.push_back(u(rng));
@@ -121,7 +121,7 @@ TEST(Codebooks, BulkEncodeMatchesNearestOnBothPaths) {
     std::vector<float> v(x.size());
     for (size_t i = 0; i < x.size(); ++i) v[i] = x[i] * scale;
     std::vector<uint8_t> fast(x.size()), slow(x.size());
-    const lk::KeyTableView enc = lk::code_encoder(f).view();
+    const lk::FormatView enc = lk::format_tables(f);
     lk::encode_codes(enc, nz, v.data(), static_cast<int64_t>(v.size()), fast.data(), true);
     lk::encode_codes(enc, nz, v.data(), static_cast<int64_t>(v.size()), slow.data(), false);
     for (size_t i = 0; i < x.size(); ++i) {

@@ -1,22 +1,12 @@
 // Per-block loops shared by the CPU quantizer and the fused optimizer step (block_ops.h).
 #include "block_ops.h"
 
-#include <mutex>
 #include <vector>
 
 #include "../common/code_tables.h"
-#include "code_encoder.h"
 
 namespace lowbit {
 namespace kernels {
-
-const float* cached_codebook(QuantFormat fmt) {
-  static std::vector<float> books[kNumQuantFormats];
-  static std::once_flag once[kNumQuantFormats];
-  const int i = static_cast<int>(fmt);
-  std::call_once(once[i], [&] { books[i] = make_codebook(fmt); });
-  return books[i].data();
-}
 
 // Scan of one block: copies it to fp32 in v and returns (through the pointers) the largest |x|
 // bit pattern and whether a negative value occurs. On the bit patterns, so the reduction vectorizes
@@ -60,15 +50,14 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const 
   }
 }
 
-float encode_scanned_block(QuantFormat fmt, float* v, int64_t len, uint32_t max_bits, uint32_t negative,
-                           uint8_t* out) {
-  const float am = block_absmax_from_bits(max_bits, negative, format_is_signed(fmt));
-  const KeyTableView enc = code_encoder(fmt).view();
-  if (format_bits(fmt) == 4) {
+float encode_scanned_block(const FormatView& fmt, bool format_signed, float* v, int64_t len, uint32_t max_bits,
+                           uint32_t negative, uint8_t* out) {
+  const float am = block_absmax_from_bits(max_bits, negative, format_signed);
+  if (fmt.bits == 4) {
     // Blocks hold an even number of elements, so a byte never straddles two blocks.
-    encode_codes_packed4(enc, make_normalizer(am), v, len, out);
+    encode_codes_packed4(fmt, make_normalizer(am), v, len, out);
   } else {
-    encode_codes(enc, make_normalizer(am), v, len, out);
+    encode_codes(fmt, make_normalizer(am), v, len, out);
   }
   return am;
 }

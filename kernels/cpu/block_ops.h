@@ -7,6 +7,7 @@
 #include "../common/encode.h"
 #include "../common/float_convert.h"
 #include "../common/quant_format.h"
+#include "format_tables.h"
 
 namespace lowbit {
 namespace kernels {
@@ -17,9 +18,6 @@ void scan_block(const float* x, int64_t len, float* v, uint32_t* max_bits, uint3
 void scan_block(const bf16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
 void scan_block(const f16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
 
-// The codebook of a format, built once per process.
-const float* cached_codebook(QuantFormat fmt);
-
 // out[i] = codebook[c[i]] * absmax for 8-bit codes.
 void decode8(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
 
@@ -29,8 +27,8 @@ void decode4(const float* codebook, const uint8_t* codes, int64_t len, float abs
 // Finishes quantizing a block already scanned into fp32 v (v is scratch afterwards): absmax from
 // the scan, normalize, encode, and write the codes at `out` (the block's first code byte; 4-bit
 // codes packed two per byte). Returns the absmax to store.
-float encode_scanned_block(QuantFormat fmt, float* v, int64_t len, uint32_t max_bits, uint32_t negative,
-                           uint8_t* out);
+float encode_scanned_block(const FormatView& fmt, bool format_signed, float* v, int64_t len, uint32_t max_bits,
+                           uint32_t negative, uint8_t* out);
 
 // The absmax (with the in-band flags of encode.h) from a scan's result.
 inline float block_absmax_from_bits(uint32_t max_bits, uint32_t negative, bool format_signed) {

@@ -4,26 +4,36 @@
 
 #include <mutex>
 
-#include "code_encoder.h"
+#include "format_tables.h"
 
 namespace lowbit {
 namespace kernels {
 
-const CodeEncoder& code_encoder(QuantFormat fmt) {
-  static const CodeEncoder* encoders[kNumQuantFormats] = {};
+FormatTables::FormatTables(QuantFormat fmt)
+    : table_(make_encode_table(fmt)), entries_(make_key_table(table_)), codebook_(make_codebook(fmt)) {
+  if (table_.bits == 4)
+    for (int i = 1; i < 16; ++i) eytzinger_[i] = table_.eytzinger[i];
+}
+
+FormatView FormatTables::view() const {
+  return FormatView{entries_.data(), codebook_.data(), eytzinger_, table_.sorted_codes, table_.bits};
+}
+
+FormatView format_tables(QuantFormat fmt) {
+  static const FormatTables* tables[kNumQuantFormats] = {};
   static std::once_flag once[kNumQuantFormats];
   const int i = static_cast<int>(fmt);
-  std::call_once(once[i], [&] { encoders[i] = new CodeEncoder(fmt); });
-  return *encoders[i];
+  std::call_once(once[i], [&] { tables[i] = new FormatTables(fmt); });
+  return tables[i]->view();
 }
 
 namespace {
 
-void encode_scalar(KeyTableView enc, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
+void encode_scalar(FormatView enc, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
   for (int64_t i = 0; i < len; ++i) out[i] = enc.encode(normalize(nz, v[i]));
 }
 
-void encode_packed4_scalar(KeyTableView enc, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
+void encode_packed4_scalar(FormatView enc, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
   for (int64_t i = 0; i + 1 < len; i += 2)
     out[i / 2] = static_cast<uint8_t>(enc.encode(normalize(nz, v[i])) | (enc.encode(normalize(nz, v[i + 1])) << 4));
   if (len % 2) out[len / 2] = enc.encode(normalize(nz, v[len - 1]));
@@ -43,15 +53,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m128i encode16(con
   return _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(up, e, _mm512_srli_epi32(e, 8)));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_avx512(KeyTableView enc, Normalizer nz, const float* v,
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_avx512(FormatView enc, Normalizer nz, const float* v,
                                                                int64_t len, uint8_t* out) {
   const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(enc.entries, _mm512_loadu_ps(v + i), pre, inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(enc.key_entries, _mm512_loadu_ps(v + i), pre, inv));
   if (i < len) {
     const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
-    const __m128i c = encode16(enc.entries, _mm512_maskz_loadu_ps(m, v + i), pre, inv);
+    const __m128i c = encode16(enc.key_entries, _mm512_maskz_loadu_ps(m, v + i), pre, inv);
     _mm_mask_storeu_epi8(out + i, m, c);
   }
 }
@@ -63,18 +73,35 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m128i pack_nibbles
   return _mm_packus_epi16(w, w);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(KeyTableView enc, Normalizer nz,
+// 4-bit: #{thresholds < x} by descending the 15-node tree held in one register (four permutes and
+// compares), then the code of that count from a 16-entry table, also in a register.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m128i encode16_tree4(__m512 tree, __m512i codes,
+                                                                                  __m512 x, __m512 pre, __m512 inv) {
+  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i i = one;
+  for (int level = 0; level < 4; ++level) {
+    const __mmask16 right = _mm512_cmp_ps_mask(_mm512_permutexvar_ps(i, tree), n, _CMP_LT_OQ);
+    i = _mm512_add_epi32(i, i);
+    i = _mm512_mask_add_epi32(i, right, i, one);
+  }
+  return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(const FormatView& enc, Normalizer nz,
                                                                                const float* v, int64_t len,
                                                                                uint8_t* out) {
   const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
+  const __m512 tree = _mm512_loadu_ps(enc.eytzinger);
+  const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(enc.sorted_codes)));
   int64_t i = 0;
   for (; i + 16 <= len; i += 16)
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
-                     pack_nibbles(encode16(enc.entries, _mm512_loadu_ps(v + i), pre, inv)));
+                     pack_nibbles(encode16_tree4(tree, codes, _mm512_loadu_ps(v + i), pre, inv)));
   if (i < len) {
-    // Lanes past the end encode as 0, so an odd last element leaves its high nibble 0.
+    // Lanes past the end become 0, so an odd last element leaves its high nibble 0.
     const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
-    const __m128i c = _mm_maskz_mov_epi8(m, encode16(enc.entries, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+    const __m128i c = _mm_maskz_mov_epi8(m, encode16_tree4(tree, codes, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
     _mm_mask_storeu_epi8(out + i / 2, static_cast<__mmask16>((1u << ((len - i + 1) / 2)) - 1u), pack_nibbles(c));
   }
 }
@@ -87,7 +114,7 @@ bool cpu_has_avx512() {
 
 }  // namespace
 
-void encode_codes(const KeyTableView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,
+void encode_codes(const FormatView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,
                   bool vector_path) {
 #if defined(__x86_64__)
   if (vector_path && cpu_has_avx512()) return encode_avx512(enc, nz, v, len, out);
@@ -95,7 +122,7 @@ void encode_codes(const KeyTableView& enc, Normalizer nz, const float* v, int64_
   encode_scalar(enc, nz, v, len, out);
 }
 
-void encode_codes_packed4(const KeyTableView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,
+void encode_codes_packed4(const FormatView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,
                           bool vector_path) {
 #if defined(__x86_64__)
   if (vector_path && cpu_has_avx512()) return encode_packed4_avx512(enc, nz, v, len, out);

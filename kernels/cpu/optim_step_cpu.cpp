@@ -20,7 +20,7 @@
 #include "../common/float_convert.h"
 #include "../common/stochastic_round.h"
 #include "block_ops.h"
-#include "code_encoder.h"
+#include "format_tables.h"
 
 namespace lowbit {
 namespace kernels {
@@ -43,7 +43,8 @@ void load_block(const void* p, ElemType t, int64_t begin, int64_t len, float* ou
 void store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v,
                           uint32_t max_bits, uint32_t negative) {
   const int64_t offset = format_bits(s.format) == 4 ? begin / 2 : begin;
-  s.absmax[block] = encode_scanned_block(s.format, v, len, max_bits, negative, s.codes + offset);
+  s.absmax[block] = encode_scanned_block(*s.tables, format_is_signed(s.format), v, len, max_bits, negative,
+                                         s.codes + offset);
 }
 
 void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* out) {
@@ -52,7 +53,7 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
     case SlotStorage::F32: load_block(s.values, ElemType::F32, begin, len, out); return;
     case SlotStorage::BF16: load_block(s.values, ElemType::BF16, begin, len, out); return;
     case SlotStorage::Quant: {
-      const float* cb = cached_codebook(s.format);
+      const float* cb = s.tables->codebook;
       const float amax = s.absmax[block];
       if (format_bits(s.format) == 4) {
         const uint8_t* c = s.codes + begin / 2;
@@ -215,7 +216,7 @@ LOWBIT_AVX512 void step_block_avx512(const ParamTask& t, int64_t block, float gr
     v.negative = 0;
     if (r.storage == SlotStorage::Quant) {
       v.four_bit = format_bits(r.format) == 4;
-      v.cb = cached_codebook(r.format);
+      v.cb = r.tables->codebook;
       v.cb16 = v.four_bit ? _mm512_loadu_ps(v.cb) : _mm512_setzero_ps();
       v.amax = _mm512_set1_ps(r.absmax[block]);
       v.codes = r.codes + (v.four_bit ? begin / 2 : begin);
@@ -341,8 +342,15 @@ void optim_step_cpu(const OptimStep& step) {
   }
   const int64_t items = first_item[step.num_tasks];
   if (items == 0) return;
-  std::vector<ParamTask> lamb_tasks;
-  const ParamTask* tasks = step.tasks;
+  // A copy of the tasks with each quantized slot's tables resolved once here, not per block.
+  FormatView views[kNumQuantFormats];
+  for (int f = 0; f < kNumQuantFormats; ++f) views[f] = format_tables(static_cast<QuantFormat>(f));
+  std::vector<ParamTask> tasks(step.tasks, step.tasks + step.num_tasks);
+  for (auto& t : tasks)
+    for (int k = 0; k < t.num_slots; ++k) t.slots[k].tables = &views[static_cast<int>(t.slots[k].format)];
+  const auto task_of = [&](int64_t item) {
+    return std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+  };
   if (step.rule == Rule::LAMB) {
     // Pass 1: per-block sums, added per parameter in block order (independent of threads), give
     // each parameter's trust ratio; pass 2 below is the ordinary fused update.
@@ -352,11 +360,10 @@ void optim_step_cpu(const OptimStep& step) {
       std::vector<float> buf(4 * max_block, 0.0f);
 #pragma omp for schedule(static)
       for (int64_t item = 0; item < items; ++item) {
-        const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
-        lamb_norms_block(step.tasks[t], item - first_item[t], step.grad_scale, buf.data(), &sums[2 * item]);
+        const int64_t t = task_of(item);
+        lamb_norms_block(tasks[t], item - first_item[t], step.grad_scale, buf.data(), &sums[2 * item]);
       }
     }
-    lamb_tasks.assign(step.tasks, step.tasks + step.num_tasks);
     for (int64_t t = 0; t < step.num_tasks; ++t) {
       double pp = 0.0, rr = 0.0;
       for (int64_t item = first_item[t]; item < first_item[t + 1]; ++item) {
@@ -364,19 +371,18 @@ void optim_step_cpu(const OptimStep& step) {
         rr += sums[2 * item + 1];
       }
       const double pn = std::sqrt(pp), rn = std::sqrt(rr);
-      lamb_tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
+      tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
     }
-    tasks = lamb_tasks.data();
   }
   const BlockFn fn = pick_block_fn(step.rule, step.vector_path);
 #pragma omp parallel
   {
     // p, g and three state slots (the vector loop uses the first four); zeroed so unused slots
-    // hold defined values. Aligned for whole-vector stores past a partial block's end.
-    std::vector<float> buf(5 * max_block + 16, 0.0f);
+    // hold defined values.
+    std::vector<float> buf(5 * max_block, 0.0f);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t t = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+      const int64_t t = task_of(item);
       fn(tasks[t], item - first_item[t], step.grad_scale, buf.data());
     }
   }

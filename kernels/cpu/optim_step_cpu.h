@@ -10,6 +10,8 @@
 namespace lowbit {
 namespace kernels {
 
+struct FormatView;
+
 enum class SlotStorage : int32_t { None = 0, F32 = 1, BF16 = 2, Quant = 3 };  // None: slot unused
 
 struct StateSlotRef {
@@ -18,6 +20,7 @@ struct StateSlotRef {
   uint8_t* codes = nullptr;  // Quant
   float* absmax = nullptr;   // Quant: one per block of block_size
   QuantFormat format = QuantFormat::Dyn8Signed;
+  const FormatView* tables = nullptr;  // set inside optim_step_cpu
 };
 
 struct ParamTask {

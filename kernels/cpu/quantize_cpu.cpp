@@ -26,6 +26,8 @@ void quantize_impl(const QuantizeParams& p) {
   const T* x = static_cast<const T*>(p.input);
   const bool four_bit = format_bits(p.format) == 4;
   const int64_t nblocks = num_blocks(p.n, p.block_size);
+  const FormatView fmt = format_tables(p.format);
+  const bool format_signed = format_is_signed(p.format);
 #pragma omp parallel
   {
     std::vector<float> buf(p.block_size);
@@ -36,7 +38,7 @@ void quantize_impl(const QuantizeParams& p) {
       const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
       uint32_t max_bits = 0, neg = 0;
       scan_block(x + begin, len, v, &max_bits, &neg);
-      p.absmax[b] = encode_scanned_block(p.format, v, len, max_bits, neg,
+      p.absmax[b] = encode_scanned_block(fmt, format_signed, v, len, max_bits, neg,
                                          p.codes + (four_bit ? begin / 2 : begin));
     }
   }
@@ -45,7 +47,7 @@ void quantize_impl(const QuantizeParams& p) {
 template <typename T>
 void dequantize_impl(const DequantizeParams& p) {
   T* y = static_cast<T*>(p.output);
-  const float* cb = cached_codebook(p.format);
+  const float* cb = format_tables(p.format).codebook;
   const bool four_bit = format_bits(p.format) == 4;
   const int64_t nblocks = num_blocks(p.n, p.block_size);
 #pragma omp parallel for schedule(static)

@@ -1,0 +1,61 @@
+// Per-format tables of the CPU kernels, built once per process, and the raw-pointer view a kernel
+// resolves once per call (not per block): the codebook for decoding, and for encoding (nearest
+// code, ties to the lower code) the packed key table of make_key_table (one lookup and one integer
+// compare per element) and the 4-bit formats' thresholds as a 15-node search tree.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../common/code_tables.h"
+#include "../common/encode.h"
+#include "../common/float_convert.h"
+
+namespace lowbit {
+namespace kernels {
+
+// Copied into a loop's registers: stores through uint8_t* may alias anything, so pointers held in
+// a shared object would be reloaded on every element.
+struct FormatView {
+  const uint32_t* key_entries;   // 64Ki packed entries
+  const float* codebook;         // 2^bits values; decode = codebook[code] * absmax
+  const float* eytzinger;        // 16 floats, index 1..15 (4-bit formats)
+  const uint8_t* sorted_codes;   // code of the i-th smallest value
+  int bits;
+
+  uint8_t encode(float normalized) const {
+    const uint32_t key = order_key_bits(f32_bits(normalized));
+    const uint32_t e = key_entries[key >> 16];
+    return static_cast<uint8_t>((key & 0xFFFFu) > (e >> 16) ? e >> 8 : e);
+  }
+};
+
+class FormatTables {
+ public:
+  explicit FormatTables(QuantFormat fmt);
+  FormatView view() const;
+
+ private:
+  EncodeTable table_;
+  std::vector<uint32_t> entries_;  // 256 KiB; the entries a tensor touches are a small hot part
+  std::vector<float> codebook_;
+  alignas(64) float eytzinger_[16] = {};
+};
+
+// The tables of a format, built on first use (thread-safe).
+FormatView format_tables(QuantFormat fmt);
+
+// out[i] = code of normalize(nz, v[i]), one code per byte. AVX-512 (16 lanes, one gather each)
+// where the CPU has it, the scalar lookup elsewhere; `vector_path = false` forces the scalar one
+// (tests compare the two).
+void encode_codes(const FormatView& f, Normalizer nz, const float* v, int64_t len, uint8_t* out,
+                  bool vector_path = true);
+
+// The same for 4-bit formats, two codes per byte (even element in the low nibble; an odd last
+// element leaves the high nibble 0): (len + 1) / 2 bytes. The vector path searches the 15
+// thresholds in registers (no gather).
+void encode_codes_packed4(const FormatView& f, Normalizer nz, const float* v, int64_t len, uint8_t* out,
+                          bool vector_path = true);
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -27,9 +27,9 @@ kernels::Hyper adam_family(double lr, double b1, double b2, double eps, double w
   h.weight_decay = static_cast<float>(wd);
   h.maximize = maximize;
   const double bc1 = 1 - std::pow(b1, static_cast<double>(t));
-  h.bias1 = static_cast<float>(bc1);
+  h.inv_bias1 = static_cast<float>(1 / bc1);
   h.step_size = static_cast<float>(lr / bc1);
-  h.bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
+  h.inv_bias2_sqrt = static_cast<float>(1 / std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
   h.decay = static_cast<float>(1 - lr * wd);
   return h;
 }

@@ -16,9 +16,6 @@ Tensor tmul(const Tensor& a, float s) { return at::mul(a, static_cast<double>(s)
 Tensor tadd(const Tensor& a, const Tensor& b) { return at::add(a, b); }
 Tensor tadd(const Tensor& a, float s) { return at::add(a, static_cast<double>(s)); }
 Tensor tsub(const Tensor& a, const Tensor& b) { return at::sub(a, b); }
-// Division by a tensor of the value: ATen may turn a division by a scalar into a multiplication
-// by its reciprocal (CUDA does), which rounds differently from the kernels' division.
-Tensor divs(const Tensor& a, float s) { return at::div(a, at::full_like(a, static_cast<double>(s))); }
 // Correctly rounded float sqrt (as sqrtf): ATen's vectorized float sqrt is not (it differs in the
 // last bit for some inputs); a double sqrt rounded to float is.
 Tensor fsqrt(const Tensor& a) { return at::sqrt(a.to(at::kDouble)).to(at::kFloat); }
@@ -62,7 +59,7 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
         s[2] = at::maximum(s[2], s[1]);
         v = s[2];
       }
-      const Tensor denom = tadd(divs(fsqrt(v), h.bias2_sqrt), h.eps);
+      const Tensor denom = tadd(tmul(fsqrt(v), h.inv_bias2_sqrt), h.eps);
       p = tsub(p, tmul(at::div(s[0], denom), h.step_size));
       return;
     }
@@ -108,8 +105,8 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
     case Rule::LAMB: {
       s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
       s[1] = ema(s[1], h.beta2, at::mul(g, g), h.one_minus_beta2);
-      const Tensor denom = tadd(divs(fsqrt(s[1]), h.bias2_sqrt), h.eps);
-      const Tensor r = tadd(at::div(divs(s[0], h.bias1), denom), tmul(p, h.weight_decay));
+      const Tensor denom = tadd(tmul(fsqrt(s[1]), h.inv_bias2_sqrt), h.eps);
+      const Tensor r = tadd(at::div(tmul(s[0], h.inv_bias1), denom), tmul(p, h.weight_decay));
       const float step = h.lr * lamb_trust(p, r, block);
       p = tsub(p, tmul(r, step));
       return;
@@ -118,8 +115,8 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
       s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
       s[1] = ema(s[1], h.beta3, g, h.one_minus_beta3);
       s[2] = ema(s[2], h.beta2, at::mul(g, g), h.one_minus_beta2);
-      const Tensor denom = tadd(divs(fsqrt(s[2]), h.bias2_sqrt), h.eps);
-      const Tensor update = at::div(tadd(divs(s[0], h.bias1), tmul(s[1], h.alpha)), denom);
+      const Tensor denom = tadd(tmul(fsqrt(s[2]), h.inv_bias2_sqrt), h.eps);
+      const Tensor update = at::div(tadd(tmul(s[0], h.inv_bias1), tmul(s[1], h.alpha)), denom);
       p = tsub(p, tmul(tadd(update, tmul(p, h.weight_decay)), h.lr));
       return;
     }

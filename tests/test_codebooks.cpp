@@ -145,6 +145,36 @@ TEST(Codebooks, BulkEncodeMatchesNearestOnBothPaths) {
   }
 }
 
+// The 8-bit bulk decode (byte permutes with VBMI, and its masked tail) and the plain loop: every
+// code, lengths around the 64-code step, nothing written past the end.
+TEST(Codebooks, BulkDecodeMatchesCodebookOnBothPaths) {
+  std::mt19937 rng(std::random_device{}());
+  for (auto f : lowbit_test::all_formats()) {
+    if (lowbit::format_bits(f) != 8) continue;
+    const lk::FormatView view = lk::format_tables(f);
+    const auto cb = lk::make_codebook(f);
+    std::vector<uint8_t> codes(300);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i < 256 ? i : rng() % 256);
+    std::shuffle(codes.begin(), codes.end(), rng);
+    const float amax = 0.37f;
+    for (int64_t len : {int64_t(1), int64_t(63), int64_t(64), int64_t(65), int64_t(300)}) {
+      for (bool vec : {true, false}) {
+        std::vector<float> out(len + 1, 12345.0f);
+        lk::decode_codes8(view, codes.data(), len, amax, out.data(), vec);
+        for (int64_t i = 0; i < len; ++i) {
+          const float want = cb[codes[i]] * amax;
+          if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(out[i])) << lowbit::format_name(f) << " code " << int(codes[i]);
+          } else {
+            ASSERT_EQ(out[i], want) << lowbit::format_name(f) << " len " << len << " at " << i << " vec " << vec;
+          }
+        }
+        ASSERT_EQ(out[len], 12345.0f) << "wrote past the end, len " << len;
+      }
+    }
+  }
+}
+
 TEST(Codebooks, ParseNames) {
   QuantFormat f;
   EXPECT_TRUE(lowbit::parse_format("fp8e5m2", &f));

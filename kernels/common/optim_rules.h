@@ -30,8 +30,10 @@ struct Hyper {
   float one_minus_alpha = 0.01f;      // RMSprop
   float one_minus_dampening = 1.0f;   // SGD
   float step_size = 0.0f;      // Adam: lr / (1 - beta1^t); Adagrad: lr / (1 + (t-1) * lr_decay)
-  float bias2_sqrt = 1.0f;     // sqrt(1 - beta2^t)
-  float bias1 = 1.0f;          // 1 - beta1^t (AdEMAMix)
+  // Bias corrections as reciprocals (host, double, rounded once): a multiply per element where
+  // torch divides, the same value to within an ulp, and a division per element cheaper.
+  float inv_bias2_sqrt = 1.0f; // 1 / sqrt(1 - beta2^t)
+  float inv_bias1 = 1.0f;      // 1 / (1 - beta1^t) (AdEMAMix, LAMB)
   float decay = 1.0f;          // AdamW / Lion: 1 - lr * weight_decay
   float trust = 1.0f;          // LAMB: ||p|| / ||r|| of the whole parameter, set between two passes
 };
@@ -102,7 +104,7 @@ LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s) {
     s[2] = vmax(s[2], s[1]);
     v = s[2];
   }
-  const F denom = vsqrt(v) / h.bias2_sqrt + h.eps;
+  const F denom = vsqrt(v) * h.inv_bias2_sqrt + h.eps;
   p = p - h.step_size * (s[0] / denom);
 }
 
@@ -164,8 +166,8 @@ LOWBIT_RULE void ademamix(const Hyper& h, F g, F& p, F* s) {
   s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
   s[1] = s[1] * h.beta3 + h.one_minus_beta3 * g;
   s[2] = s[2] * h.beta2 + h.one_minus_beta2 * (g * g);
-  const F denom = vsqrt(s[2]) / h.bias2_sqrt + h.eps;
-  const F update = (s[0] / h.bias1 + h.alpha * s[1]) / denom;
+  const F denom = vsqrt(s[2]) * h.inv_bias2_sqrt + h.eps;
+  const F update = (s[0] * h.inv_bias1 + h.alpha * s[1]) / denom;
   p = p - h.lr * (update + h.weight_decay * p);
 }
 
@@ -176,8 +178,8 @@ template <typename F>
 LOWBIT_RULE F lamb_direction(const Hyper& h, F g, F p, const F* s, F* m_new, F* v_new) {
   *m_new = s[0] * h.beta1 + h.one_minus_beta1 * g;
   *v_new = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
-  const F denom = vsqrt(*v_new) / h.bias2_sqrt + h.eps;
-  return (*m_new / h.bias1) / denom + h.weight_decay * p;
+  const F denom = vsqrt(*v_new) * h.inv_bias2_sqrt + h.eps;
+  return (*m_new * h.inv_bias1) / denom + h.weight_decay * p;
 }
 
 template <typename F>

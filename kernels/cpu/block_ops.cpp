@@ -33,13 +33,6 @@ LOWBIT_SCAN_BLOCK(bf16_t)
 LOWBIT_SCAN_BLOCK(f16_t)
 #undef LOWBIT_SCAN_BLOCK
 
-// codebook[code] * absmax for a block of 8-bit codes (a gather: cloned for AVX-512 / AVX2).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void decode8(const float* __restrict__ cb,
-                                                                          const uint8_t* __restrict__ c, int64_t len,
-                                                                          float amax, float* __restrict__ out) {
-  for (int64_t i = 0; i < len; ++i) out[i] = cb[c[i]] * amax;
-}
-
 // Same for 4-bit codes packed two per byte (even element in the low nibble); len is even.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const float* __restrict__ cb,
                                                                           const uint8_t* __restrict__ c, int64_t len,

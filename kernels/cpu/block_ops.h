@@ -18,9 +18,6 @@ void scan_block(const float* x, int64_t len, float* v, uint32_t* max_bits, uint3
 void scan_block(const bf16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
 void scan_block(const f16_t* x, int64_t len, float* v, uint32_t* max_bits, uint32_t* negative);
 
-// out[i] = codebook[c[i]] * absmax for 8-bit codes.
-void decode8(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
-
 // Same for 4-bit codes, two per byte (even element in the low nibble); len must be even.
 void decode4(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
 

@@ -21,6 +21,7 @@ struct FormatView {
   const float* codebook;         // 2^bits values; decode = codebook[code] * absmax
   const float* eytzinger;        // 16 floats, index 1..15 (4-bit formats)
   const uint8_t* sorted_codes;   // code of the i-th smallest value
+  const uint8_t* planes;         // 8-bit formats: byte k of codebook[e] at planes[256 k + e]
   int bits;
 
   uint8_t encode(float normalized) const {
@@ -40,6 +41,7 @@ class FormatTables {
   std::vector<uint32_t> entries_;  // 256 KiB; the entries a tensor touches are a small hot part
   std::vector<float> codebook_;
   alignas(64) float eytzinger_[16] = {};
+  alignas(64) uint8_t planes_[4 * 256] = {};
 };
 
 // The tables of a format, built on first use (thread-safe).
@@ -56,6 +58,11 @@ void encode_codes(const FormatView& f, Normalizer nz, const float* v, int64_t le
 // thresholds in registers (no gather).
 void encode_codes_packed4(const FormatView& f, Normalizer nz, const float* v, int64_t len, uint8_t* out,
                           bool vector_path = true);
+
+// out[i] = codebook[codes[i]] * absmax for an 8-bit format: byte permutes with AVX-512 VBMI (no
+// gathers), a plain loop elsewhere; `vector_path = false` forces the loop.
+void decode_codes8(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,
+                   bool vector_path = true);
 
 }  // namespace kernels
 }  // namespace lowbit

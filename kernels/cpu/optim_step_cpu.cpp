@@ -60,7 +60,7 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
         decode4(cb, c, len & ~int64_t(1), amax, out);
         if (len % 2) out[len - 1] = decode_value(cb, c[len / 2] & 0xF, amax);
       } else {
-        decode8(cb, s.codes + begin, len, amax, out);
+        decode_codes8(*s.tables, s.codes + begin, len, amax, out);
       }
       return;
     }
@@ -172,11 +172,10 @@ struct VecSlot {
   float* values;          // F32
   uint16_t* bf16;         // BF16
   const uint8_t* codes;   // Quant: the block's first code byte
-  const float* cb;        // Quant: 8-bit codebook (gathered from)
   __m512 cb16;            // Quant: 4-bit codebook, in a register
   __m512 amax;
   bool four_bit;
-  float* out;             // Quant: new values, encoded after the loop
+  float* out;             // Quant: decoded values (8-bit), then the new values, encoded after the loop
   __m512i max_bits;
   __mmask16 negative;
 };
@@ -191,8 +190,7 @@ LOWBIT_AVX512 inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
     const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
     return _mm512_mul_ps(_mm512_permutexvar_ps(idx, s.cb16), s.amax);
   }
-  const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s.codes + i));
-  return _mm512_mul_ps(_mm512_i32gather_ps(idx, s.cb, 4), s.amax);
+  return _mm512_maskz_loadu_ps(m, s.out + i);  // 8-bit: decoded before the loop
 }
 
 template <Rule R>
@@ -216,10 +214,12 @@ LOWBIT_AVX512 void step_block_avx512(const ParamTask& t, int64_t block, float gr
     v.negative = 0;
     if (r.storage == SlotStorage::Quant) {
       v.four_bit = format_bits(r.format) == 4;
-      v.cb = r.tables->codebook;
-      v.cb16 = v.four_bit ? _mm512_loadu_ps(v.cb) : _mm512_setzero_ps();
+      v.cb16 = v.four_bit ? _mm512_loadu_ps(r.tables->codebook) : _mm512_setzero_ps();
       v.amax = _mm512_set1_ps(r.absmax[block]);
       v.codes = r.codes + (v.four_bit ? begin / 2 : begin);
+      // 8-bit codes are decoded for the whole block first (64 at a time, no gathers); the loop
+      // reads them back from L1 and writes the new values over them.
+      if (!v.four_bit) decode_codes8(*r.tables, v.codes, len, r.absmax[block], v.out);
     }
   }
   const __m512 scale = _mm512_set1_ps(grad_scale);

@@ -47,7 +47,8 @@ void quantize_impl(const QuantizeParams& p) {
 template <typename T>
 void dequantize_impl(const DequantizeParams& p) {
   T* y = static_cast<T*>(p.output);
-  const float* cb = format_tables(p.format).codebook;
+  const FormatView fmt = format_tables(p.format);
+  const float* cb = fmt.codebook;
   const bool four_bit = format_bits(p.format) == 4;
   const int64_t nblocks = num_blocks(p.n, p.block_size);
 #pragma omp parallel for schedule(static)
@@ -71,7 +72,7 @@ void dequantize_impl(const DequantizeParams& p) {
     } else {
       const uint8_t* in = p.codes + begin;
       if constexpr (sizeof(T) == 4) {
-        decode8(cb, in, len, amax, reinterpret_cast<float*>(y + begin));
+        decode_codes8(fmt, in, len, amax, reinterpret_cast<float*>(y + begin));
       } else {
         for (int64_t i = 0; i < len; ++i) y[begin + i] = from_f32<T>(decode_value(cb, in[i], amax));
       }

@@ -1,0 +1,76 @@
+// Bulk decode of 8-bit codes (format_tables.h): codebook[code] * absmax. With AVX-512 VBMI, 64
+// codes at a time without gathers: each of the four bytes of the codebook's floats is a 256-entry
+// byte table looked up with two two-register byte permutes (bit 7 picks which), then the four byte
+// planes are interleaved into floats. Elsewhere a plain loop (the compiler's gather).
+#include <immintrin.h>
+
+#include "format_tables.h"
+
+namespace lowbit {
+namespace kernels {
+namespace {
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void decode8_loop(const float* __restrict__ cb,
+                                                                               const uint8_t* __restrict__ c,
+                                                                               int64_t len, float amax,
+                                                                               float* __restrict__ out) {
+  for (int64_t i = 0; i < len; ++i) out[i] = cb[c[i]] * amax;
+}
+
+#if defined(__x86_64__)
+#define LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+
+LOWBIT_VBMI void decode8_vbmi(const uint8_t* planes, const uint8_t* c, int64_t len, float amax, float* out) {
+  // planes: byte k of codebook[e] at planes[256 k + e]; four 64-byte registers per plane.
+  __m512i t[16];
+  for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_si512(planes + 64 * k);
+  const __m512 a = _mm512_set1_ps(amax);
+  for (int64_t i = 0; i < len; i += 64) {
+    const int64_t n = len - i < 64 ? len - i : 64;
+    const __mmask64 m = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
+    const __m512i idx = _mm512_maskz_loadu_epi8(m, c + i);
+    const __mmask64 upper = _mm512_movepi8_mask(idx);  // code >= 128
+    __m512i b[4];
+    for (int k = 0; k < 4; ++k)
+      b[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t[4 * k], idx, t[4 * k + 1]),
+                                    _mm512_permutex2var_epi8(t[4 * k + 2], idx, t[4 * k + 3]));
+    // Interleave within 128-bit lanes: d_q lane L holds elements 16 L + 4 q .. 16 L + 4 q + 3.
+    const __m512i w01lo = _mm512_unpacklo_epi8(b[0], b[1]), w01hi = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i w23lo = _mm512_unpacklo_epi8(b[2], b[3]), w23hi = _mm512_unpackhi_epi8(b[2], b[3]);
+    const __m512i d0 = _mm512_unpacklo_epi16(w01lo, w23lo), d1 = _mm512_unpackhi_epi16(w01lo, w23lo);
+    const __m512i d2 = _mm512_unpacklo_epi16(w01hi, w23hi), d3 = _mm512_unpackhi_epi16(w01hi, w23hi);
+    // A 4x4 transpose of 128-bit lanes puts elements in order.
+    const __m512i t0 = _mm512_shuffle_i32x4(d0, d1, 0x44), t1 = _mm512_shuffle_i32x4(d0, d1, 0xEE);
+    const __m512i t2 = _mm512_shuffle_i32x4(d2, d3, 0x44), t3 = _mm512_shuffle_i32x4(d2, d3, 0xEE);
+    const __m512i o[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xDD),
+                          _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xDD)};
+    for (int q = 0; q < 4 && 16 * q < n; ++q) {
+      const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(o[q]), a);
+      if (n - 16 * q >= 16) {
+        _mm512_storeu_ps(out + i + 16 * q, v);
+      } else {
+        _mm512_mask_storeu_ps(out + i + 16 * q, static_cast<__mmask16>((1u << (n - 16 * q)) - 1u), v);
+      }
+    }
+  }
+}
+
+bool cpu_has_vbmi() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+#endif
+
+}  // namespace
+
+void decode_codes8(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,
+                   bool vector_path) {
+#if defined(__x86_64__)
+  if (vector_path && cpu_has_vbmi()) return decode8_vbmi(f.planes, codes, len, absmax, out);
+#endif
+  decode8_loop(f.codebook, codes, len, absmax, out);
+}
+
+}  // namespace kernels
+}  // namespace lowbit

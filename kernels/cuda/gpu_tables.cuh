@@ -23,6 +23,7 @@ struct GpuTables {
   uint8_t sorted_codes[256];
   float codebook[256];                  // decode: value of each code
   int scan = 1;                         // compares after the bucket lookup
+  bool identity = false;                // sorted_codes[i] == i: the count is the code
 };
 
 inline const GpuTables& gpu_tables(QuantFormat fmt) {
@@ -39,6 +40,8 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
       t.codebook[k] = k < static_cast<int>(cb.size()) ? cb[k] : 0.0f;
     }
     make_bucket_starts(enc, kGpuKeyBits, &t.scan);
+    t.identity = true;
+    for (int k = 0; k < enc.num_values; ++k) t.identity &= enc.sorted_codes[k] == k;
   });
   return tables[i];
 }

@@ -38,31 +38,35 @@ struct SharedEncode {
   uint8_t sorted_codes[256];
 };
 
+template <bool IDENTITY>
 __device__ __forceinline__ void stage_encode(SharedEncode& sh, const uint8_t* starts, const GpuTables& t) {
   const uint4* src = reinterpret_cast<const uint4*>(starts);
   uint4* dst = reinterpret_cast<uint4*>(sh.starts);
   stage(dst, src, (1 << kGpuKeyBits) / 16);
   stage(sh.thresholds, t.thresholds, 256 + kGpuMaxScan);
-  stage(sh.sorted_codes, t.sorted_codes, 256);
+  if (!IDENTITY) stage(sh.sorted_codes, t.sorted_codes, 256);
 }
 
-// #{thresholds < x}: bucket lookup on the order key's top bits, then `scan` compares.
-__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, int scan, float x) {
+// #{thresholds < x}: bucket lookup on the order key's top bits, then SCAN compares (the most
+// thresholds any bucket of the format holds); formats whose codes are in value order (IDENTITY:
+// the dynamic maps and the 4-bit ones) need no final code lookup. Both are compile-time, so each
+// format's kernel issues only the instructions it needs (the kernel is bound by instructions).
+template <int SCAN, bool IDENTITY>
+__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, float x) {
   const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
   int c = s;
 #pragma unroll
-  for (int k = 0; k < kGpuMaxScan; ++k)
-    if (k < scan) c += sh.thresholds[s + k] < x ? 1 : 0;
-  return sh.sorted_codes[c];
+  for (int k = 0; k < SCAN; ++k) c += sh.thresholds[s + k] < x ? 1 : 0;
+  return IDENTITY ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
 }
 
 // Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
-template <int BITS>
+template <int BITS, int SCAN, bool IDENTITY>
 __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const SharedEncode& sh,
-                                              int scan, uint8_t* codes, int64_t i, int64_t n, bool vec) {
+                                              uint8_t* codes, int64_t i, int64_t n, bool vec) {
   uint8_t c[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = encode_one(sh, scan, normalize(nz, v[k]));
+  for (int k = 0; k < 8; ++k) c[k] = encode_one<SCAN, IDENTITY>(sh, normalize(nz, v[k]));
   if (BITS == 8) {
     if (vec && i + 8 <= n) {
       uint2 w;
@@ -90,27 +94,25 @@ __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normali
 
 // One lane's 8 values of a block owned by GROUP lanes: reduce the absmax across the group, store it
 // (first lane), encode and store the codes.
-template <int BITS, int BLOCK, int GROUP>
+template <int BITS, int SCAN, bool IDENTITY, int BLOCK, int GROUP>
 __device__ __forceinline__ void quantize_group8(const float (&v)[8], int64_t i, int lane, int64_t n, bool is_signed,
-                                                bool vec, const SharedEncode& sh, int scan, uint8_t* codes,
-                                                float* absmax) {
+                                                bool vec, const SharedEncode& sh, uint8_t* codes, float* absmax) {
   BlockScan s;
 #pragma unroll
   for (int k = 0; k < 8; ++k) scan_add(s, v[k]);
   group_reduce<GROUP>(s);
   const float amax = block_absmax(s, is_signed);
   if (lane % GROUP == 0 && i < n) absmax[i / BLOCK] = amax;
-  if (i < n) encode_store8<BITS>(v, make_normalizer(amax), sh, scan, codes, i, n, vec);
+  if (i < n) encode_store8<BITS, SCAN, IDENTITY>(v, make_normalizer(amax), sh, codes, i, n, vec);
 }
 
-template <typename T, int BITS, int BLOCK, int WARP>
+template <typename T, int BITS, int SCAN, bool IDENTITY, int BLOCK, int WARP>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
                                                             float* __restrict__ absmax, int64_t n, bool is_signed,
                                                             bool vec, const uint8_t* __restrict__ starts,
                                                             GpuTables tables) {
   __shared__ __align__(16) SharedEncode sh;
-  stage_encode(sh, starts, tables);
-  const int scan = tables.scan;
+  stage_encode<IDENTITY>(sh, starts, tables);
   __syncthreads();
 
   constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
       float next[8];
       if (unit + warps_total < units) load8(x, i + warps_total * kUnit, n, vec, next);
-      quantize_group8<BITS, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, scan, codes, absmax);
+      quantize_group8<BITS, SCAN, IDENTITY, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, codes, absmax);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = next[k];
     }
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
       float v[8];
       load8(x, i, n, vec, v);
-      quantize_group8<BITS, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, scan, codes, absmax);
+      quantize_group8<BITS, SCAN, IDENTITY, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, codes, absmax);
     }
   } else {
     for (int64_t unit = first; unit < units; unit += warps_total) {
@@ -160,13 +162,13 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
         if (i >= n) break;
         float v[8];
         load8(x, i, n, vec, v);
-        encode_store8<BITS>(v, nz, sh, scan, codes, i, n, vec);
+        encode_store8<BITS, SCAN, IDENTITY>(v, nz, sh, codes, i, n, vec);
       }
     }
   }
 }
 
-template <typename T, int BITS, int BLOCK, int WARP>
+template <typename T, int BITS, int SCAN, bool IDENTITY, int BLOCK, int WARP>
 cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
   const int64_t units = (p.n + kUnit - 1) / kUnit;
@@ -177,39 +179,46 @@ cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t 
   const uint8_t* starts = nullptr;
   const cudaError_t e = device_bucket_starts(p.format, &starts);
   if (e != cudaSuccess) return e;
-  quantize_kernel<T, BITS, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.input), p.codes,
-                                                                       p.absmax, p.n, format_is_signed(p.format), vec,
-                                                                       starts, gpu_tables(p.format));
+  quantize_kernel<T, BITS, SCAN, IDENTITY, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(
+      static_cast<const T*>(p.input), p.codes, p.absmax, p.n, format_is_signed(p.format), vec, starts,
+      gpu_tables(p.format));
   return cudaGetLastError();
 }
 
 // Turns the runtime block size into a template argument (32 .. 4096).
-template <typename T, int BITS, int WARP>
+template <typename T, int BITS, int SCAN, bool IDENTITY, int WARP>
 cudaError_t dispatch_block(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
   switch (p.block_size) {
-    case 32: return launch<T, BITS, 32, WARP>(p, dev, s);
-    case 64: return launch<T, BITS, 64, WARP>(p, dev, s);
-    case 128: return launch<T, BITS, 128, WARP>(p, dev, s);
-    case 256: return launch<T, BITS, 256, WARP>(p, dev, s);
-    case 512: return launch<T, BITS, 512, WARP>(p, dev, s);
-    case 1024: return launch<T, BITS, 1024, WARP>(p, dev, s);
-    case 2048: return launch<T, BITS, 2048, WARP>(p, dev, s);
-    case 4096: return launch<T, BITS, 4096, WARP>(p, dev, s);
+    case 32: return launch<T, BITS, SCAN, IDENTITY, 32, WARP>(p, dev, s);
+    case 64: return launch<T, BITS, SCAN, IDENTITY, 64, WARP>(p, dev, s);
+    case 128: return launch<T, BITS, SCAN, IDENTITY, 128, WARP>(p, dev, s);
+    case 256: return launch<T, BITS, SCAN, IDENTITY, 256, WARP>(p, dev, s);
+    case 512: return launch<T, BITS, SCAN, IDENTITY, 512, WARP>(p, dev, s);
+    case 1024: return launch<T, BITS, SCAN, IDENTITY, 1024, WARP>(p, dev, s);
+    case 2048: return launch<T, BITS, SCAN, IDENTITY, 2048, WARP>(p, dev, s);
+    case 4096: return launch<T, BITS, SCAN, IDENTITY, 4096, WARP>(p, dev, s);
   }
   return cudaErrorInvalidValue;
 }
 
+// The format's encode shape as template arguments: the four the built-in formats have.
 template <typename T, int WARP>
-cudaError_t dispatch_bits(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
-  return format_bits(p.format) == 4 ? dispatch_block<T, 4, WARP>(p, dev, s) : dispatch_block<T, 8, WARP>(p, dev, s);
+cudaError_t dispatch_format(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
+  const GpuTables& t = gpu_tables(p.format);
+  const int bits = format_bits(p.format);
+  if (bits == 4 && t.scan == 1 && t.identity) return dispatch_block<T, 4, 1, true, WARP>(p, dev, s);
+  if (bits == 8 && t.scan == 1 && !t.identity) return dispatch_block<T, 8, 1, false, WARP>(p, dev, s);  // fp8
+  if (bits == 8 && t.scan == 2 && t.identity) return dispatch_block<T, 8, 2, true, WARP>(p, dev, s);    // Dyn8Signed
+  if (bits == 8 && t.scan == 3 && t.identity) return dispatch_block<T, 8, 3, true, WARP>(p, dev, s);    // Dyn8Unsigned
+  return cudaErrorNotSupported;
 }
 
 template <int WARP>
 cudaError_t dispatch_type(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
   switch (p.input_type) {
-    case ElemType::F32: return dispatch_bits<float, WARP>(p, dev, s);
-    case ElemType::BF16: return dispatch_bits<bf16_t, WARP>(p, dev, s);
-    case ElemType::F16: return dispatch_bits<f16_t, WARP>(p, dev, s);
+    case ElemType::F32: return dispatch_format<float, WARP>(p, dev, s);
+    case ElemType::BF16: return dispatch_format<bf16_t, WARP>(p, dev, s);
+    case ElemType::F16: return dispatch_format<f16_t, WARP>(p, dev, s);
   }
   return cudaErrorInvalidValue;
 }

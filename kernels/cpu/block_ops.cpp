@@ -33,6 +33,20 @@ LOWBIT_SCAN_BLOCK(bf16_t)
 LOWBIT_SCAN_BLOCK(f16_t)
 #undef LOWBIT_SCAN_BLOCK
 
+__attribute__((target_clones("avx512f", "avx2", "default"))) void scan_block(const float* __restrict__ x,
+                                                                             int64_t len, uint32_t* max_out,
+                                                                             uint32_t* neg_out) {
+  uint32_t max_bits = 0, neg = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const uint32_t u = f32_bits(x[i]);
+    const uint32_t a = u & 0x7FFFFFFFu;
+    max_bits = a > max_bits ? a : max_bits;
+    neg |= u > 0x80000000u ? 1u : 0u;
+  }
+  *max_out = max_bits;
+  *neg_out = neg;
+}
+
 // Same for 4-bit codes packed two per byte (even element in the low nibble); len is even.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const float* __restrict__ cb,
                                                                           const uint8_t* __restrict__ c, int64_t len,
@@ -43,7 +57,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const 
   }
 }
 
-float encode_scanned_block(const FormatView& fmt, bool format_signed, float* v, int64_t len, uint32_t max_bits,
+float encode_scanned_block(const FormatView& fmt, bool format_signed, const float* v, int64_t len, uint32_t max_bits,
                            uint32_t negative, uint8_t* out) {
   const float am = block_absmax_from_bits(max_bits, negative, format_signed);
   if (fmt.bits == 4) {

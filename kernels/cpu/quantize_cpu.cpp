@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "../common/encode.h"
@@ -37,8 +38,15 @@ void quantize_impl(const QuantizeParams& p) {
       const int64_t begin = b * p.block_size;
       const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
       uint32_t max_bits = 0, neg = 0;
-      scan_block(x + begin, len, v, &max_bits, &neg);
-      p.absmax[b] = encode_scanned_block(fmt, format_signed, v, len, max_bits, neg,
+      // fp32 input is encoded where it lies (in L1 after the scan); 16-bit input is widened once.
+      const float* values = v;
+      if constexpr (std::is_same_v<T, float>) {
+        scan_block(x + begin, len, &max_bits, &neg);
+        values = x + begin;
+      } else {
+        scan_block(x + begin, len, v, &max_bits, &neg);
+      }
+      p.absmax[b] = encode_scanned_block(fmt, format_signed, values, len, max_bits, neg,
                                          p.codes + (four_bit ? begin / 2 : begin));
     }
   }

@@ -8,11 +8,9 @@
 #include <cmath>
 
 #include <lowbit/kernels/common/stochastic_round.h>
-#include <lowbit/kernels/cpu/grad_stats_cpu.h>
-#include <lowbit/kernels/cpu/optim_step_cpu.h>
 #include <lowbit/tensors/blockwise_ops.h>
+#include <lowbit/tensors/optim_ops.h>
 
-#include "reference_step.h"
 
 namespace lowbit {
 namespace optim {
@@ -163,98 +161,74 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
   // and state stay as they are), and the sums of squares serve gradient clipping.
   bool want_sumsq = false;
   for (const auto& group : param_groups_) want_sumsq |= common(group.options()).max_grad_norm > 0;
-  std::vector<std::vector<double>> sumsq(param_groups_.size());
-  std::vector<kernels::GradRef> cpu_grads;
-  std::vector<double*> cpu_sumsq;
-  bool all_finite = true;
+  std::vector<at::Tensor> all_grads;
+  std::vector<std::pair<size_t, size_t>> where;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const auto& params = param_groups_[gi].params();
-    sumsq[gi].assign(params.size(), 0.0);
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& g = params[i].grad();
       if (!g.defined()) continue;
       check_grad(params[i], g, gi, i);
-      if (g.device().is_cpu() && g.is_contiguous()) {
-        cpu_grads.push_back({g.data_ptr(), elem_type_of(g), g.numel()});
-        cpu_sumsq.push_back(&sumsq[gi][i]);
-      } else {
-        all_finite &= at::isfinite(g).all().item<bool>();
-        if (want_sumsq) sumsq[gi][i] = g.to(at::kDouble).pow(2).sum().item<double>();
-      }
+      all_grads.push_back(g);
+      where.emplace_back(gi, i);
     }
   }
-  std::vector<uint8_t> finite(cpu_grads.size());
-  std::vector<double> cpu_sq(cpu_grads.size());
-  kernels::grad_stats_cpu(cpu_grads.data(), static_cast<int64_t>(cpu_grads.size()), want_sumsq, finite.data(),
-                          cpu_sq.data());
-  for (size_t k = 0; k < cpu_grads.size(); ++k) {
-    all_finite &= finite[k] != 0;
-    *cpu_sumsq[k] = cpu_sq[k];
-  }
-  if (!all_finite) {
+  if (all_grads.empty()) return loss;
+  const auto [finite, sq] = ops::grad_stats(all_grads, want_sumsq);
+  if (!finite.all().item<bool>()) {
     ++skipped_steps_;
     return loss;
   }
+  std::vector<double> group_sumsq(param_groups_.size(), 0.0);
+  const double* sqd = sq.data_ptr<double>();
+  for (size_t k = 0; k < where.size(); ++k) group_sumsq[where[k].first] += sqd[k];
 
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     auto& group = param_groups_[gi];
     const auto& options = group.options();
     const CommonOptions c = common(options);
-    float grad_scale = 1.0f;
+    double grad_scale = 1.0;
     if (c.max_grad_norm > 0) {
       // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-      double sq = 0.0;
-      for (double v : sumsq[gi]) sq += v;
-      const double coef = c.max_grad_norm / (std::sqrt(sq) + 1e-6);
+      const double coef = c.max_grad_norm / (std::sqrt(group_sumsq[gi]) + 1e-6);
       if (coef < 1.0) grad_scale = static_cast<float>(coef);
     }
-    std::vector<kernels::ParamTask> tasks;
-    std::vector<at::Tensor> keep_alive;
+    // The arguments of lowbit::optim_step_ (tensors/optim_ops.h) for every parameter with a gradient.
+    std::vector<at::Tensor> params, grads, states;
+    std::vector<int64_t> kinds, blocks, seeds, flags;
+    std::vector<double> hyper_values;
     for (size_t i = 0; i < group.params().size(); ++i) {
       at::Tensor& p = group.params()[i];
       if (!p.grad().defined()) continue;
       ParamState& st = ensure_state(p, options, gi, i);
       st.step += 1;
-      kernels::Hyper h = hyper(options, st.step);
-      if (force_reference_ || !p.device().is_cpu() || !p.is_contiguous()) {
-        reference_step(rule(), h, p, p.grad(), st, grad_scale);
-        continue;
-      }
-      const at::Tensor g = p.grad().contiguous();
-      keep_alive.push_back(g);
-      kernels::ParamTask t;
-      t.param = p.data_ptr();
-      t.param_type = elem_type_of(p);
-      t.grad = g.data_ptr();
-      t.grad_type = elem_type_of(g);
-      t.numel = p.numel();
-      t.block_size = st.block_size;
-      t.hyper = h;
-      t.stochastic_round = c.bf16_stochastic_round && p.scalar_type() == at::kBFloat16;
-      t.seed = kernels::mix64(seed_ ^ kernels::mix64(static_cast<uint64_t>(st.step) * 1000003u + gi * 7919u + i));
-      t.num_slots = static_cast<int>(st.slots.size());
-      for (size_t k = 0; k < st.slots.size(); ++k) {
-        StateSlot& s = st.slots[k];
-        kernels::StateSlotRef& r = t.slots[k];
-        if (is_quantized(s.storage) && s.quantized.defined()) {
-          r.storage = kernels::SlotStorage::Quant;
-          r.codes = s.quantized.codes().data_ptr<uint8_t>();
-          r.absmax = s.quantized.absmax().data_ptr<float>();
-          r.format = s.quantized.format();
-        } else if (s.dense.defined()) {
-          r.storage = s.storage == StateFormat::BF16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32;
-          r.values = s.dense.data_ptr();
+      params.push_back(p);
+      grads.push_back(p.grad());
+      for (size_t k = 0; k < 3; ++k) {
+        const StateSlot* s = k < st.slots.size() ? &st.slots[k] : nullptr;
+        if (s && is_quantized(s->storage) && s->quantized.defined()) {
+          kinds.push_back(ops::kSlotQuantized + static_cast<int64_t>(s->quantized.format()));
+          states.push_back(s->quantized.codes());
+          states.push_back(s->quantized.absmax());
+        } else if (s && s->dense.defined()) {
+          kinds.push_back(s->storage == StateFormat::BF16 ? ops::kSlotBF16 : ops::kSlotF32);
+          states.push_back(s->dense);
+        } else {
+          kinds.push_back(ops::kSlotNone);
         }
       }
-      tasks.push_back(t);
+      blocks.push_back(st.block_size);
+      const size_t at = hyper_values.size();
+      hyper_values.resize(at + kernels::kHyperFields);
+      kernels::pack_hyper(hyper(options, st.step), hyper_values.data() + at);
+      const uint64_t seed =
+          kernels::mix64(seed_ ^ kernels::mix64(static_cast<uint64_t>(st.step) * 1000003u + gi * 7919u + i));
+      seeds.push_back(static_cast<int64_t>(seed));
+      flags.push_back(c.bf16_stochastic_round ? ops::kFlagStochasticRound : 0);
     }
-    kernels::OptimStep step;
-    step.rule = rule();
-    step.tasks = tasks.data();
-    step.num_tasks = static_cast<int64_t>(tasks.size());
-    step.grad_scale = grad_scale;
-    step.vector_path = !force_scalar_;
-    kernels::optim_step_cpu(step);
+    if (params.empty()) continue;
+    ops::optim_step(static_cast<int64_t>(rule()), params, grads, states, kinds, blocks, hyper_values, seeds, flags,
+                    grad_scale, force_scalar_, force_reference_);
   }
   return loss;
 }

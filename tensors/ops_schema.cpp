@@ -11,4 +11,12 @@ TORCH_LIBRARY(lowbit, m) {
   m.def(
       "dequantize_blockwise_reference(Tensor codes, Tensor absmax, str format, int block_size, int[] shape, "
       "ScalarType? dtype=None) -> Tensor");
+  // The optimizer step and its gradient pre-pass (tensors/optim_ops.h explains the arguments).
+  m.def("grad_stats(Tensor[] grads, bool want_sumsq) -> (Tensor finite, Tensor sumsq)");
+  m.def(
+      "optim_step_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds, "
+      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> ()");
+  m.def(
+      "optim_step_reference_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds, "
+      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> ()");
 }

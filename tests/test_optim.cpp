@@ -2,6 +2,8 @@
 // reference bit for bit, skipping, accounting, thread-count independence, groups and schedulers.
 #include <omp.h>
 
+#include <lowbit/tensors/optim_ops.h>
+
 #include "test_util.h"
 
 using lowbit::StateFormat;
@@ -443,5 +445,80 @@ TEST(OptimQuality, FormatsTrackFp32On500StepRegression) {
                 base, start);
     // Bound: the final loss differs from FP32's by at most tol of the starting loss.
     EXPECT_LE(std::abs(l - base), tol * start) << lowbit::state_format_name(f) << " loss " << l << " vs fp32 " << base;
+  }
+}
+
+// ---- the step as a dispatcher op -------------------------------------------------------------------
+
+TEST(OptimOp, NonContiguousParametersTakeTheReferencePathAndAgree) {
+  // A transposed weight: the CPU kernel hands it to the reference, which must give what a
+  // contiguous copy of it gets from the fused loop.
+  at::Tensor base = at::randn({300, 70});
+  std::vector<at::Tensor> pa = {base.t()}, pb = {base.t().contiguous()};
+  lo::AdamW a(pa, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  lo::AdamW b(pb, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  for (int s = 0; s < 3; ++s) {
+    const at::Tensor g = at::randn({70, 300});
+    pa[0].mutable_grad() = g.clone();
+    pb[0].mutable_grad() = g.clone();
+    a.step();
+    b.step();
+  }
+  EXPECT_FALSE(pa[0].is_contiguous());
+  EXPECT_TRUE(lowbit_test::bitwise_equal(pa[0].contiguous(), pb[0]));
+}
+
+TEST(OptimOp, BadArgumentsNameTheParameter) {
+  auto msg = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  };
+  const at::Tensor p = at::randn({1000}), g = at::randn({1000});
+  std::vector<double> hyper(lowbit::kernels::kHyperFields, 0.0);
+  const auto codes = at::zeros({1000}, at::kByte), absmax = at::zeros({4});
+  // Wrong absmax count for block 256 (needs 4) when the block size says 128.
+  EXPECT_NE(msg([&] {
+              lowbit::ops::optim_step(1, {p}, {g}, {codes, absmax, codes, absmax}, {16, 17, 0}, {128}, hyper, {0}, {0},
+                                      1.0, false, false);
+            }).find("slot 0 of parameter 0 needs 8 float32 absmax values, got 4"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              lowbit::ops::optim_step(1, {p}, {g}, {codes}, {16, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false, false);
+            }).find("states ends before the absmax of slot 0 of parameter 0"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              lowbit::ops::optim_step(9, {p}, {g}, {}, {0, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false, false);
+            }).find("unknown rule 9"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              lowbit::ops::optim_step(1, {p}, {at::randn({999})}, {}, {0, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false,
+                                      false);
+            }).find("parameter 0 has shape [1000] but its gradient [999]"),
+            std::string::npos);
+}
+
+// On a GPU the step goes through the dispatcher to the ATen reference (no CUDA kernel registered
+// yet): the same parameters and state as the CPU's fused kernel, bit for bit.
+TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+    std::vector<at::Tensor> pc = {at::randn({5000}), at::randn({70001})};
+    std::vector<at::Tensor> pg = {pc[0].cuda(), pc[1].cuda()};
+    lo::AdamW a(pc, lo::AdamWOptions(1e-2).state_format(f));
+    lo::AdamW b(pg, lo::AdamWOptions(1e-2).state_format(f));
+    for (int s = 0; s < 3; ++s) {
+      const auto gs = random_grads(pc);
+      set_grads(pc, gs);
+      for (size_t i = 0; i < pg.size(); ++i) pg[i].mutable_grad() = gs[i].cuda();
+      a.step();
+      b.step();
+    }
+    for (size_t i = 0; i < pc.size(); ++i)
+      EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << lowbit::state_format_name(f) << " param " << i;
+    EXPECT_EQ(a.state_bytes(), b.state_bytes());
   }
 }

@@ -38,6 +38,34 @@ struct Hyper {
   float trust = 1.0f;          // LAMB: ||p|| / ||r|| of the whole parameter, set between two passes
 };
 
+// Hyper as a flat list of doubles (every field exactly), the form the dispatcher op
+// lowbit::optim_step_ carries it in: one list of kHyperFields values per parameter.
+#define LOWBIT_HYPER_FIELDS(X)                                                                        \
+  X(lr) X(beta1) X(beta2) X(beta3) X(eps) X(weight_decay) X(alpha) X(momentum) X(dampening) X(nesterov) \
+  X(centered) X(amsgrad) X(maximize) X(first_step) X(one_minus_beta1) X(one_minus_beta2)               \
+  X(one_minus_beta3) X(one_minus_alpha) X(one_minus_dampening) X(step_size) X(inv_bias2_sqrt)         \
+  X(inv_bias1) X(decay) X(trust)
+
+#define LOWBIT_HYPER_COUNT(f) +1
+constexpr int kHyperFields = 0 LOWBIT_HYPER_FIELDS(LOWBIT_HYPER_COUNT);
+#undef LOWBIT_HYPER_COUNT
+
+inline void pack_hyper(const Hyper& h, double* out) {
+  int i = 0;
+#define LOWBIT_HYPER_PACK(f) out[i++] = static_cast<double>(h.f);
+  LOWBIT_HYPER_FIELDS(LOWBIT_HYPER_PACK)
+#undef LOWBIT_HYPER_PACK
+}
+
+inline Hyper unpack_hyper(const double* in) {
+  Hyper h;
+  int i = 0;
+#define LOWBIT_HYPER_UNPACK(f) h.f = static_cast<decltype(h.f)>(in[i++]);
+  LOWBIT_HYPER_FIELDS(LOWBIT_HYPER_UNPACK)
+#undef LOWBIT_HYPER_UNPACK
+  return h;
+}
+
 // Number of state slots of a rule, and whether slot k holds signed values (chooses the quantized
 // format: signed -> Dyn8Signed / DE4Signed / FP8E4M3, unsigned -> Dyn8Unsigned / Linear4Unsigned /
 // FP8E5M2).

@@ -1,13 +1,18 @@
-// ATen-only optimizer step (see reference_step.h). Every scalar is rounded to float first, as the
-// kernels hold it, and every tensor op is a single IEEE operation.
-#include "reference_step.h"
-
-#include <lowbit/tensors/blockwise_ops.h>
+// ATen-only optimizer step (optim_ops.h): the CompositeExplicitAutograd kernel of
+// lowbit::optim_step_ and grad_stats, the test oracle of the fused kernels, and the path of devices
+// without one. Mirrors kernels/common/optim_rules.h operation for operation (no fused multiply-add);
+// every scalar is rounded to float first, as the kernels hold it, and every tensor op is a single
+// IEEE operation, so on the CPU it matches the fused step bit for bit, quantized state included.
+// bf16 parameters are rounded to nearest here (stochastic rounding is the fused kernel's).
+#include <torch/library.h>
 
 #include <cmath>
 
+#include "blockwise_ops.h"
+#include "optim_ops.h"
+
 namespace lowbit {
-namespace optim {
+namespace ops {
 namespace {
 
 using at::Tensor;
@@ -125,38 +130,61 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
 
 }  // namespace
 
-void reference_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& param, const Tensor& grad,
-                    ParamState& state, float grad_scale) {
-  Tensor p = param.detach().reshape(-1).to(at::kFloat);
-  Tensor g = grad.detach().reshape(-1).to(at::kFloat);
-  if (grad_scale != 1.0f) g = tmul(g, grad_scale);
+void reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scale) {
+  const float scale = static_cast<float>(grad_scale);
+  Tensor p = sp.param.detach().reshape(-1).to(at::kFloat);
+  Tensor g = sp.grad.detach().reshape(-1).to(at::kFloat);
+  if (scale != 1.0f) g = tmul(g, scale);
+  const int64_t n = p.numel();
   std::vector<Tensor> s(3);
-  for (size_t k = 0; k < state.slots.size(); ++k) {
-    const StateSlot& slot = state.slots[k];
-    if (is_quantized(slot.storage) && slot.quantized.defined()) {
-      s[k] = ops::dequantize_reference(slot.quantized.codes(), slot.quantized.absmax(),
-                                       format_name(slot.quantized.format()), slot.quantized.block_size(),
-                                       {slot.quantized.numel()}, at::kFloat);
-    } else if (slot.dense.defined()) {
-      s[k] = slot.dense.reshape(-1).to(at::kFloat);
-    }
+  for (int k = 0; k < 3; ++k) {
+    const StepSlot& slot = sp.slots[k];
+    if (slot.kind == kSlotNone) continue;
+    s[k] = slot.kind >= kSlotQuantized
+               ? dequantize_reference(slot.codes, slot.absmax, format_name(slot.format), sp.block_size, {n},
+                                      at::kFloat)
+               : slot.values.reshape(-1).to(at::kFloat);
   }
   for (auto& t : s)
     if (!t.defined()) t = at::zeros_like(p);
-  rule_step(rule, h, p, g, s, state.block_size);
-  for (size_t k = 0; k < state.slots.size(); ++k) {
-    StateSlot& slot = state.slots[k];
-    if (is_quantized(slot.storage) && slot.quantized.defined()) {
-      const QTensor& q = slot.quantized;
-      auto [codes, absmax] = ops::quantize_reference(s[k], format_name(q.format()), q.block_size());
-      q.codes().copy_(codes);
-      q.absmax().copy_(absmax);
-    } else if (slot.dense.defined()) {
-      slot.dense.copy_(s[k].view(slot.dense.sizes()));
+  rule_step(rule, sp.hyper, p, g, s, sp.block_size);
+  for (int k = 0; k < 3; ++k) {
+    const StepSlot& slot = sp.slots[k];
+    if (slot.kind == kSlotNone) continue;
+    if (slot.kind >= kSlotQuantized) {
+      auto [codes, absmax] = quantize_reference(s[k], format_name(slot.format), sp.block_size);
+      slot.codes.copy_(codes);
+      slot.absmax.copy_(absmax);
+    } else {
+      slot.values.copy_(s[k].view(slot.values.sizes()));
     }
   }
-  param.detach().copy_(p.view(param.sizes()));
+  sp.param.detach().copy_(p.view(sp.param.sizes()));
 }
 
-}  // namespace optim
+void optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
+                          at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
+                          at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop) {
+  std::vector<StepParam> ps =
+      parse_step_args(rule, params, grads, states, slot_kinds, block_sizes, hyper, seeds, flags, "lowbit::optim_step_");
+  for (auto& p : ps) reference_param_step(static_cast<kernels::Rule>(rule), p, grad_scale);
+}
+
+std::tuple<at::Tensor, at::Tensor> grad_stats_reference(at::TensorList grads, bool want_sumsq) {
+  const int64_t n = static_cast<int64_t>(grads.size());
+  at::Tensor finite = at::empty({n}, at::kBool), sumsq = at::zeros({n}, at::kDouble);
+  for (int64_t i = 0; i < n; ++i) {
+    finite[i] = at::isfinite(grads[i]).all().item<bool>();
+    if (want_sumsq) sumsq[i] = grads[i].to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return {finite, sumsq};
+}
+
+}  // namespace ops
 }  // namespace lowbit
+
+TORCH_LIBRARY_IMPL(lowbit, CompositeExplicitAutograd, m) {
+  m.impl("optim_step_", &lowbit::ops::optim_step_reference);
+  m.impl("grad_stats", &lowbit::ops::grad_stats_reference);
+  m.impl("optim_step_reference_", &lowbit::ops::optim_step_reference);
+}

@@ -197,11 +197,6 @@ LOWBIT_AVX512 inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
 // streaming several arrays the hardware prefetchers fall behind.
 constexpr int64_t kPrefetchDistance = 4;  // blocks
 
-inline void prefetch_range(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
-}
-
 inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
   if (begin >= t.numel) return;
   len = std::min(len, t.numel - begin);

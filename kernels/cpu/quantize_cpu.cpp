@@ -20,8 +20,10 @@ namespace kernels {
 namespace {
 
 
-// Three passes over a block that stays in L1: scan (vectorizes), normalize (vectorizes; the same
-// float operations as every other backend), encode (table lookups).
+constexpr int64_t kPrefetchBlocks = 4;
+
+// Two passes over a block that stays in L1: the scan (vectorizes), then normalize-and-encode
+// (format_tables.h); the next blocks' input is prefetched meanwhile.
 template <typename T>
 void quantize_impl(const QuantizeParams& p) {
   const T* x = static_cast<const T*>(p.input);
@@ -37,6 +39,8 @@ void quantize_impl(const QuantizeParams& p) {
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t begin = b * p.block_size;
       const int64_t len = std::min<int64_t>(p.block_size, p.n - begin);
+      const int64_t ahead = begin + kPrefetchBlocks * p.block_size;
+      if (ahead < p.n) prefetch_range(x + ahead, std::min<int64_t>(p.block_size, p.n - ahead) * sizeof(T));
       uint32_t max_bits = 0, neg = 0;
       // fp32 input is encoded where it lies (in L1 after the scan); 16-bit input is widened once.
       const float* values = v;

@@ -227,8 +227,17 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
       flags.push_back(c.bf16_stochastic_round ? ops::kFlagStochasticRound : 0);
     }
     if (params.empty()) continue;
-    ops::optim_step(static_cast<int64_t>(rule()), params, grads, states, kinds, blocks, hyper_values, seeds, flags,
-                    grad_scale, force_scalar_, force_reference_);
+    const at::Tensor nonfinite = ops::optim_step(static_cast<int64_t>(rule()), params, grads, states, kinds, blocks,
+                                                 hyper_values, seeds, flags, grad_scale, force_scalar_, force_reference_);
+    // A state that overflowed cannot be stored (its blocks decode to NaN): say so rather than go on.
+    const int64_t* bad = nonfinite.data_ptr<int64_t>();
+    for (size_t k = 0, i = 0; k < params.size(); ++k, ++i) {
+      while (!group.params()[i].grad().defined()) ++i;
+      TORCH_CHECK(bad[k] == 0, name(), ": the state of parameter ", i, " of group ", gi, " (shape ", params[k].sizes(),
+                  ") overflowed to Inf/NaN in ", bad[k], " block(s) at step ", state_of(params[k])->step,
+                  "; the parameter is updated but that state is lost. Lower the learning rate, clip gradients "
+                  "(max_grad_norm), or keep this parameter's state in FP32 (override_state_format)");
+    }
   }
   return loss;
 }

@@ -61,6 +61,9 @@ kernels::QuantizeParams quantize_params(const QuantizeArgs& a, at::Tensor& codes
 kernels::DequantizeParams dequantize_params(const DequantizeArgs& a, at::Tensor& out);
 
 // The ATen-only reference (also registered as the CompositeExplicitAutograd kernel).
+// quantize_reference_flagged returns invalid blocks flagged in absmax (encode.h) instead of raising.
+std::tuple<at::Tensor, at::Tensor> quantize_reference_flagged(const at::Tensor& input, std::string_view format,
+                                                              int64_t block_size);
 std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, std::string_view format,
                                                       int64_t block_size);
 at::Tensor dequantize_reference(const at::Tensor& codes, const at::Tensor& absmax, std::string_view format,

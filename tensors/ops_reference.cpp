@@ -11,8 +11,8 @@
 namespace lowbit {
 namespace ops {
 
-std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, std::string_view format,
-                                                      int64_t block_size) {
+std::tuple<at::Tensor, at::Tensor> quantize_reference_flagged(const at::Tensor& input, std::string_view format,
+                                                              int64_t block_size) {
   const char* op = "lowbit::quantize_blockwise";
   const QuantizeArgs a = check_quantize_args(input, std::string(format), block_size, op);
   const int64_t n = a.input.numel();
@@ -49,8 +49,15 @@ std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, s
     const at::Tensor pairs = codes.view({-1, 2});
     codes = at::bitwise_or(pairs.select(1, 0), at::bitwise_left_shift(pairs.select(1, 1), 4));
   }
-  check_absmax_flags(absmax, a, op);
   return {codes.contiguous(), absmax.contiguous()};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_reference(const at::Tensor& input, std::string_view format,
+                                                      int64_t block_size) {
+  auto [codes, absmax] = quantize_reference_flagged(input, format, block_size);
+  const char* op = "lowbit::quantize_blockwise";
+  check_absmax_flags(absmax, check_quantize_args(input, std::string(format), block_size, op), op);
+  return {codes, absmax};
 }
 
 at::Tensor dequantize_reference(const at::Tensor& codes, const at::Tensor& absmax, std::string_view format,

@@ -15,8 +15,8 @@ TORCH_LIBRARY(lowbit, m) {
   m.def("grad_stats(Tensor[] grads, bool want_sumsq) -> (Tensor finite, Tensor sumsq)");
   m.def(
       "optim_step_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds, "
-      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> ()");
+      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> Tensor");
   m.def(
       "optim_step_reference_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds, "
-      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> ()");
+      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> Tensor");
 }

@@ -6,16 +6,16 @@
 namespace lowbit {
 namespace ops {
 
-void optim_step(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
+at::Tensor optim_step(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
                 at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
                 at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop, bool reference) {
-  using Sig = void(int64_t, at::TensorList, at::TensorList, at::TensorList, at::IntArrayRef, at::IntArrayRef,
+  using Sig = at::Tensor(int64_t, at::TensorList, at::TensorList, at::TensorList, at::IntArrayRef, at::IntArrayRef,
                    at::ArrayRef<double>, at::IntArrayRef, at::IntArrayRef, double, bool);
   static const auto fused =
       c10::Dispatcher::singleton().findSchemaOrThrow("lowbit::optim_step_", "").typed<Sig>();
   static const auto oracle =
       c10::Dispatcher::singleton().findSchemaOrThrow("lowbit::optim_step_reference_", "").typed<Sig>();
-  (reference ? oracle : fused)
+  return (reference ? oracle : fused)
       .call(rule, params, grads, states, slot_kinds, block_sizes, hyper, seeds, flags, grad_scale, scalar_loop);
 }
 

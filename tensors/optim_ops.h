@@ -8,13 +8,15 @@
 //       of squares (0 unless want_sumsq). Both on the CPU.
 //   optim_step_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds,
 //               int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale,
-//               bool scalar_loop=False) -> ()
+//               bool scalar_loop=False) -> Tensor
 //       One fused step of kernels::Rule `rule` over N parameters, in place. Per parameter: three
 //       slot kinds (kSlot* below; the state tensors of its slots follow in `states` in order: one
 //       tensor for a dense slot, codes then absmax for a quantized one), the quantization block,
 //       kHyperFields values of kernels::Hyper (pack_hyper), a seed and flags (kFlag*). Gradients
 //       are multiplied by grad_scale as they are read. scalar_loop: the CPU kernel's scalar loop
-//       even where AVX-512 is present (tests compare the two).
+//       even where AVX-512 is present (tests compare the two). Returns int64 [N] on the CPU: per
+//       parameter, the blocks of quantized state that became Inf or NaN (an overflow; their
+//       absmax holds the NaN flag), 0 normally.
 //   optim_step_reference_(...): the same arguments, always the ATen reference.
 #pragma once
 
@@ -55,7 +57,7 @@ struct StepParam {
 
 // Calls through the dispatcher, what the optimizers use: the fused kernel of the tensors' device
 // (the reference where none is registered), or the reference itself.
-void optim_step(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
+at::Tensor optim_step(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
                 at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
                 at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop, bool reference);
 std::tuple<at::Tensor, at::Tensor> grad_stats(at::TensorList grads, bool want_sumsq);
@@ -66,11 +68,12 @@ std::vector<StepParam> parse_step_args(int64_t rule, at::TensorList params, at::
                                        at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
                                        at::IntArrayRef seeds, at::IntArrayRef flags, const char* op);
 
-// The reference step of one parameter (ATen ops; any device).
-void reference_param_step(kernels::Rule rule, StepParam& p, double grad_scale);
+// The reference step of one parameter (ATen ops; any device); returns the blocks of quantized state
+// that became non-finite.
+int64_t reference_param_step(kernels::Rule rule, StepParam& p, double grad_scale);
 
 // The reference kernels, as registered.
-void optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
+at::Tensor optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
                           at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
                           at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop);
 std::tuple<at::Tensor, at::Tensor> grad_stats_reference(at::TensorList grads, bool want_sumsq);

@@ -17,13 +17,16 @@ void check_cpu(const at::Tensor& t, const char* op, const char* what, size_t i) 
               "; the CPU kernel takes CPU tensors only");
 }
 
-void optim_step_cpu(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
+at::Tensor optim_step_cpu(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
                     at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
                     at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop) {
   const char* op = "lowbit::optim_step_";
   std::vector<StepParam> ps =
       parse_step_args(rule, params, grads, states, slot_kinds, block_sizes, hyper, seeds, flags, op);
+  at::Tensor nonfinite = at::zeros({static_cast<int64_t>(ps.size())}, at::kLong);
+  int64_t* out = nonfinite.data_ptr<int64_t>();
   std::vector<kernels::ParamTask> tasks;
+  std::vector<size_t> task_param;  // parameter index of each task
   std::vector<at::Tensor> grads_contiguous;
   grads_contiguous.reserve(ps.size());
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -31,7 +34,7 @@ void optim_step_cpu(int64_t rule, at::TensorList params, at::TensorList grads, a
     check_cpu(sp.param, op, "value", i);
     check_cpu(sp.grad, op, "gradient", i);
     if (!sp.param.is_contiguous()) {
-      reference_param_step(static_cast<kernels::Rule>(rule), sp, grad_scale);
+      out[i] = reference_param_step(static_cast<kernels::Rule>(rule), sp, grad_scale);
       continue;
     }
     grads_contiguous.push_back(sp.grad.contiguous());
@@ -61,14 +64,19 @@ void optim_step_cpu(int64_t rule, at::TensorList params, at::TensorList grads, a
       }
     }
     tasks.push_back(t);
+    task_param.push_back(i);
   }
+  std::vector<int64_t> task_nonfinite(tasks.size(), 0);
   kernels::OptimStep step;
   step.rule = static_cast<kernels::Rule>(rule);
   step.tasks = tasks.data();
   step.num_tasks = static_cast<int64_t>(tasks.size());
   step.grad_scale = static_cast<float>(grad_scale);
   step.vector_path = !scalar_loop;
+  step.nonfinite_blocks = task_nonfinite.data();
   kernels::optim_step_cpu(step);
+  for (size_t k = 0; k < tasks.size(); ++k) out[task_param[k]] = task_nonfinite[k];
+  return nonfinite;
 }
 
 std::tuple<at::Tensor, at::Tensor> grad_stats_cpu(at::TensorList grads, bool want_sumsq) {

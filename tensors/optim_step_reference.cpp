@@ -130,7 +130,7 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
 
 }  // namespace
 
-void reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scale) {
+int64_t reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scale) {
   const float scale = static_cast<float>(grad_scale);
   Tensor p = sp.param.detach().reshape(-1).to(at::kFloat);
   Tensor g = sp.grad.detach().reshape(-1).to(at::kFloat);
@@ -148,26 +148,32 @@ void reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scale) 
   for (auto& t : s)
     if (!t.defined()) t = at::zeros_like(p);
   rule_step(rule, sp.hyper, p, g, s, sp.block_size);
+  int64_t nonfinite = 0;
   for (int k = 0; k < 3; ++k) {
     const StepSlot& slot = sp.slots[k];
     if (slot.kind == kSlotNone) continue;
     if (slot.kind >= kSlotQuantized) {
-      auto [codes, absmax] = quantize_reference(s[k], format_name(slot.format), sp.block_size);
+      auto [codes, absmax] = quantize_reference_flagged(s[k], format_name(slot.format), sp.block_size);
       slot.codes.copy_(codes);
       slot.absmax.copy_(absmax);
+      nonfinite += at::logical_not(at::ge(absmax, 0.0)).sum().item<int64_t>();
     } else {
       slot.values.copy_(s[k].view(slot.values.sizes()));
     }
   }
   sp.param.detach().copy_(p.view(sp.param.sizes()));
+  return nonfinite;
 }
 
-void optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
+at::Tensor optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
                           at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
                           at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop) {
   std::vector<StepParam> ps =
       parse_step_args(rule, params, grads, states, slot_kinds, block_sizes, hyper, seeds, flags, "lowbit::optim_step_");
-  for (auto& p : ps) reference_param_step(static_cast<kernels::Rule>(rule), p, grad_scale);
+  at::Tensor nonfinite = at::zeros({static_cast<int64_t>(ps.size())}, at::kLong);
+  int64_t* out = nonfinite.data_ptr<int64_t>();
+  for (size_t i = 0; i < ps.size(); ++i) out[i] = reference_param_step(static_cast<kernels::Rule>(rule), ps[i], grad_scale);
+  return nonfinite;
 }
 
 std::tuple<at::Tensor, at::Tensor> grad_stats_reference(at::TensorList grads, bool want_sumsq) {

@@ -522,3 +522,34 @@ TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
     EXPECT_EQ(a.state_bytes(), b.state_bytes());
   }
 }
+
+// Adagrad's sum of g^2 with g = 1e20 overflows float: quantized state cannot hold Inf, so the step
+// says which parameter lost its state instead of leaving NaN blocks behind silently. Both paths.
+TEST(OptimOp, StateOverflowIsReportedWithTheParameter) {
+  for (bool reference : {false, true}) {
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+      std::vector<at::Tensor> p = {at::randn({5000}), at::randn({8192})};
+      lo::Adagrad opt(p, lo::AdagradOptions(0.1).state_format(f));
+      opt.use_reference_step(reference);
+      p[0].mutable_grad() = at::randn({5000});
+      p[1].mutable_grad() = at::randn({8192});
+      p[1].mutable_grad()[300] = 1e20;  // finite, but its square is not
+      std::string msg;
+      try {
+        opt.step();
+      } catch (const c10::Error& e) {
+        msg = e.what_without_backtrace();
+      }
+      EXPECT_NE(msg.find("the state of parameter 1 of group 0 (shape [8192]) overflowed to Inf/NaN in 1 block(s) "
+                         "at step 1"),
+                std::string::npos)
+          << lowbit::state_format_name(f) << (reference ? " reference: " : " fused: ") << msg;
+      // A well-behaved step reports nothing.
+      std::vector<at::Tensor> q = {at::randn({8192})};
+      lo::Adagrad ok(q, lo::AdagradOptions(0.1).state_format(f));
+      ok.use_reference_step(reference);
+      q[0].mutable_grad() = at::randn({8192});
+      EXPECT_NO_THROW(ok.step());
+    }
+  }
+}

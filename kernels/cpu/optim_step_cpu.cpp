@@ -39,12 +39,15 @@ void load_block(const void* p, ElemType t, int64_t begin, int64_t len, float* ou
   for (int64_t i = 0; i < len; ++i) out[i] = load(p, t, begin + i);
 }
 
-// absmax from the scan of the block's new values v, then the codes (v is scratch afterwards).
-void store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v,
-                          uint32_t max_bits, uint32_t negative) {
+// absmax from the scan of the block's new values v, then the codes. Returns 1 when the new values
+// were not representable (Inf or NaN: the absmax carries encode.h's flag), else 0.
+int store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, const float* v,
+                         uint32_t max_bits, uint32_t negative) {
   const int64_t offset = format_bits(s.format) == 4 ? begin / 2 : begin;
-  s.absmax[block] = encode_scanned_block(*s.tables, format_is_signed(s.format), v, len, max_bits, negative,
-                                         s.codes + offset);
+  const float am = encode_scanned_block(*s.tables, format_is_signed(s.format), v, len, max_bits, negative,
+                                        s.codes + offset);
+  s.absmax[block] = am;
+  return am >= 0.0f ? 0 : 1;
 }
 
 void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* out) {
@@ -68,22 +71,22 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
 }
 
 // Quantized slots: scan the block's new values (in v) and encode them; dense slots: store.
-void encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v) {
+int encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v) {
   switch (s.storage) {
-    case SlotStorage::None: return;
-    case SlotStorage::F32: std::copy(v, v + len, static_cast<float*>(s.values) + begin); return;
+    case SlotStorage::None: return 0;
+    case SlotStorage::F32: std::copy(v, v + len, static_cast<float*>(s.values) + begin); return 0;
     case SlotStorage::BF16: {
       bf16_t* out = static_cast<bf16_t*>(s.values) + begin;
       for (int64_t i = 0; i < len; ++i) out[i] = from_f32<bf16_t>(v[i]);
-      return;
+      return 0;
     }
     case SlotStorage::Quant: {
       uint32_t max_bits = 0, neg = 0;
-      scan_block(v, len, v, &max_bits, &neg);
-      store_quantized_slot(s, block, begin, len, v, max_bits, neg);
-      return;
+      scan_block(v, len, &max_bits, &neg);
+      return store_quantized_slot(s, block, begin, len, v, max_bits, neg);
     }
   }
+  return 0;
 }
 
 void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v) {
@@ -120,7 +123,7 @@ void update_elements(const Hyper& h, int64_t len, float* p, const float* g, floa
 }
 
 template <Rule R>
-void step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+int step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
   const int64_t B = t.block_size;
   const int64_t begin = block * B;
   const int64_t len = std::min(B, t.numel - begin);
@@ -133,8 +136,10 @@ void step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, floa
     for (int64_t i = 0; i < len; ++i) g[i] = g[i] * grad_scale;
   for (int k = 0; k < t.num_slots; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
   update_elements<R>(t.hyper, len, p, g, s[0], s[1], s[2]);
-  for (int k = 0; k < t.num_slots; ++k) encode_slot(t.slots[k], block, begin, len, s[k]);
+  int bad = 0;
+  for (int k = 0; k < t.num_slots; ++k) bad |= encode_slot(t.slots[k], block, begin, len, s[k]);
   store_param(t, begin, len, p);
+  return bad;
 }
 
 // ---- the AVX-512 loop ---------------------------------------------------------------------------
@@ -216,7 +221,7 @@ inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
 }
 
 template <Rule R>
-LOWBIT_AVX512 void step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
   const int64_t B = t.block_size;
   const int64_t begin = block * B;
   const int64_t len = std::min(B, t.numel - begin);
@@ -288,13 +293,15 @@ LOWBIT_AVX512 void step_block_avx512(const ParamTask& t, int64_t block, float gr
       _mm512_storeu_ps(pbuf + i, (__m512)p);
     }
   }
+  int bad = 0;
   for (int k = 0; k < t.num_slots; ++k) {
     const VecSlot& v = slot[k];
     if (v.storage != SlotStorage::Quant) continue;
     const uint32_t max_bits = _mm512_reduce_max_epu32(v.max_bits);
-    store_quantized_slot(t.slots[k], block, begin, len, v.out, max_bits, v.negative != 0);
+    bad |= store_quantized_slot(t.slots[k], block, begin, len, v.out, max_bits, v.negative != 0);
   }
   if (!param_direct) store_param(t, begin, len, pbuf);
+  return bad;
 }
 
 bool cpu_has_avx512() {
@@ -304,7 +311,8 @@ bool cpu_has_avx512() {
 }
 #endif
 
-using BlockFn = void (*)(const ParamTask&, int64_t, float, float*);
+// Returns 1 when a quantized slot of the block became non-finite.
+using BlockFn = int (*)(const ParamTask&, int64_t, float, float*);
 
 template <Rule R>
 BlockFn block_fn(bool vector_path) {
@@ -364,6 +372,7 @@ void optim_step_cpu(const OptimStep& step) {
     max_block = std::max(max_block, step.tasks[t].block_size);
   }
   const int64_t items = first_item[step.num_tasks];
+  if (step.nonfinite_blocks) std::fill(step.nonfinite_blocks, step.nonfinite_blocks + step.num_tasks, 0);
   if (items == 0) return;
   // A copy of the tasks with each quantized slot's tables resolved once here, not per block.
   FormatView views[kNumQuantFormats];
@@ -398,6 +407,7 @@ void optim_step_cpu(const OptimStep& step) {
     }
   }
   const BlockFn fn = pick_block_fn(step.rule, step.vector_path);
+  std::vector<uint8_t> bad(items, 0);
 #pragma omp parallel
   {
     // p, g and three state slots (the vector loop uses the first four); zeroed so unused slots
@@ -406,9 +416,15 @@ void optim_step_cpu(const OptimStep& step) {
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t t = task_of(item);
-      fn(tasks[t], item - first_item[t], step.grad_scale, buf.data());
+      bad[item] = static_cast<uint8_t>(fn(tasks[t], item - first_item[t], step.grad_scale, buf.data()));
     }
   }
+  if (step.nonfinite_blocks)
+    for (int64_t t = 0; t < step.num_tasks; ++t) {
+      int64_t count = 0;
+      for (int64_t item = first_item[t]; item < first_item[t + 1]; ++item) count += bad[item];
+      step.nonfinite_blocks[t] = count;
+    }
 }
 
 }  // namespace kernels

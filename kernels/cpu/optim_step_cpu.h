@@ -43,6 +43,9 @@ struct OptimStep {
   int64_t num_tasks = 0;
   float grad_scale = 1.0f;  // gradient clipping factor, applied as the gradient is read
   bool vector_path = true;  // false: the scalar loop even where AVX-512 is present (tests)
+  // Out (optional, num_tasks entries): blocks whose quantized state became Inf or NaN (an
+  // overflow); their absmax holds encode.h's NaN flag.
+  int64_t* nonfinite_blocks = nullptr;
 };
 
 void optim_step_cpu(const OptimStep& step);

@@ -42,8 +42,6 @@ at::Tensor read_tensor(torch::serialize::InputArchive& a, const std::string& key
 
 std::string param_key(size_t g, size_t i) { return "param/" + std::to_string(g) + "/" + std::to_string(i); }
 
-kernels::ElemType elem_type_of(const at::Tensor& t) { return ops::elem_type(t.scalar_type()); }
-
 }  // namespace
 
 int64_t StateSlot::nbytes() const {

@@ -251,6 +251,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   }
   prefetch_ahead(t, begin + kPrefetchDistance * B, B);
   const __m512 scale = _mm512_set1_ps(grad_scale);
+  const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
   for (int64_t i = 0; i < len; i += 16) {
     const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
     f32x16 p = (f32x16)load16(t.param, t.param_type, begin + i, m);
@@ -267,7 +268,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
         case SlotStorage::Quant: s[k] = (f32x16)decode16(v, i, m); break;
       }
     }
-    apply_rule<R>(t.hyper, g, p, s);
+    apply_rule<R>(h, g, p, s);
     for (int k = 0; k < t.num_slots; ++k) {
       VecSlot& v = slot[k];
       switch (v.storage) {
@@ -304,6 +305,56 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   return bad;
 }
 
+// The common case specialized: fp32 parameter and gradient, NS state slots all 8-bit quantized
+// (Q8 / FP8 state). The slots' codes are decoded for the block first; the element loop then has no
+// branch on storage kinds and keeps everything in registers.
+template <Rule R, int NS>
+LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  const Hyper h = t.hyper;
+  float* out[NS];
+  for (int k = 0; k < NS; ++k) {
+    const StateSlotRef& r = t.slots[k];
+    out[k] = buf + k * B;
+    decode_codes8(*r.tables, r.codes + begin, len, r.absmax[block], out[k]);
+  }
+  prefetch_ahead(t, begin + kPrefetchDistance * B, B);
+  float* param = static_cast<float*>(t.param) + begin;
+  const float* grad = static_cast<const float*>(t.grad) + begin;
+  const bool scaled = grad_scale != 1.0f;
+  const __m512 scale = _mm512_set1_ps(grad_scale);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), sign = _mm512_set1_epi32(INT32_MIN);
+  __m512i max_bits[NS];
+  __mmask16 negative[NS];
+  for (int k = 0; k < NS; ++k) {
+    max_bits[k] = _mm512_setzero_si512();
+    negative[k] = 0;
+  }
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
+    f32x16 p = (f32x16)_mm512_maskz_loadu_ps(m, param + i);
+    __m512 graw = _mm512_maskz_loadu_ps(m, grad + i);
+    if (scaled) graw = _mm512_mul_ps(graw, scale);
+    f32x16 s[3] = {};
+    for (int k = 0; k < NS; ++k) s[k] = (f32x16)_mm512_loadu_ps(out[k] + i);
+    apply_rule<R>(h, (f32x16)graw, p, s);
+    for (int k = 0; k < NS; ++k) {
+      const __m512i u = _mm512_castps_si512((__m512)s[k]);
+      _mm512_storeu_ps(out[k] + i, (__m512)s[k]);
+      max_bits[k] = _mm512_mask_max_epu32(max_bits[k], m, max_bits[k], _mm512_and_si512(u, magnitude));
+      negative[k] |= _mm512_mask_cmpgt_epu32_mask(m, u, sign);
+    }
+    _mm512_mask_storeu_ps(param + i, m, (__m512)p);
+  }
+  int bad = 0;
+  for (int k = 0; k < NS; ++k)
+    bad |= store_quantized_slot(t.slots[k], block, begin, len, out[k], _mm512_reduce_max_epu32(max_bits[k]),
+                                negative[k] != 0);
+  return bad;
+}
+
 bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -315,23 +366,36 @@ bool cpu_has_avx512() {
 using BlockFn = int (*)(const ParamTask&, int64_t, float, float*);
 
 template <Rule R>
-BlockFn block_fn(bool vector_path) {
+BlockFn block_fn(const ParamTask& t, bool vector_path) {
 #if defined(__x86_64__)
-  if (vector_path && cpu_has_avx512()) return &step_block_avx512<R>;
+  if (vector_path && cpu_has_avx512()) {
+    bool all_q8 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32 && !t.stochastic_round &&
+                  t.num_slots >= 1;
+    for (int k = 0; k < t.num_slots; ++k)
+      all_q8 &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == 8;
+    if (all_q8) {
+      switch (t.num_slots) {
+        case 1: return &step_block_q8_avx512<R, 1>;
+        case 2: return &step_block_q8_avx512<R, 2>;
+        case 3: return &step_block_q8_avx512<R, 3>;
+      }
+    }
+    return &step_block_avx512<R>;
+  }
 #endif
   return &step_block_scalar<R>;
 }
 
-BlockFn pick_block_fn(Rule rule, bool vector_path) {
+BlockFn pick_block_fn(Rule rule, const ParamTask& t, bool vector_path) {
   switch (rule) {
-    case Rule::Adam: return block_fn<Rule::Adam>(vector_path);
-    case Rule::AdamW: return block_fn<Rule::AdamW>(vector_path);
-    case Rule::SGD: return block_fn<Rule::SGD>(vector_path);
-    case Rule::Lion: return block_fn<Rule::Lion>(vector_path);
-    case Rule::RMSprop: return block_fn<Rule::RMSprop>(vector_path);
-    case Rule::Adagrad: return block_fn<Rule::Adagrad>(vector_path);
-    case Rule::AdEMAMix: return block_fn<Rule::AdEMAMix>(vector_path);
-    case Rule::LAMB: return block_fn<Rule::LAMB>(vector_path);
+    case Rule::Adam: return block_fn<Rule::Adam>(t, vector_path);
+    case Rule::AdamW: return block_fn<Rule::AdamW>(t, vector_path);
+    case Rule::SGD: return block_fn<Rule::SGD>(t, vector_path);
+    case Rule::Lion: return block_fn<Rule::Lion>(t, vector_path);
+    case Rule::RMSprop: return block_fn<Rule::RMSprop>(t, vector_path);
+    case Rule::Adagrad: return block_fn<Rule::Adagrad>(t, vector_path);
+    case Rule::AdEMAMix: return block_fn<Rule::AdEMAMix>(t, vector_path);
+    case Rule::LAMB: return block_fn<Rule::LAMB>(t, vector_path);
   }
   return nullptr;
 }
@@ -406,7 +470,8 @@ void optim_step_cpu(const OptimStep& step) {
       tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
     }
   }
-  const BlockFn fn = pick_block_fn(step.rule, step.vector_path);
+  std::vector<BlockFn> fns(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) fns[t] = pick_block_fn(step.rule, tasks[t], step.vector_path);
   std::vector<uint8_t> bad(items, 0);
 #pragma omp parallel
   {
@@ -416,7 +481,7 @@ void optim_step_cpu(const OptimStep& step) {
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t t = task_of(item);
-      bad[item] = static_cast<uint8_t>(fn(tasks[t], item - first_item[t], step.grad_scale, buf.data()));
+      bad[item] = static_cast<uint8_t>(fns[t](tasks[t], item - first_item[t], step.grad_scale, buf.data()));
     }
   }
   if (step.nonfinite_blocks)

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "block_ops.h"
 #include "format_tables.h"
 
 namespace lowbit {
@@ -108,6 +109,62 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(
   }
 }
 
+// Whole blocks of fp32 input in one function: scan, absmax, normalize and encode per block with no
+// call in between (the per-block calls cost as much as encoding a 128-element block).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512(
+    const FormatView& enc, bool format_signed, const float* x, int64_t n, int64_t block, int64_t b0, int64_t b1,
+    uint8_t* codes, float* absmax) {
+  const __m512 tree = _mm512_loadu_ps(enc.eytzinger);
+  const __m512i tree_codes =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(enc.sorted_codes)));
+  const bool four_bit = enc.bits == 4;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t begin = b * block;
+    const int64_t len = n - begin < block ? n - begin : block;
+    const float* v = x + begin;
+    const int64_t ahead = begin + 4 * block;
+    if (ahead < n) {
+      const int64_t bytes = 4 * (n - ahead < block ? n - ahead : block);
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(x + ahead) + o, 0, 0);
+    }
+    // The scan of block_ops' scan_block: largest |x| bit pattern, and any negative value.
+    __m512i max_bits = _mm512_setzero_si512();
+    __mmask16 negative = 0;
+    for (int64_t i = 0; i < len; i += 16) {
+      const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
+      const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, v + i));
+      max_bits = _mm512_max_epu32(max_bits, _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+      negative |= _mm512_mask_cmpgt_epu32_mask(m, u, _mm512_set1_epi32(INT32_MIN));
+    }
+    const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_bits), negative != 0, format_signed);
+    absmax[b] = am;
+    const Normalizer nz = make_normalizer(am);
+    const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
+    if (four_bit) {
+      uint8_t* out = codes + begin / 2;  // blocks hold an even number of elements
+      int64_t i = 0;
+      for (; i + 16 <= len; i += 16)
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
+                         pack_nibbles(encode16_tree4(tree, tree_codes, _mm512_loadu_ps(v + i), pre, inv)));
+      if (i < len) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+        const __m128i c =
+            _mm_maskz_mov_epi8(m, encode16_tree4(tree, tree_codes, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+        _mm_mask_storeu_epi8(out + i / 2, static_cast<__mmask16>((1u << ((len - i + 1) / 2)) - 1u), pack_nibbles(c));
+      }
+    } else {
+      uint8_t* out = codes + begin;
+      int64_t i = 0;
+      for (; i + 16 <= len; i += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(enc.key_entries, _mm512_loadu_ps(v + i), pre, inv));
+      if (i < len) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+        _mm_mask_storeu_epi8(out + i, m, encode16(enc.key_entries, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+      }
+    }
+  }
+}
+
 bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   return has;
@@ -122,6 +179,17 @@ void encode_codes(const FormatView& enc, Normalizer nz, const float* v, int64_t 
   if (vector_path && cpu_has_avx512()) return encode_avx512(enc, nz, v, len, out);
 #endif
   encode_scalar(enc, nz, v, len, out);
+}
+
+bool quantize_blocks_f32(const FormatView& enc, bool format_signed, const float* x, int64_t n, int64_t block,
+                         int64_t first_block, int64_t end_block, uint8_t* codes, float* absmax) {
+#if defined(__x86_64__)
+  if (cpu_has_avx512()) {
+    quantize_blocks_avx512(enc, format_signed, x, n, block, first_block, end_block, codes, absmax);
+    return true;
+  }
+#endif
+  return false;
 }
 
 void encode_codes_packed4(const FormatView& enc, Normalizer nz, const float* v, int64_t len, uint8_t* out,

@@ -59,6 +59,11 @@ void encode_codes(const FormatView& f, Normalizer nz, const float* v, int64_t le
 void encode_codes_packed4(const FormatView& f, Normalizer nz, const float* v, int64_t len, uint8_t* out,
                           bool vector_path = true);
 
+// Quantizes blocks [first_block, end_block) of n fp32 values in one call (scan, absmax with
+// encode.h's flags, encode), where the CPU has AVX-512; returns false (doing nothing) elsewhere.
+bool quantize_blocks_f32(const FormatView& f, bool format_signed, const float* x, int64_t n, int64_t block,
+                         int64_t first_block, int64_t end_block, uint8_t* codes, float* absmax);
+
 // out[i] = codebook[codes[i]] * absmax for an 8-bit format: byte permutes with AVX-512 VBMI (no
 // gathers), a plain loop elsewhere; `vector_path = false` forces the loop.
 void decode_codes8(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,

@@ -31,6 +31,18 @@ void quantize_impl(const QuantizeParams& p) {
   const int64_t nblocks = num_blocks(p.n, p.block_size);
   const FormatView fmt = format_tables(p.format);
   const bool format_signed = format_is_signed(p.format);
+  if constexpr (std::is_same_v<T, float>) {
+    // fp32 with AVX-512: each thread's share of blocks in one call (static split: any split gives
+    // the same result, blocks being independent).
+    bool done = true;
+#pragma omp parallel reduction(&& : done)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      done = quantize_blocks_f32(fmt, format_signed, x, p.n, p.block_size, nblocks * t / nt, nblocks * (t + 1) / nt,
+                                 p.codes, p.absmax);
+    }
+    if (done) return;
+  }
 #pragma omp parallel
   {
     std::vector<float> buf(p.block_size);

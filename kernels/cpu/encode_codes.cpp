@@ -125,7 +125,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512
     const int64_t ahead = begin + 4 * block;
     if (ahead < n) {
       const int64_t bytes = 4 * (n - ahead < block ? n - ahead : block);
-      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(x + ahead) + o, 0, 0);
+      prefetch_range(x + ahead, bytes);
     }
     // The scan of block_ops' scan_block: largest |x| bit pattern, and any negative value.
     __m512i max_bits = _mm512_setzero_si512();

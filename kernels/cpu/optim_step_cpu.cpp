@@ -20,6 +20,7 @@
 #include "../common/float_convert.h"
 #include "../common/stochastic_round.h"
 #include "block_ops.h"
+#include "encode_avx512.h"
 #include "format_tables.h"
 
 namespace lowbit {
@@ -348,10 +349,16 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
     }
     _mm512_mask_storeu_ps(param + i, m, (__m512)p);
   }
+  // Re-quantize each slot inline (the encode of format_tables.h, without the calls).
   int bad = 0;
-  for (int k = 0; k < NS; ++k)
-    bad |= store_quantized_slot(t.slots[k], block, begin, len, out[k], _mm512_reduce_max_epu32(max_bits[k]),
-                                negative[k] != 0);
+  for (int k = 0; k < NS; ++k) {
+    const StateSlotRef& r = t.slots[k];
+    const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_bits[k]), negative[k] != 0,
+                                            format_is_signed(r.format));
+    r.absmax[block] = am;
+    bad |= am >= 0.0f ? 0 : 1;
+    encode_block8(r.tables->key_entries, make_normalizer(am), out[k], len, r.codes + begin);
+  }
   return bad;
 }
 

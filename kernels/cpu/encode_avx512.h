@@ -1,0 +1,89 @@
+// AVX-512 encode of normalized blocks (format_tables.h), shared by the quantizer and the fused
+// optimizer step so both inline it into their block loops. Internal linkage: each file that
+// includes this gets its own copy, compiled for AVX-512 only where its callers are.
+#pragma once
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "../common/encode.h"
+
+// GCC 12 reports the intrinsics' deliberately undefined pass-through operands as "may be used
+// uninitialized" once they are inlined here; they are not read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace lowbit {
+namespace kernels {
+
+#define LOWBIT_AVX512_ENCODE __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline
+
+// 16 lanes: two multiplies, the order key, one dword gather of the packed entry, one unsigned
+// compare, a blend, and a truncating narrow (the code is the entry's low byte, or its next byte).
+LOWBIT_AVX512_ENCODE __m128i encode16(const uint32_t* table, __m512 x, __m512 pre, __m512 inv) {
+  const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(x, pre), inv));
+  const __m512i key =
+      _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
+  const __m512i e = _mm512_i32gather_epi32(_mm512_srli_epi32(key, 16), table, 4);
+  const __mmask16 up =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(e, 16));
+  return _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(up, e, _mm512_srli_epi32(e, 8)));
+}
+
+// An 8-bit block: one code per byte, a masked tail.
+LOWBIT_AVX512_ENCODE void encode_block8(const uint32_t* table, Normalizer nz, const float* v, int64_t len,
+                                        uint8_t* out) {
+  const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(table, _mm512_loadu_ps(v + i), pre, inv));
+  if (i < len) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+    _mm_mask_storeu_epi8(out + i, m, encode16(table, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+  }
+}
+
+// Two 4-bit codes per byte: as 16-bit words the codes are (even | odd << 8); (w | w >> 4) has the
+// packed byte low, and a saturating narrow of the masked words writes 8 bytes.
+LOWBIT_AVX512_ENCODE __m128i pack_nibbles(__m128i c) {
+  const __m128i w = _mm_and_si128(_mm_or_si128(c, _mm_srli_epi16(c, 4)), _mm_set1_epi16(0xFF));
+  return _mm_packus_epi16(w, w);
+}
+
+// 4-bit: #{thresholds < x} by descending the 15-node tree held in one register (four permutes and
+// compares), then the code of that count from a 16-entry table, also in a register.
+LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512 tree, __m512i codes, __m512 x, __m512 pre, __m512 inv) {
+  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i i = one;
+  for (int level = 0; level < 4; ++level) {
+    const __mmask16 right = _mm512_cmp_ps_mask(_mm512_permutexvar_ps(i, tree), n, _CMP_LT_OQ);
+    i = _mm512_add_epi32(i, i);
+    i = _mm512_mask_add_epi32(i, right, i, one);
+  }
+  return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
+}
+
+// A 4-bit block, packed: (len + 1) / 2 bytes; lanes past the end encode as 0, so an odd last
+// element leaves its high nibble 0.
+LOWBIT_AVX512_ENCODE void encode_block4_packed(__m512 tree, __m512i codes, Normalizer nz, const float* v,
+                                               int64_t len, uint8_t* out) {
+  const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
+                     pack_nibbles(encode16_tree4(tree, codes, _mm512_loadu_ps(v + i), pre, inv)));
+  if (i < len) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+    const __m128i c = _mm_maskz_mov_epi8(m, encode16_tree4(tree, codes, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+    _mm_mask_storeu_epi8(out + i / 2, static_cast<__mmask16>((1u << ((len - i + 1) / 2)) - 1u), pack_nibbles(c));
+  }
+}
+
+#undef LOWBIT_AVX512_ENCODE
+
+}  // namespace kernels
+}  // namespace lowbit
+
+#endif

@@ -10,10 +10,6 @@
 
 #include "../common/encode.h"
 
-// GCC 12 reports the intrinsics' deliberately undefined pass-through operands as "may be used
-// uninitialized" once they are inlined here; they are not read.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 namespace lowbit {
 namespace kernels {
 

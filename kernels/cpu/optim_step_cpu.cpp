@@ -199,12 +199,12 @@ LOWBIT_AVX512 inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, s.out + i);  // 8-bit: decoded before the loop
 }
 
-// Software prefetch of a block further along (here: before) each stream (param, grad, state): with every core
+// Software prefetch of a block further along each stream (param, grad, state): with every core
 // streaming several arrays the hardware prefetchers fall behind.
 constexpr int64_t kPrefetchDistance = 4;  // blocks
 
 inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
-  if (begin < 0 || begin >= t.numel) return;
+  if (begin >= t.numel) return;
   len = std::min(len, t.numel - begin);
   const int64_t pe = t.param_type == ElemType::F32 ? 4 : 2, ge = t.grad_type == ElemType::F32 ? 4 : 2;
   prefetch_range(static_cast<const char*>(t.param) + begin * pe, len * pe);
@@ -250,7 +250,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
       if (!v.four_bit) decode_codes8(*r.tables, v.codes, len, r.absmax[block], v.out);
     }
   }
-  prefetch_ahead(t, begin - kPrefetchDistance * B, B);  // blocks run backwards (optim_step_cpu)
+  prefetch_ahead(t, begin + kPrefetchDistance * B, B);
   const __m512 scale = _mm512_set1_ps(grad_scale);
   const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
   for (int64_t i = 0; i < len; i += 16) {
@@ -321,7 +321,7 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
     out[k] = buf + k * B;
     decode_codes8(*r.tables, r.codes + begin, len, r.absmax[block], out[k]);
   }
-  prefetch_ahead(t, begin - kPrefetchDistance * B, B);  // blocks run backwards (optim_step_cpu)
+  prefetch_ahead(t, begin + kPrefetchDistance * B, B);
   float* param = static_cast<float*>(t.param) + begin;
   const float* grad = static_cast<const float*>(t.grad) + begin;
   const bool scaled = grad_scale != 1.0f;
@@ -485,12 +485,8 @@ void optim_step_cpu(const OptimStep& step) {
     // p, g and three state slots (the vector loop uses the first four); zeroed so unused slots
     // hold defined values.
     std::vector<float> buf(5 * max_block, 0.0f);
-    // Each thread takes a contiguous share of the blocks, as the gradient pre-pass (grad_stats)
-    // did just before, and walks it backwards: the gradients that pass read last are still in
-    // cache. Blocks are independent, so neither the split nor the order changes any result.
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t lo = items * id / nt, hi = items * (id + 1) / nt;
-    for (int64_t item = hi - 1; item >= lo; --item) {
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
       const int64_t t = task_of(item);
       bad[item] = static_cast<uint8_t>(fns[t](tasks[t], item - first_item[t], step.grad_scale, buf.data()));
     }

@@ -70,7 +70,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512
     const int64_t begin = b * block;
     const int64_t len = n - begin < block ? n - begin : block;
     const float* v = x + begin;
-    const int64_t ahead = begin + 4 * block;
+    const int64_t ahead = begin + kPrefetchBlocks * block;
     if (ahead < n) {
       const int64_t bytes = 4 * (n - ahead < block ? n - ahead : block);
       prefetch_range(x + ahead, bytes);

@@ -201,7 +201,6 @@ LOWBIT_AVX512 inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
 
 // Software prefetch of a block further along each stream (param, grad, state): with every core
 // streaming several arrays the hardware prefetchers fall behind.
-constexpr int64_t kPrefetchDistance = 4;  // blocks
 
 inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
   if (begin >= t.numel) return;
@@ -250,7 +249,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
       if (!v.four_bit) decode_codes8(*r.tables, v.codes, len, r.absmax[block], v.out);
     }
   }
-  prefetch_ahead(t, begin + kPrefetchDistance * B, B);
+  prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
   const __m512 scale = _mm512_set1_ps(grad_scale);
   const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
   for (int64_t i = 0; i < len; i += 16) {
@@ -321,7 +320,7 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
     out[k] = buf + k * B;
     decode_codes8(*r.tables, r.codes + begin, len, r.absmax[block], out[k]);
   }
-  prefetch_ahead(t, begin + kPrefetchDistance * B, B);
+  prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
   float* param = static_cast<float*>(t.param) + begin;
   const float* grad = static_cast<const float*>(t.grad) + begin;
   const bool scaled = grad_scale != 1.0f;

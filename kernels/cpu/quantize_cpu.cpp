@@ -20,8 +20,6 @@ namespace kernels {
 namespace {
 
 
-constexpr int64_t kPrefetchBlocks = 4;
-
 // Two passes over a block that stays in L1: the scan (vectorizes), then normalize-and-encode
 // (format_tables.h); the next blocks' input is prefetched meanwhile.
 template <typename T>

@@ -29,9 +29,10 @@ void decode4(const float* codebook, const uint8_t* codes, int64_t len, float abs
 float encode_scanned_block(const FormatView& fmt, bool format_signed, const float* v, int64_t len, uint32_t max_bits,
                            uint32_t negative, uint8_t* out);
 
-// How many blocks ahead the CPU loops prefetch their input (a build-time tunable).
+// How many blocks ahead the CPU loops prefetch their input (a build-time tunable; on the H100
+// host 8 beat 4 and 16 for the step: Q8 AdamW 1.39-1.48x memcpy against 1.57-1.77 and 1.66-1.70).
 #ifndef LOWBIT_PREFETCH_BLOCKS
-#define LOWBIT_PREFETCH_BLOCKS 4
+#define LOWBIT_PREFETCH_BLOCKS 8
 #endif
 constexpr int64_t kPrefetchBlocks = LOWBIT_PREFETCH_BLOCKS;
 

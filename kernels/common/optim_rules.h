@@ -1,7 +1,9 @@
-// The per-element update rule of every optimizer, in fp32, shared by the CPU loop, the GPU kernels
-// and mirrored op for op by the ATen reference (tensors/optim_reference.cpp). Written as separate
-// IEEE operations (the build turns off fma contraction) so every backend rounds identically.
-// Semantics follow torch.optim exactly; each rule names its state slots.
+// The per-element update rule of every optimizer, in fp32, shared by the CPU loops (scalar, and 16
+// lanes at a time with AVX-512: the rules are templates over the float type) and future GPU kernels,
+// and mirrored op for op by the ATen reference (tensors/optim_step_reference.cpp). Written as
+// separate IEEE operations (the build turns off fma contraction) so every backend rounds identically.
+// Semantics follow torch.optim; the bias corrections are multiplied as reciprocals (see Hyper).
+// Each rule names its state slots.
 #pragma once
 
 #include <cmath>

@@ -305,10 +305,10 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   return bad;
 }
 
-// The common case specialized: fp32 parameter and gradient, NS state slots all 8-bit quantized
-// (Q8 / FP8 state). The slots' codes are decoded for the block first; the element loop then has no
-// branch on storage kinds and keeps everything in registers.
-template <Rule R, int NS>
+// The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest),
+// NS state slots all 8-bit quantized (Q8 / FP8 state). The slots' codes are decoded for the block
+// first; the element loop then has no branch on storage kinds and keeps everything in registers.
+template <Rule R, int NS, ElemType PT>
 LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
   const int64_t B = t.block_size;
   const int64_t begin = block * B;
@@ -321,8 +321,7 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
     decode_codes8(*r.tables, r.codes + begin, len, r.absmax[block], out[k]);
   }
   prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
-  float* param = static_cast<float*>(t.param) + begin;
-  const float* grad = static_cast<const float*>(t.grad) + begin;
+  static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   const bool scaled = grad_scale != 1.0f;
   const __m512 scale = _mm512_set1_ps(grad_scale);
   const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), sign = _mm512_set1_epi32(INT32_MIN);
@@ -334,8 +333,8 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
   }
   for (int64_t i = 0; i < len; i += 16) {
     const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
-    f32x16 p = (f32x16)_mm512_maskz_loadu_ps(m, param + i);
-    __m512 graw = _mm512_maskz_loadu_ps(m, grad + i);
+    f32x16 p = (f32x16)load16(t.param, PT, begin + i, m);
+    __m512 graw = load16(t.grad, PT, begin + i, m);
     if (scaled) graw = _mm512_mul_ps(graw, scale);
     f32x16 s[3] = {};
     for (int k = 0; k < NS; ++k) s[k] = (f32x16)_mm512_loadu_ps(out[k] + i);
@@ -346,7 +345,11 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
       max_bits[k] = _mm512_mask_max_epu32(max_bits[k], m, max_bits[k], _mm512_and_si512(u, magnitude));
       negative[k] |= _mm512_mask_cmpgt_epu32_mask(m, u, sign);
     }
-    _mm512_mask_storeu_ps(param + i, m, (__m512)p);
+    if (PT == ElemType::F32) {
+      _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
+    } else {
+      store16_bf16(static_cast<uint16_t*>(t.param) + begin + i, (__m512)p, m);
+    }
   }
   // Re-quantize each slot inline (the encode of format_tables.h, without the calls).
   int bad = 0;
@@ -375,15 +378,19 @@ template <Rule R>
 BlockFn block_fn(const ParamTask& t, bool vector_path) {
 #if defined(__x86_64__)
   if (vector_path && cpu_has_avx512()) {
-    bool all_q8 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32 && !t.stochastic_round &&
-                  t.num_slots >= 1;
+    const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
+    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16 && !t.stochastic_round;
+    bool all_q8 = (f32 || bf16) && t.num_slots >= 1;
     for (int k = 0; k < t.num_slots; ++k)
       all_q8 &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == 8;
     if (all_q8) {
-      switch (t.num_slots) {
-        case 1: return &step_block_q8_avx512<R, 1>;
-        case 2: return &step_block_q8_avx512<R, 2>;
-        case 3: return &step_block_q8_avx512<R, 3>;
+      switch (t.num_slots * 2 + (bf16 ? 1 : 0)) {
+        case 2: return &step_block_q8_avx512<R, 1, ElemType::F32>;
+        case 3: return &step_block_q8_avx512<R, 1, ElemType::BF16>;
+        case 4: return &step_block_q8_avx512<R, 2, ElemType::F32>;
+        case 5: return &step_block_q8_avx512<R, 2, ElemType::BF16>;
+        case 6: return &step_block_q8_avx512<R, 3, ElemType::F32>;
+        case 7: return &step_block_q8_avx512<R, 3, ElemType::BF16>;
       }
     }
     return &step_block_avx512<R>;

@@ -60,6 +60,12 @@ int main(int argc, char** argv) {
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f));
     report("AdamW", f, time_steps(opt, p, reps));
   }
+  // bf16 parameters and gradients (half the parameter bytes; memcpy and torch rows stay fp32).
+  {
+    at::Tensor p = at::randn({n}).to(at::kBFloat16);
+    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8));
+    report("AdamW-bf16", StateFormat::Q8, time_steps(opt, p, reps));
+  }
   // The other optimizers in Q8.
   {
     at::Tensor p = at::randn({n});

@@ -3,7 +3,7 @@
 // without one. Mirrors kernels/common/optim_rules.h operation for operation (no fused multiply-add);
 // every scalar is rounded to float first, as the kernels hold it, and every tensor op is a single
 // IEEE operation, so on the CPU it matches the fused step bit for bit, quantized state included.
-// bf16 parameters are rounded to nearest here (stochastic rounding is the fused kernel's).
+// bf16 parameters are rounded stochastically where asked, with the kernels' hash (ATen int64 ops).
 #include <torch/library.h>
 
 #include <cmath>
@@ -128,6 +128,33 @@ void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g,
   }
 }
 
+// kernels::mix64 (splitmix64) on int64 tensors: multiplication wraps, and the unsigned shifts are
+// arithmetic shifts masked to the bits that move in.
+Tensor shr(const Tensor& z, int k) { return at::bitwise_and(at::bitwise_right_shift(z, k), (int64_t(1) << (64 - k)) - 1); }
+
+Tensor mix64(Tensor z) {
+  z = at::add(z, static_cast<int64_t>(0x9E3779B97F4A7C15ull));
+  z = at::mul(at::bitwise_xor(z, shr(z, 30)), static_cast<int64_t>(0xBF58476D1CE4E5B9ull));
+  z = at::mul(at::bitwise_xor(z, shr(z, 27)), static_cast<int64_t>(0x94D049BB133111EBull));
+  return at::bitwise_xor(z, shr(z, 31));
+}
+
+// kernels::bf16_stochastic for every element of p (fp32), element i hashed with (seed, i).
+Tensor bf16_stochastic(const Tensor& p, uint64_t seed) {
+  const Tensor u = at::bitwise_and(p.view(at::kInt).to(at::kLong), int64_t(0xFFFFFFFF));
+  const Tensor idx = at::arange(p.numel(), p.options().dtype(at::kLong));
+  const Tensor noise = at::bitwise_and(mix64(at::bitwise_xor(mix64(idx), static_cast<int64_t>(seed))), int64_t(0xFFFF));
+  const Tensor r = at::add(u, noise);
+  const auto exponent_all_ones = [](const Tensor& b) {
+    return at::eq(at::bitwise_and(b, int64_t(0x7F800000)), int64_t(0x7F800000));
+  };
+  Tensor bits = at::where(exponent_all_ones(r), at::bitwise_or(shr(u, 16), int64_t(0x7F7F)), shr(r, 16));
+  // Inf and NaN round to nearest, as the kernel's from_f32.
+  const Tensor nearest = p.to(at::kBFloat16).view(at::kShort).to(at::kLong);
+  bits = at::where(exponent_all_ones(u), nearest, bits);
+  return bits.to(at::kInt).to(at::kShort).view(at::kBFloat16);
+}
+
 }  // namespace
 
 int64_t reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scale) {
@@ -161,7 +188,11 @@ int64_t reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scal
       slot.values.copy_(s[k].view(slot.values.sizes()));
     }
   }
-  sp.param.detach().copy_(p.view(sp.param.sizes()));
+  if (sp.stochastic_round) {
+    sp.param.detach().copy_(bf16_stochastic(p, sp.seed).view(sp.param.sizes()));
+  } else {
+    sp.param.detach().copy_(p.view(sp.param.sizes()));
+  }
   return nonfinite;
 }
 

@@ -553,3 +553,26 @@ TEST(OptimOp, StateOverflowIsReportedWithTheParameter) {
     }
   }
 }
+
+// bf16 stochastic rounding on the reference path (ATen int64 ops) is the fused kernel's, bit for bit.
+TEST(OptimOp, StochasticRoundingOfTheReferenceMatchesTheKernel) {
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    auto pa = make_params(at::kBFloat16), pb = clone_all(pa), pc = clone_all(pa);
+    lo::AdamW a(pa, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
+    lo::AdamW b(pb, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
+    lo::AdamW c(pc, lo::AdamWOptions(1e-2).state_format(f));  // round to nearest
+    b.use_reference_step(true);
+    c.use_reference_step(true);
+    for (int s = 0; s < 3; ++s) {
+      const auto gs = random_grads(pa);
+      set_grads(pa, gs);
+      set_grads(pb, gs);
+      set_grads(pc, gs);
+      a.step();
+      b.step();
+      c.step();
+    }
+    EXPECT_TRUE(all_bitwise_equal(pa, pb)) << lowbit::state_format_name(f);
+    EXPECT_FALSE(all_bitwise_equal(pa, pc)) << "stochastic rounding had no effect";
+  }
+}

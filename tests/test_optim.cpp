@@ -21,6 +21,16 @@ std::vector<at::Tensor> make_params(at::ScalarType dt = at::kFloat) {
           at::randn({129, 65}).to(dt)};
 }
 
+// The message of the c10::Error that f throws ("" if none).
+std::string error_text(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return std::string(e.what_without_backtrace());
+  }
+  return std::string();
+}
+
 std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
   std::vector<at::Tensor> out;
   for (const auto& t : v) out.push_back(t.detach().clone());
@@ -369,25 +379,17 @@ TEST(OptimBehaviour, ParamGroupsSchedulersAndMissingGrads) {
 }
 
 TEST(OptimBehaviour, ClearErrors) {
-  auto msg = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string();
-  };
   std::vector<at::Tensor> p = {at::randn({10})};
   lo::AdamW opt(p);
   p[0].mutable_grad() = at::randn({10}).to_sparse();
-  EXPECT_NE(msg([&] { opt.step(); }).find("parameter 0 of group 0 (shape [10]) has a sparse gradient"), std::string::npos);
+  EXPECT_NE(error_text([&] { opt.step(); }).find("parameter 0 of group 0 (shape [10]) has a sparse gradient"), std::string::npos);
   std::vector<at::Tensor> ip = {at::ones({10}, at::kLong)};
   lo::AdamW iopt(ip);
   ip[0].mutable_grad() = at::ones({10}, at::kLong);
-  EXPECT_NE(msg([&] { iopt.step(); }).find("has dtype Long"), std::string::npos);
-  EXPECT_NE(msg([&] { lo::AdamW(p, lo::AdamWOptions(-1)); }).find("Invalid learning rate: -1"), std::string::npos);
-  EXPECT_NE(msg([&] { lo::AdamW(p, lo::AdamWOptions().betas({1.0, 0.9})); }).find("Invalid beta parameter at index 0"), std::string::npos);
-  EXPECT_NE(msg([&] { lo::AdamW(p, lo::AdamWOptions().block_size(100)); }).find("block_size must be"), std::string::npos);
+  EXPECT_NE(error_text([&] { iopt.step(); }).find("has dtype Long"), std::string::npos);
+  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions(-1)); }).find("Invalid learning rate: -1"), std::string::npos);
+  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions().betas({1.0, 0.9})); }).find("Invalid beta parameter at index 0"), std::string::npos);
+  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions().block_size(100)); }).find("block_size must be"), std::string::npos);
 }
 
 TEST(OptimBehaviour, MaxGradNormClipsLikeTorch) {
@@ -469,32 +471,24 @@ TEST(OptimOp, NonContiguousParametersTakeTheReferencePathAndAgree) {
 }
 
 TEST(OptimOp, BadArgumentsNameTheParameter) {
-  auto msg = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string();
-  };
   const at::Tensor p = at::randn({1000}), g = at::randn({1000});
   std::vector<double> hyper(lowbit::kernels::kHyperFields, 0.0);
   const auto codes = at::zeros({1000}, at::kByte), absmax = at::zeros({4});
   // Wrong absmax count for block 256 (needs 4) when the block size says 128.
-  EXPECT_NE(msg([&] {
+  EXPECT_NE(error_text([&] {
               lowbit::ops::optim_step(1, {p}, {g}, {codes, absmax, codes, absmax}, {16, 17, 0}, {128}, hyper, {0}, {0},
                                       1.0, false, false);
             }).find("slot 0 of parameter 0 needs 8 float32 absmax values, got 4"),
             std::string::npos);
-  EXPECT_NE(msg([&] {
+  EXPECT_NE(error_text([&] {
               lowbit::ops::optim_step(1, {p}, {g}, {codes}, {16, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false, false);
             }).find("states ends before the absmax of slot 0 of parameter 0"),
             std::string::npos);
-  EXPECT_NE(msg([&] {
+  EXPECT_NE(error_text([&] {
               lowbit::ops::optim_step(9, {p}, {g}, {}, {0, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false, false);
             }).find("unknown rule 9"),
             std::string::npos);
-  EXPECT_NE(msg([&] {
+  EXPECT_NE(error_text([&] {
               lowbit::ops::optim_step(1, {p}, {at::randn({999})}, {}, {0, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false,
                                       false);
             }).find("parameter 0 has shape [1000] but its gradient [999]"),

@@ -4,6 +4,7 @@
 // planes are interleaved into floats. Elsewhere a plain loop (the compiler's gather).
 #include <immintrin.h>
 
+#include "cpu_features.h"
 #include "format_tables.h"
 
 namespace lowbit {
@@ -55,11 +56,6 @@ LOWBIT_VBMI void decode8_vbmi(const uint8_t* planes, const uint8_t* c, int64_t l
   }
 }
 
-bool cpu_has_vbmi() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vbmi");
-  return has;
-}
 #endif
 
 }  // namespace
@@ -67,7 +63,7 @@ bool cpu_has_vbmi() {
 void decode_codes8(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,
                    bool vector_path) {
 #if defined(__x86_64__)
-  if (vector_path && cpu_has_vbmi()) return decode8_vbmi(f.planes, codes, len, absmax, out);
+  if (vector_path && cpu_has_avx512_vbmi()) return decode8_vbmi(f.planes, codes, len, absmax, out);
 #endif
   decode8_loop(f.codebook, codes, len, absmax, out);
 }

@@ -1,6 +1,6 @@
-// AVX-512 encode of normalized blocks (format_tables.h), shared by the quantizer and the fused
-// optimizer step so both inline it into their block loops. Internal linkage: each file that
-// includes this gets its own copy, compiled for AVX-512 only where its callers are.
+// AVX-512 block scan and encode of normalized blocks (format_tables.h), shared by the quantizer and
+// the fused optimizer step so both inline them into their block loops. Internal linkage: each file
+// that includes this gets its own copy, compiled for AVX-512 only where its callers are.
 #pragma once
 #if defined(__x86_64__)
 
@@ -14,6 +14,14 @@ namespace lowbit {
 namespace kernels {
 
 #define LOWBIT_AVX512_ENCODE __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline
+
+// The block scan of block_ops' scan_block on 16 lanes (m: the lanes in the block): the largest
+// |x| bit pattern so far, and whether any lane held a negative value (-0.0 is not).
+LOWBIT_AVX512_ENCODE void scan16(__m512 x, __mmask16 m, __m512i& max_bits, __mmask16& negative) {
+  const __m512i u = _mm512_castps_si512(x);
+  max_bits = _mm512_mask_max_epu32(max_bits, m, max_bits, _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+  negative |= _mm512_mask_cmpgt_epu32_mask(m, u, _mm512_set1_epi32(INT32_MIN));
+}
 
 // 16 lanes: two multiplies, the order key, one dword gather of the packed entry, one unsigned
 // compare, a blend, and a truncating narrow (the code is the entry's low byte, or its next byte).

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "block_ops.h"
+#include "cpu_features.h"
 #include "encode_avx512.h"
 #include "format_tables.h"
 
@@ -80,9 +81,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512
     __mmask16 negative = 0;
     for (int64_t i = 0; i < len; i += 16) {
       const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
-      const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, v + i));
-      max_bits = _mm512_max_epu32(max_bits, _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
-      negative |= _mm512_mask_cmpgt_epu32_mask(m, u, _mm512_set1_epi32(INT32_MIN));
+      scan16(_mm512_maskz_loadu_ps(m, v + i), m, max_bits, negative);
     }
     const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_bits), negative != 0, format_signed);
     absmax[b] = am;
@@ -95,10 +94,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512
   }
 }
 
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return has;
-}
 #endif
 
 }  // namespace

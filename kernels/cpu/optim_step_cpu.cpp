@@ -20,6 +20,7 @@
 #include "../common/float_convert.h"
 #include "../common/stochastic_round.h"
 #include "block_ops.h"
+#include "cpu_features.h"
 #include "encode_avx512.h"
 #include "format_tables.h"
 
@@ -275,15 +276,10 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
         case SlotStorage::None: break;
         case SlotStorage::F32: _mm512_mask_storeu_ps(v.values + begin + i, m, (__m512)s[k]); break;
         case SlotStorage::BF16: store16_bf16(v.bf16 + begin + i, (__m512)s[k], m); break;
-        case SlotStorage::Quant: {
-          // The scan of block_ops' scan_block: largest |x| bits, and any negative value.
-          const __m512i u = _mm512_castps_si512((__m512)s[k]);
+        case SlotStorage::Quant:
           _mm512_storeu_ps(v.out + i, (__m512)s[k]);
-          v.max_bits = _mm512_mask_max_epu32(v.max_bits, m, v.max_bits,
-                                             _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
-          v.negative |= _mm512_mask_cmpgt_epu32_mask(m, u, _mm512_set1_epi32(INT32_MIN));
+          scan16((__m512)s[k], m, v.max_bits, v.negative);
           break;
-        }
       }
     }
     if (t.param_type == ElemType::F32) {
@@ -324,7 +320,6 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   const bool scaled = grad_scale != 1.0f;
   const __m512 scale = _mm512_set1_ps(grad_scale);
-  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), sign = _mm512_set1_epi32(INT32_MIN);
   __m512i max_bits[NS];
   __mmask16 negative[NS];
   for (int k = 0; k < NS; ++k) {
@@ -340,10 +335,8 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
     for (int k = 0; k < NS; ++k) s[k] = (f32x16)_mm512_loadu_ps(out[k] + i);
     apply_rule<R>(h, (f32x16)graw, p, s);
     for (int k = 0; k < NS; ++k) {
-      const __m512i u = _mm512_castps_si512((__m512)s[k]);
       _mm512_storeu_ps(out[k] + i, (__m512)s[k]);
-      max_bits[k] = _mm512_mask_max_epu32(max_bits[k], m, max_bits[k], _mm512_and_si512(u, magnitude));
-      negative[k] |= _mm512_mask_cmpgt_epu32_mask(m, u, sign);
+      scan16((__m512)s[k], m, max_bits[k], negative[k]);
     }
     if (PT == ElemType::F32) {
       _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
@@ -364,11 +357,6 @@ LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float 
   return bad;
 }
 
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return has;
-}
 #endif
 
 // Returns 1 when a quantized slot of the block became non-finite.

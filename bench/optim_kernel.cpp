@@ -2,10 +2,11 @@
 // into its parts: the gradient pre-pass (finite check), the fused block loop, and a memcpy of the
 // 16 bytes/param a Q8 AdamW step must move. Each round times all three back to back, so the ratios
 // are taken under the same load (the lent host is shared; its memcpy alone moves by 1.6x).
-//   optim_kernel [numel=2^26] [rounds=15]
+//   optim_kernel [numel=2^26] [rounds=15] [case: a row's name, e.g. "AdamW Q8"; default all]
 // A numel that fits in L2 (e.g. 16384) measures the loop's compute alone.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -92,6 +93,7 @@ struct Problem {
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
   const int rounds = argc > 2 ? std::stoi(argv[2]) : 15;
+  const std::string only = argc > 3 ? argv[3] : "";
   std::printf("numel %lld, %d threads, median of %d rounds (memcpy, pre-pass, step back to back)\n",
               static_cast<long long>(n), omp_get_max_threads(), rounds);
   const int64_t half = n * 8;  // 16 bytes/param: 8 read, 8 written
@@ -121,9 +123,10 @@ int main(int argc, char** argv) {
       {"SGD Q8", k::Rule::SGD, 1, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Signed, 256},
       {"Adagrad Q8", k::Rule::Adagrad, 1, k::SlotStorage::Quant, QF::Dyn8Unsigned, QF::Dyn8Unsigned, 256},
   };
-  std::printf("%-11s %10s %10s %10s %10s %12s %12s\n", "state", "memcpy", "pre-pass", "step", "ns/param",
-              "step/memcpy", "(pre+step)/memcpy");
+  std::printf("%-11s %10s %10s %10s %10s %12s %12s %10s\n", "state", "memcpy", "pre-pass", "step", "ns/param",
+              "step/memcpy", "(pre+step)/memcpy", "best step");
   for (const Case& c : cases) {
+    if (!only.empty() && only != c.name) continue;
     Problem pb(c, n);
     k::OptimStep step;
     step.rule = c.rule;
@@ -145,8 +148,9 @@ int main(int argc, char** argv) {
       r_all.push_back((st.back() + pre.back()) / mc.back());
     }
     const double s = lowbit_bench::median(st);
-    std::printf("%-11s %10.3f %10.3f %10.3f %10.3f %12.2f %12.2f\n", c.name, lowbit_bench::median(mc),
-                lowbit_bench::median(pre), s, s * 1e6 / n, lowbit_bench::median(r_step), lowbit_bench::median(r_all));
+    std::printf("%-11s %10.3f %10.3f %10.3f %10.3f %12.2f %12.2f %10.3f\n", c.name, lowbit_bench::median(mc),
+                lowbit_bench::median(pre), s, s * 1e6 / n, lowbit_bench::median(r_step), lowbit_bench::median(r_all),
+                *std::min_element(st.begin(), st.end()));
   }
   return 0;
 }

@@ -249,29 +249,45 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
 }
 
 TEST(OptimQuantized, ResultDoesNotDependOnThreadCountOrGrouping) {
+  // Q8 and FP8 take the pipelined 8-bit loop (one block carried into the next on a thread's
+  // share), Q4 the per-block loop; 1, 2 and 3 threads cut the parameters at different blocks.
   const int saved = omp_get_max_threads();
-  auto p1 = make_params(), p2 = clone_all(p1);
-  std::vector<std::vector<at::Tensor>> grads;
-  for (int s = 0; s < 3; ++s) grads.push_back(random_grads(p1));
-  auto opts = lo::AdamWOptions(1e-2).state_format(StateFormat::Q4);
-  omp_set_num_threads(1);
-  lo::AdamW one(p1, opts);
-  for (auto& g : grads) {
-    set_grads(p1, g);
-    one.step();
+  for (StateFormat f : {StateFormat::Q4, StateFormat::Q8, StateFormat::FP8}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    auto p1 = make_params(), p2 = clone_all(p1), p3 = clone_all(p1);
+    std::vector<std::vector<at::Tensor>> grads;
+    for (int s = 0; s < 3; ++s) grads.push_back(random_grads(p1));
+    auto opts = lo::AdamWOptions(1e-2).state_format(f);
+    omp_set_num_threads(1);
+    lo::AdamW one(p1, opts);
+    for (auto& g : grads) {
+      set_grads(p1, g);
+      one.step();
+    }
+    // Same parameters split over two groups with the same options.
+    omp_set_num_threads(2);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{p2[0], p2[2]}, std::make_unique<lo::AdamWOptions>(opts));
+    groups.emplace_back(std::vector<at::Tensor>{p2[1], p2[3]}, std::make_unique<lo::AdamWOptions>(opts));
+    lo::AdamW two(groups, opts);
+    for (auto& g : grads) {
+      set_grads(p2, g);
+      two.step();
+    }
+    omp_set_num_threads(3);
+    lo::AdamW three(p3, opts);
+    for (auto& g : grads) {
+      set_grads(p3, g);
+      three.step();
+    }
+    omp_set_num_threads(saved);
+    EXPECT_TRUE(all_bitwise_equal(p1, p2));
+    EXPECT_TRUE(all_bitwise_equal(p1, p3));
+    for (size_t i = 0; i < p1.size(); ++i) {
+      const auto s1 = one.export_state_fp32(p1[i]), s3 = three.export_state_fp32(p3[i]);
+      for (size_t k = 0; k < s1.size(); ++k) EXPECT_TRUE(lowbit_test::bitwise_equal(s1[k], s3[k])) << i << " " << k;
+    }
   }
-  omp_set_num_threads(2);
-  // Same parameters split over two groups with the same options.
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(std::vector<at::Tensor>{p2[0], p2[2]}, std::make_unique<lo::AdamWOptions>(opts));
-  groups.emplace_back(std::vector<at::Tensor>{p2[1], p2[3]}, std::make_unique<lo::AdamWOptions>(opts));
-  lo::AdamW two(groups, opts);
-  for (auto& g : grads) {
-    set_grads(p2, g);
-    two.step();
-  }
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(all_bitwise_equal(p1, p2));
 }
 
 // ---- behaviour -----------------------------------------------------------------------------------

@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include "../common/float_convert.h"
@@ -64,26 +63,16 @@ void grad_stats_cpu(const GradRef* grads, int64_t count, bool want_sumsq, uint8_
   std::vector<int64_t> first(count + 1, 0);
   for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (grads[i].numel + kGradChunk - 1) / kGradChunk;
   std::vector<ChunkStats> stats(first[count]);
-  const int64_t items = first[count];
-  const bool forward = std::getenv("LOWBIT_PREPASS_FORWARD") != nullptr;  // EXPERIMENT
-#pragma omp parallel
-  {
-    // Each thread takes the contiguous share of chunks that the step's static schedule will give
-    // it, and walks it from the end: the step then starts on gradients this pass read last, still
-    // in the cache.
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t lo = items * t / nt, hi = items * (t + 1) / nt;
-    for (int64_t k = lo; k < hi; ++k) {
-      const int64_t item = forward ? k : hi - 1 - (k - lo);
-      const int64_t g = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
-      const GradRef& r = grads[g];
-      const int64_t begin = (item - first[g]) * kGradChunk;
-      const int64_t len = std::min(kGradChunk, r.numel - begin);
-      switch (r.type) {
-        case ElemType::F32: stats[item] = chunk_stats(static_cast<const float*>(r.data) + begin, len, want_sumsq); break;
-        case ElemType::BF16: stats[item] = chunk_stats(static_cast<const bf16_t*>(r.data) + begin, len, want_sumsq); break;
-        case ElemType::F16: stats[item] = chunk_stats(static_cast<const f16_t*>(r.data) + begin, len, want_sumsq); break;
-      }
+#pragma omp parallel for schedule(static)
+  for (int64_t item = 0; item < first[count]; ++item) {
+    const int64_t g = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
+    const GradRef& r = grads[g];
+    const int64_t begin = (item - first[g]) * kGradChunk;
+    const int64_t len = std::min(kGradChunk, r.numel - begin);
+    switch (r.type) {
+      case ElemType::F32: stats[item] = chunk_stats(static_cast<const float*>(r.data) + begin, len, want_sumsq); break;
+      case ElemType::BF16: stats[item] = chunk_stats(static_cast<const bf16_t*>(r.data) + begin, len, want_sumsq); break;
+      case ElemType::F16: stats[item] = chunk_stats(static_cast<const f16_t*>(r.data) + begin, len, want_sumsq); break;
     }
   }
   for (int64_t g = 0; g < count; ++g) {

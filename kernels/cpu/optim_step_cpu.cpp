@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../common/code_tables.h"
@@ -301,69 +303,120 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   return bad;
 }
 
+LOWBIT_AVX512 inline __mmask16 lanes_below(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest),
-// NS state slots all 8-bit quantized (Q8 / FP8 state). The slots' codes are decoded for the block
-// first; the element loop then has no branch on storage kinds and keeps everything in registers.
+// NS state slots all 8-bit quantized (Q8 / FP8 state), over a run of consecutive blocks of one
+// parameter. No branch on storage kinds; everything stays in registers.
+//
+// Software-pipelined by one block: while the update of block b runs (bound by the divider and the
+// multipliers), the codes of block b - 1 are encoded in the same loop (bound by the gathers'
+// loads), so the two kinds of work overlap instead of taking turns. A block's codes can only be
+// encoded once its new absmax is known, i.e. after its whole update.
 template <Rule R, int NS, ElemType PT>
-LOWBIT_AVX512 int step_block_q8_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf,
+                                   uint8_t* bad) {
+  static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
+  using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
-  const int64_t begin = block * B;
-  const int64_t len = std::min(B, t.numel - begin);
-  const Hyper h = t.hyper;
-  float* out[NS];
+  const Hyper h = t.hyper;  // locals: stores through the buffers cannot alias them
+  Elem* const param = static_cast<Elem*>(t.param);
+  const Elem* const grad = static_cast<const Elem*>(t.grad);
+  uint8_t* codes[NS];
+  float* absmax[NS];
+  const uint32_t* keys[NS];
+  bool is_signed[NS];
+  float* cur[NS];   // the block being updated: decoded state, then its new values
+  float* prev[NS];  // the previous block's new values, encoded during this block's update
   for (int k = 0; k < NS; ++k) {
     const StateSlotRef& r = t.slots[k];
-    out[k] = buf + k * B;
-    decode_codes8(*r.tables, r.codes + begin, len, r.absmax[block], out[k]);
+    codes[k] = r.codes;
+    absmax[k] = r.absmax;
+    keys[k] = r.tables->key_entries;
+    is_signed[k] = format_is_signed(r.format);
+    cur[k] = buf + k * B;
+    prev[k] = buf + (NS + k) * B;
   }
-  prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
-  static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   const bool scaled = grad_scale != 1.0f;
   const __m512 scale = _mm512_set1_ps(grad_scale);
-  __m512i max_bits[NS];
-  __mmask16 negative[NS];
-  for (int k = 0; k < NS; ++k) {
-    max_bits[k] = _mm512_setzero_si512();
-    negative[k] = 0;
-  }
-  for (int64_t i = 0; i < len; i += 16) {
-    const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
-    f32x16 p = (f32x16)load16(t.param, PT, begin + i, m);
-    __m512 graw = load16(t.grad, PT, begin + i, m);
-    if (scaled) graw = _mm512_mul_ps(graw, scale);
-    f32x16 s[3] = {};
-    for (int k = 0; k < NS; ++k) s[k] = (f32x16)_mm512_loadu_ps(out[k] + i);
-    apply_rule<R>(h, (f32x16)graw, p, s);
+  __m512 pre[NS], inv[NS];  // the previous block's normalizers
+  int64_t prev_begin = 0, prev_len = 0;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t begin = b * B;
+    const int64_t len = std::min(B, t.numel - begin);
+    for (int k = 0; k < NS; ++k) decode_codes8(*t.slots[k].tables, codes[k] + begin, len, absmax[k][b], cur[k]);
+    prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
+    // Per slot: the largest |x| bit pattern, and the largest raw bit pattern (above 0x80000000
+    // exactly when some lane held a negative value; -0.0 is not one).
+    __m512i max_abs[NS], max_raw[NS];
+    for (int k = 0; k < NS; ++k) max_abs[k] = max_raw[k] = _mm512_setzero_si512();
+    const int64_t chunks = (std::max(len, prev_len) + 15) / 16;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i = 16 * c;
+      if (i < len) {
+        const __mmask16 m = lanes_below(len - i);
+        f32x16 p = (f32x16)load16(param, PT, begin + i, m);
+        __m512 g = load16(grad, PT, begin + i, m);
+        if (scaled) g = _mm512_mul_ps(g, scale);
+        f32x16 st[3] = {};
+        for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
+        apply_rule<R>(h, (f32x16)g, p, st);
+        for (int k = 0; k < NS; ++k) {
+          const __m512i u = _mm512_castps_si512((__m512)st[k]);
+          _mm512_storeu_ps(cur[k] + i, (__m512)st[k]);
+          max_abs[k] = _mm512_mask_max_epu32(max_abs[k], m, max_abs[k], _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+          max_raw[k] = _mm512_mask_max_epu32(max_raw[k], m, max_raw[k], u);
+        }
+        if (PT == ElemType::F32) {
+          _mm512_mask_storeu_ps(param + begin + i, m, (__m512)p);
+        } else {
+          store16_bf16(reinterpret_cast<uint16_t*>(param) + begin + i, (__m512)p, m);
+        }
+      }
+      if (i < prev_len) {
+        const __mmask16 m = lanes_below(prev_len - i);
+        for (int k = 0; k < NS; ++k)
+          _mm_mask_storeu_epi8(codes[k] + prev_begin + i, m, encode16(keys[k], _mm512_loadu_ps(prev[k] + i), pre[k], inv[k]));
+      }
+    }
+    // Block b is updated: its absmax, then it becomes the block to encode.
+    uint8_t flag = 0;
     for (int k = 0; k < NS; ++k) {
-      _mm512_storeu_ps(out[k] + i, (__m512)s[k]);
-      scan16((__m512)s[k], m, max_bits[k], negative[k]);
+      const uint32_t negative = _mm512_reduce_max_epu32(max_raw[k]) > 0x80000000u ? 1u : 0u;
+      const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_abs[k]), negative, is_signed[k]);
+      absmax[k][b] = am;
+      flag |= am >= 0.0f ? 0 : 1;
+      const Normalizer nz = make_normalizer(am);
+      pre[k] = _mm512_set1_ps(nz.pre);
+      inv[k] = _mm512_set1_ps(nz.inv);
+      std::swap(cur[k], prev[k]);
     }
-    if (PT == ElemType::F32) {
-      _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
-    } else {
-      store16_bf16(static_cast<uint16_t*>(t.param) + begin + i, (__m512)p, m);
-    }
+    bad[b - b0] = flag;
+    prev_begin = begin;
+    prev_len = len;
   }
-  // Re-quantize each slot inline (the encode of format_tables.h, without the calls).
-  int bad = 0;
   for (int k = 0; k < NS; ++k) {
-    const StateSlotRef& r = t.slots[k];
-    const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_bits[k]), negative[k] != 0,
-                                            format_is_signed(r.format));
-    r.absmax[block] = am;
-    bad |= am >= 0.0f ? 0 : 1;
-    encode_block8(r.tables->key_entries, make_normalizer(am), out[k], len, r.codes + begin);
+    const Normalizer nz{_mm512_cvtss_f32(pre[k]), _mm512_cvtss_f32(inv[k])};
+    if (prev_len > 0) encode_block8(keys[k], nz, prev[k], prev_len, codes[k] + prev_begin);
   }
-  return bad;
 }
 
 #endif
 
 // Returns 1 when a quantized slot of the block became non-finite.
 using BlockFn = int (*)(const ParamTask&, int64_t, float, float*);
+// Blocks [b0, b1) of one parameter; bad[b - b0] = 1 where a quantized slot became non-finite.
+using RangeFn = void (*)(const ParamTask&, int64_t, int64_t, float, float*, uint8_t*);
+
+template <BlockFn F>
+void each_block(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf, uint8_t* bad) {
+  for (int64_t b = b0; b < b1; ++b) bad[b - b0] = static_cast<uint8_t>(F(t, b, grad_scale, buf));
+}
 
 template <Rule R>
-BlockFn block_fn(const ParamTask& t, bool vector_path) {
+RangeFn range_fn(const ParamTask& t, bool vector_path) {
 #if defined(__x86_64__)
   if (vector_path && cpu_has_avx512()) {
     const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
@@ -373,30 +426,30 @@ BlockFn block_fn(const ParamTask& t, bool vector_path) {
       all_q8 &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == 8;
     if (all_q8) {
       switch (t.num_slots * 2 + (bf16 ? 1 : 0)) {
-        case 2: return &step_block_q8_avx512<R, 1, ElemType::F32>;
-        case 3: return &step_block_q8_avx512<R, 1, ElemType::BF16>;
-        case 4: return &step_block_q8_avx512<R, 2, ElemType::F32>;
-        case 5: return &step_block_q8_avx512<R, 2, ElemType::BF16>;
-        case 6: return &step_block_q8_avx512<R, 3, ElemType::F32>;
-        case 7: return &step_block_q8_avx512<R, 3, ElemType::BF16>;
+        case 2: return &steps_q8_avx512<R, 1, ElemType::F32>;
+        case 3: return &steps_q8_avx512<R, 1, ElemType::BF16>;
+        case 4: return &steps_q8_avx512<R, 2, ElemType::F32>;
+        case 5: return &steps_q8_avx512<R, 2, ElemType::BF16>;
+        case 6: return &steps_q8_avx512<R, 3, ElemType::F32>;
+        case 7: return &steps_q8_avx512<R, 3, ElemType::BF16>;
       }
     }
-    return &step_block_avx512<R>;
+    return &each_block<&step_block_avx512<R>>;
   }
 #endif
-  return &step_block_scalar<R>;
+  return &each_block<&step_block_scalar<R>>;
 }
 
-BlockFn pick_block_fn(Rule rule, const ParamTask& t, bool vector_path) {
+RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
   switch (rule) {
-    case Rule::Adam: return block_fn<Rule::Adam>(t, vector_path);
-    case Rule::AdamW: return block_fn<Rule::AdamW>(t, vector_path);
-    case Rule::SGD: return block_fn<Rule::SGD>(t, vector_path);
-    case Rule::Lion: return block_fn<Rule::Lion>(t, vector_path);
-    case Rule::RMSprop: return block_fn<Rule::RMSprop>(t, vector_path);
-    case Rule::Adagrad: return block_fn<Rule::Adagrad>(t, vector_path);
-    case Rule::AdEMAMix: return block_fn<Rule::AdEMAMix>(t, vector_path);
-    case Rule::LAMB: return block_fn<Rule::LAMB>(t, vector_path);
+    case Rule::Adam: return range_fn<Rule::Adam>(t, vector_path);
+    case Rule::AdamW: return range_fn<Rule::AdamW>(t, vector_path);
+    case Rule::SGD: return range_fn<Rule::SGD>(t, vector_path);
+    case Rule::Lion: return range_fn<Rule::Lion>(t, vector_path);
+    case Rule::RMSprop: return range_fn<Rule::RMSprop>(t, vector_path);
+    case Rule::Adagrad: return range_fn<Rule::Adagrad>(t, vector_path);
+    case Rule::AdEMAMix: return range_fn<Rule::AdEMAMix>(t, vector_path);
+    case Rule::LAMB: return range_fn<Rule::LAMB>(t, vector_path);
   }
   return nullptr;
 }
@@ -471,18 +524,23 @@ void optim_step_cpu(const OptimStep& step) {
       tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
     }
   }
-  std::vector<BlockFn> fns(tasks.size());
-  for (size_t t = 0; t < tasks.size(); ++t) fns[t] = pick_block_fn(step.rule, tasks[t], step.vector_path);
+  std::vector<RangeFn> fns(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) fns[t] = pick_range_fn(step.rule, tasks[t], step.vector_path);
   std::vector<uint8_t> bad(items, 0);
 #pragma omp parallel
   {
-    // p, g and three state slots (the vector loop uses the first four); zeroed so unused slots
-    // hold defined values.
-    std::vector<float> buf(5 * max_block, 0.0f);
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
+    // Each thread takes one contiguous share of the blocks and runs it parameter by parameter
+    // (the pipelined loop carries one block into the next). Buffers: p, g and three state slots
+    // for the per-block loops, two blocks of three slots for the pipelined one; zeroed so unused
+    // slots hold defined values.
+    std::vector<float> buf(6 * max_block, 0.0f);
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t lo = items * me / nt, hi = items * (me + 1) / nt;
+    for (int64_t item = lo; item < hi;) {
       const int64_t t = task_of(item);
-      bad[item] = static_cast<uint8_t>(fns[t](tasks[t], item - first_item[t], step.grad_scale, buf.data()));
+      const int64_t end = std::min(hi, first_item[t + 1]);
+      fns[t](tasks[t], item - first_item[t], end - first_item[t], step.grad_scale, buf.data(), &bad[item]);
+      item = end;
     }
   }
   if (step.nonfinite_blocks)

@@ -1,9 +1,12 @@
 // bench/optim_step: ns per parameter of one optimizer step for every lowbit optimizer and state
 // format, in the same run as libtorch's torch::optim::AdamW (fp32 state) and a memcpy of the bytes
 // a Q8 AdamW step must move (param + grad read, param written, 2 bytes of state read and written).
+// Each step is timed right after a memcpy, and "x memcpy" is the median of those pairs' ratios: on
+// a shared host the bandwidth drifts between rows, and a ratio of one pair sees one load.
 //   optim_step [numel=2^26] [reps=10]   (default: past the last-level cache of a server CPU)
 #include <omp.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -16,91 +19,114 @@ using lowbit::StateFormat;
 
 namespace {
 
-template <typename Opt>
-double time_steps(Opt& opt, at::Tensor& p, int reps) {
-  p.mutable_grad() = at::randn_like(p) * 1e-3;
-  return lowbit_bench::time_ms([&] { opt.step(); }, false, reps, 2);
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+struct Timing {
+  double ms;          // median of the steps
+  double vs_memcpy;   // median over pairs of step / memcpy
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
   const int reps = argc > 2 ? std::stoi(argv[2]) : 10;
-  std::printf("numel %lld, %d threads, median of %d steps\n", static_cast<long long>(n), omp_get_max_threads(), reps);
+  std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy (memcpy row: those beside torch)\n", static_cast<long long>(n), omp_get_max_threads(), reps);
 
   // memcpy of the bytes a Q8 AdamW step moves: 4 (p) + 4 (g) + 2 (m, v codes) read; 4 + 2 written.
   const int64_t bytes = n * 16;
   std::vector<char> src(bytes / 2), dst(bytes / 2);
   std::memset(src.data(), 1, src.size());
-  const double memcpy_ms = lowbit_bench::time_ms(
-      [&] {
+  std::memset(dst.data(), 0, dst.size());
+  const auto memcpy_once = [&] {
+    const double t0 = now_ms();
 #pragma omp parallel
-        {
-          const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-          const int64_t lo_ = int64_t(src.size()) * t / nt, hi = int64_t(src.size()) * (t + 1) / nt;
-          std::memcpy(dst.data() + lo_, src.data() + lo_, hi - lo_);
-        }
-      },
-      false, reps);
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t lo_ = int64_t(src.size()) * t / nt, hi = int64_t(src.size()) * (t + 1) / nt;
+      std::memcpy(dst.data() + lo_, src.data() + lo_, hi - lo_);
+    }
+    return now_ms() - t0;
+  };
+  std::vector<double> all_memcpy;
+  // Two warm-up steps, then `reps` pairs (memcpy, step).
+  const auto time_steps = [&](auto& opt, at::Tensor& p) {
+    p.mutable_grad() = at::randn_like(p) * 1e-3;
+    for (int i = 0; i < 2; ++i) opt.step();
+    std::vector<double> ms, ratio;
+    for (int i = 0; i < reps; ++i) {
+      const double m = memcpy_once();
+      all_memcpy.push_back(m);
+      const double t0 = now_ms();
+      opt.step();
+      ms.push_back(now_ms() - t0);
+      ratio.push_back(ms.back() / m);
+    }
+    return Timing{lowbit_bench::median(ms), lowbit_bench::median(ratio)};
+  };
 
   at::Tensor tp = at::randn({n});
   torch::optim::AdamW torch_adamw({tp}, torch::optim::AdamWOptions(1e-3));
-  const double torch_ms = time_steps(torch_adamw, tp, reps);
+  const Timing torch_t = time_steps(torch_adamw, tp);
+  const double torch_ms = torch_t.ms;
+  const double memcpy_ms = lowbit_bench::median(all_memcpy);
 
   std::printf("%-10s %-6s %10s %10s %12s %12s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x memcpy");
   std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n, memcpy_ms / torch_ms, "1.00");
-  std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12.2f\n", "torch", "FP32", torch_ms, torch_ms * 1e6 / n, 1.0, torch_ms / memcpy_ms);
-  auto report = [&](const char* name, StateFormat f, double ms) {
-    std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12.2f\n", name, lowbit::state_format_name(f), ms, ms * 1e6 / n,
-                ms / torch_ms, ms / memcpy_ms);
+  std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12.2f\n", "torch", "FP32", torch_ms, torch_ms * 1e6 / n, 1.0,
+              torch_t.vs_memcpy);
+  auto report = [&](const char* name, StateFormat f, const Timing& t) {
+    std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12.2f\n", name, lowbit::state_format_name(f), t.ms, t.ms * 1e6 / n,
+                t.ms / torch_ms, t.vs_memcpy);
   };
   for (StateFormat f : {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
     at::Tensor p = at::randn({n});
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f));
-    report("AdamW", f, time_steps(opt, p, reps));
+    report("AdamW", f, time_steps(opt, p));
   }
   // bf16 parameters and gradients (half the parameter bytes; memcpy and torch rows stay fp32).
   {
     at::Tensor p = at::randn({n}).to(at::kBFloat16);
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8));
-    report("AdamW-bf16", StateFormat::Q8, time_steps(opt, p, reps));
+    report("AdamW-bf16", StateFormat::Q8, time_steps(opt, p));
   }
   // The other optimizers in Q8.
   {
     at::Tensor p = at::randn({n});
     lo::Adam o({p}, lo::AdamOptions(1e-3));
-    report("Adam", StateFormat::Q8, time_steps(o, p, reps));
+    report("Adam", StateFormat::Q8, time_steps(o, p));
   }
   {
     at::Tensor p = at::randn({n});
     lo::SGD o({p}, lo::SGDOptions(1e-3).momentum(0.9));
-    report("SGD", StateFormat::Q8, time_steps(o, p, reps));
+    report("SGD", StateFormat::Q8, time_steps(o, p));
   }
   {
     at::Tensor p = at::randn({n});
     lo::Lion o({p}, lo::LionOptions());
-    report("Lion", StateFormat::Q8, time_steps(o, p, reps));
+    report("Lion", StateFormat::Q8, time_steps(o, p));
   }
   {
     at::Tensor p = at::randn({n});
     lo::RMSprop o({p}, lo::RMSpropOptions());
-    report("RMSprop", StateFormat::Q8, time_steps(o, p, reps));
+    report("RMSprop", StateFormat::Q8, time_steps(o, p));
   }
   {
     at::Tensor p = at::randn({n});
     lo::Adagrad o({p}, lo::AdagradOptions());
-    report("Adagrad", StateFormat::Q8, time_steps(o, p, reps));
+    report("Adagrad", StateFormat::Q8, time_steps(o, p));
   }
   {
     at::Tensor p = at::randn({n});
     lo::AdEMAMix o({p}, lo::AdEMAMixOptions());
-    report("AdEMAMix", StateFormat::Q8, time_steps(o, p, reps));
+    report("AdEMAMix", StateFormat::Q8, time_steps(o, p));
   }
   {
     at::Tensor p = at::randn({n});
     lo::LAMB o({p}, lo::LAMBOptions());
-    report("LAMB", StateFormat::Q8, time_steps(o, p, reps));
+    report("LAMB", StateFormat::Q8, time_steps(o, p));
   }
   // Many small tensors: 4096 of 4096 elements (per-parameter overhead, one fused launch per group).
   {

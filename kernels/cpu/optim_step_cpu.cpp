@@ -307,18 +307,33 @@ LOWBIT_AVX512 inline __mmask16 lanes_below(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
+// A block of 4-bit codes (two per byte, even element low) decoded to fp32 with the codebook held in
+// a register: the 8-bit path's VBMI decode for 4-bit codes.
+LOWBIT_AVX512 inline void decode4_block(__m512 cb16, const uint8_t* codes, int64_t len, float amax, float* out) {
+  const __m512 a = _mm512_set1_ps(amax);
+  for (int64_t i = 0; i < len; i += 16) {
+    const int64_t n = std::min<int64_t>(16, len - i);
+    const __m128i b = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << ((n + 1) / 2)) - 1u), codes + i / 2);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(idx, cb16), a));
+  }
+}
+
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest),
-// NS state slots all 8-bit quantized (Q8 / FP8 state), over a run of consecutive blocks of one
-// parameter. No branch on storage kinds; everything stays in registers.
+// NS state slots all quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a run of consecutive
+// blocks of one parameter. No branch on storage kinds; everything stays in registers.
 //
 // Software-pipelined by one block: while the update of block b runs (bound by the divider and the
-// multipliers), the codes of block b - 1 are encoded in the same loop (bound by the gathers'
-// loads), so the two kinds of work overlap instead of taking turns. A block's codes can only be
-// encoded once its new absmax is known, i.e. after its whole update.
-template <Rule R, int NS, ElemType PT>
-LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf,
-                                   uint8_t* bad) {
+// multipliers), the codes of block b - 1 are encoded in the same loop (bound by the 8-bit encode's
+// gathers, or the 4-bit encode's permutes), so the two kinds of work overlap instead of taking
+// turns. A block's codes can only be encoded once its new absmax is known, after its whole update.
+template <Rule R, int NS, ElemType PT, int BITS>
+LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf,
+                                      uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
+  static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
   const Hyper h = t.hyper;  // locals: stores through the buffers cannot alias them
@@ -326,7 +341,10 @@ LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, f
   const Elem* const grad = static_cast<const Elem*>(t.grad);
   uint8_t* codes[NS];
   float* absmax[NS];
-  const uint32_t* keys[NS];
+  const uint32_t* keys[NS];   // 8-bit: the packed key table
+  __m512 tree[NS];            // 4-bit: the thresholds' search tree, the codebook, the codes by rank
+  __m512 cb16[NS];
+  __m512i rank_codes[NS];
   bool is_signed[NS];
   float* cur[NS];   // the block being updated: decoded state, then its new values
   float* prev[NS];  // the previous block's new values, encoded during this block's update
@@ -335,6 +353,11 @@ LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, f
     codes[k] = r.codes;
     absmax[k] = r.absmax;
     keys[k] = r.tables->key_entries;
+    if (BITS == 4) {
+      tree[k] = _mm512_loadu_ps(r.tables->eytzinger);
+      cb16[k] = _mm512_loadu_ps(r.tables->codebook);
+      rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
+    }
     is_signed[k] = format_is_signed(r.format);
     cur[k] = buf + k * B;
     prev[k] = buf + (NS + k) * B;
@@ -346,7 +369,13 @@ LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, f
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t begin = b * B;
     const int64_t len = std::min(B, t.numel - begin);
-    for (int k = 0; k < NS; ++k) decode_codes8(*t.slots[k].tables, codes[k] + begin, len, absmax[k][b], cur[k]);
+    for (int k = 0; k < NS; ++k) {
+      if (BITS == 8) {
+        decode_codes8(*t.slots[k].tables, codes[k] + begin, len, absmax[k][b], cur[k]);
+      } else {
+        decode4_block(cb16[k], codes[k] + begin / 2, len, absmax[k][b], cur[k]);
+      }
+    }
     prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
     // Per slot: the largest |x| bit pattern, and the largest raw bit pattern (above 0x80000000
     // exactly when some lane held a negative value; -0.0 is not one).
@@ -375,10 +404,18 @@ LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, f
           store16_bf16(reinterpret_cast<uint16_t*>(param) + begin + i, (__m512)p, m);
         }
       }
+      // The previous block is never a parameter's short last block (that one is encoded after
+      // the loop), so it holds B elements, whole chunks of 16.
       if (i < prev_len) {
-        const __mmask16 m = lanes_below(prev_len - i);
-        for (int k = 0; k < NS; ++k)
-          _mm_mask_storeu_epi8(codes[k] + prev_begin + i, m, encode16(keys[k], _mm512_loadu_ps(prev[k] + i), pre[k], inv[k]));
+        for (int k = 0; k < NS; ++k) {
+          const __m512 x = _mm512_loadu_ps(prev[k] + i);
+          if (BITS == 8) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], x, pre[k], inv[k]));
+          } else {
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2),
+                             pack_nibbles(encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k])));
+          }
+        }
       }
     }
     // Block b is updated: its absmax, then it becomes the block to encode.
@@ -397,9 +434,14 @@ LOWBIT_AVX512 void steps_q8_avx512(const ParamTask& t, int64_t b0, int64_t b1, f
     prev_begin = begin;
     prev_len = len;
   }
+  if (prev_len == 0) return;
   for (int k = 0; k < NS; ++k) {
     const Normalizer nz{_mm512_cvtss_f32(pre[k]), _mm512_cvtss_f32(inv[k])};
-    if (prev_len > 0) encode_block8(keys[k], nz, prev[k], prev_len, codes[k] + prev_begin);
+    if (BITS == 8) {
+      encode_block8(keys[k], nz, prev[k], prev_len, codes[k] + prev_begin);
+    } else {
+      encode_block4_packed(tree[k], rank_codes[k], nz, prev[k], prev_len, codes[k] + prev_begin / 2);
+    }
   }
 }
 
@@ -421,17 +463,26 @@ RangeFn range_fn(const ParamTask& t, bool vector_path) {
   if (vector_path && cpu_has_avx512()) {
     const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
     const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16 && !t.stochastic_round;
-    bool all_q8 = (f32 || bf16) && t.num_slots >= 1;
+    // All slots quantized with one code width: the pipelined loop.
+    const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
+    bool uniform = (f32 || bf16) && bits != 0;
     for (int k = 0; k < t.num_slots; ++k)
-      all_q8 &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == 8;
-    if (all_q8) {
-      switch (t.num_slots * 2 + (bf16 ? 1 : 0)) {
-        case 2: return &steps_q8_avx512<R, 1, ElemType::F32>;
-        case 3: return &steps_q8_avx512<R, 1, ElemType::BF16>;
-        case 4: return &steps_q8_avx512<R, 2, ElemType::F32>;
-        case 5: return &steps_q8_avx512<R, 2, ElemType::BF16>;
-        case 6: return &steps_q8_avx512<R, 3, ElemType::F32>;
-        case 7: return &steps_q8_avx512<R, 3, ElemType::BF16>;
+      uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
+    if (uniform) {
+      const bool four = bits == 4;
+      switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (four ? 1 : 0)) {
+        case 4: return &steps_quant_avx512<R, 1, ElemType::F32, 8>;
+        case 5: return &steps_quant_avx512<R, 1, ElemType::F32, 4>;
+        case 6: return &steps_quant_avx512<R, 1, ElemType::BF16, 8>;
+        case 7: return &steps_quant_avx512<R, 1, ElemType::BF16, 4>;
+        case 8: return &steps_quant_avx512<R, 2, ElemType::F32, 8>;
+        case 9: return &steps_quant_avx512<R, 2, ElemType::F32, 4>;
+        case 10: return &steps_quant_avx512<R, 2, ElemType::BF16, 8>;
+        case 11: return &steps_quant_avx512<R, 2, ElemType::BF16, 4>;
+        case 12: return &steps_quant_avx512<R, 3, ElemType::F32, 8>;
+        case 13: return &steps_quant_avx512<R, 3, ElemType::F32, 4>;
+        case 14: return &steps_quant_avx512<R, 3, ElemType::BF16, 8>;
+        case 15: return &steps_quant_avx512<R, 3, ElemType::BF16, 4>;
       }
     }
     return &each_block<&step_block_avx512<R>>;

@@ -531,6 +531,24 @@ TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
       EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << lowbit::state_format_name(f) << " param " << i;
     EXPECT_EQ(a.state_bytes(), b.state_bytes());
   }
+  // bf16 parameters rounded stochastically: the reference's int64 hash on the GPU draws the same
+  // noise as the CPU kernel.
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    std::vector<at::Tensor> pc = {at::randn({5000}).to(at::kBFloat16), at::randn({70001}).to(at::kBFloat16)};
+    std::vector<at::Tensor> pg = {pc[0].cuda(), pc[1].cuda()};
+    const auto opts = lo::AdamWOptions(1e-2).state_format(f).bf16_stochastic_round(true);
+    lo::AdamW a(pc, opts);
+    lo::AdamW b(pg, opts);
+    for (int s = 0; s < 3; ++s) {
+      const auto gs = random_grads(pc);
+      set_grads(pc, gs);
+      for (size_t i = 0; i < pg.size(); ++i) pg[i].mutable_grad() = gs[i].cuda();
+      a.step();
+      b.step();
+    }
+    for (size_t i = 0; i < pc.size(); ++i)
+      EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << "bf16 SR " << lowbit::state_format_name(f) << " param " << i;
+  }
 }
 
 // Adagrad's sum of g^2 with g = 1e20 overflows float: quantized state cannot hold Inf, so the step

@@ -27,8 +27,9 @@ Tensor fsqrt(const Tensor& a) { return at::sqrt(a.to(at::kDouble)).to(at::kFloat
 // s * t + u * w, rounded as the kernels do: two products, then the sum.
 Tensor ema(const Tensor& s, float a, const Tensor& g, float b) { return tadd(tmul(s, a), tmul(g, b)); }
 
-// LAMB's trust ratio ||p|| / ||r||: squares summed in double per block of `block` elements, the
-// block sums added in block order, as the fused kernel does.
+// LAMB's trust ratio ||p|| / ||r||: squares summed in double per block of `block` elements in the
+// fused kernel's order (element i into partial sum i mod 16, the 16 partials added in order), the
+// block sums added in block order.
 float lamb_trust(const Tensor& p, const Tensor& r, int64_t block) {
   auto block_sums = [&](const Tensor& x) {
     const int64_t n = x.numel(), nb = (n + block - 1) / block;
@@ -38,8 +39,10 @@ float lamb_trust(const Tensor& p, const Tensor& r, int64_t block) {
     double total = 0.0;
     const double* d = sq.data_ptr<double>();
     for (int64_t b = 0; b < nb; ++b) {
+      double lanes[16] = {};
+      for (int64_t i = 0; i < block; ++i) lanes[i % 16] += d[b * block + i];
       double part = 0.0;
-      for (int64_t i = 0; i < block; ++i) part += d[b * block + i];
+      for (double l : lanes) part += l;
       total += part;
     }
     return total;

@@ -505,7 +505,11 @@ RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
   return nullptr;
 }
 
-// LAMB's first pass over a block: sums of p^2 and r^2 (in double, element order), state untouched.
+// LAMB's first pass over a block: sums of p^2 and r^2 in double, state untouched. Element i of the
+// block goes to partial sum i mod 16 (in element order); a block's sum is partials 0..15 added in
+// order. Both loops and the ATen reference add in exactly this order.
+constexpr int kLambLanes = 16;
+
 void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums) {
   const int64_t B = t.block_size;
   const int64_t begin = block * B;
@@ -516,88 +520,177 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
   load_block(t.param, t.param_type, begin, len, p);
   load_block(t.grad, t.grad_type, begin, len, g);
   for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
-  double pp = 0.0, rr = 0.0;
+  double pp[kLambLanes] = {}, rr[kLambLanes] = {};
   for (int64_t i = 0; i < len; ++i) {
     float gi = grad_scale != 1.0f ? g[i] * grad_scale : g[i];
     if (t.hyper.maximize) gi = -gi;
     const float st[2] = {s[0][i], s[1][i]};
     float m, v;
     const float r = lamb_direction(t.hyper, gi, p[i], st, &m, &v);
-    pp += static_cast<double>(p[i]) * p[i];
-    rr += static_cast<double>(r) * r;
+    pp[i % kLambLanes] += static_cast<double>(p[i]) * p[i];
+    rr[i % kLambLanes] += static_cast<double>(r) * r;
   }
-  sums[0] = pp;
-  sums[1] = rr;
+  sums[0] = sums[1] = 0.0;
+  for (int j = 0; j < kLambLanes; ++j) {
+    sums[0] += pp[j];
+    sums[1] += rr[j];
+  }
+}
+
+#if defined(__x86_64__)
+// The same on 16 lanes: lane j of the two double registers per sum is partial sum j. Lanes past
+// the block's end hold p = g = state = 0, so r = 0 and they add +0.0 (a no-op on these sums).
+LOWBIT_AVX512 void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf,
+                                           double* sums) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  float* s[2] = {buf, buf + B};
+  for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
+  const Hyper h = t.hyper;
+  const __m512 scale = _mm512_set1_ps(grad_scale);
+  __m512d pp_lo = _mm512_setzero_pd(), pp_hi = pp_lo, rr_lo = pp_lo, rr_hi = pp_lo;
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = lanes_below(len - i);
+    const __m512 p = load16(t.param, t.param_type, begin + i, m);
+    __m512 g = load16(t.grad, t.grad_type, begin + i, m);
+    if (grad_scale != 1.0f) g = _mm512_mul_ps(g, scale);
+    f32x16 gv = (f32x16)g;
+    if (h.maximize) gv = -gv;
+    const f32x16 st[2] = {(f32x16)_mm512_maskz_loadu_ps(m, s[0] + i), (f32x16)_mm512_maskz_loadu_ps(m, s[1] + i)};
+    f32x16 mn, vn;
+    const __m512 r = (__m512)lamb_direction(h, gv, (f32x16)p, st, &mn, &vn);
+    const __m512d p_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(p));
+    const __m512d p_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+    const __m512d r_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(r));
+    const __m512d r_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1)));
+    pp_lo = _mm512_add_pd(pp_lo, _mm512_mul_pd(p_lo, p_lo));
+    pp_hi = _mm512_add_pd(pp_hi, _mm512_mul_pd(p_hi, p_hi));
+    rr_lo = _mm512_add_pd(rr_lo, _mm512_mul_pd(r_lo, r_lo));
+    rr_hi = _mm512_add_pd(rr_hi, _mm512_mul_pd(r_hi, r_hi));
+  }
+  alignas(64) double pp[kLambLanes], rr[kLambLanes];
+  _mm512_store_pd(pp, pp_lo);
+  _mm512_store_pd(pp + 8, pp_hi);
+  _mm512_store_pd(rr, rr_lo);
+  _mm512_store_pd(rr + 8, rr_hi);
+  sums[0] = sums[1] = 0.0;
+  for (int j = 0; j < kLambLanes; ++j) {
+    sums[0] += pp[j];
+    sums[1] += rr[j];
+  }
+}
+#endif
+
+}  // namespace
+
+namespace {
+
+// What both passes need: (task, block) pairs flattened so one parallel loop covers every block of
+// every parameter, and a copy of the tasks with each quantized slot's tables resolved once.
+struct StepPlan {
+  std::vector<int64_t> first_item;
+  int64_t items = 0;
+  int64_t max_block = 1;
+  FormatView views[kNumQuantFormats];
+  std::vector<ParamTask> tasks;
+
+  explicit StepPlan(const OptimStep& step) : first_item(step.num_tasks + 1, 0), tasks(step.tasks, step.tasks + step.num_tasks) {
+    for (int64_t t = 0; t < step.num_tasks; ++t) {
+      first_item[t + 1] = first_item[t] + num_blocks(tasks[t].numel, tasks[t].block_size);
+      max_block = std::max(max_block, tasks[t].block_size);
+    }
+    items = first_item[step.num_tasks];
+    if (items == 0) return;
+    for (int f = 0; f < kNumQuantFormats; ++f) views[f] = format_tables(static_cast<QuantFormat>(f));
+    for (auto& t : tasks)
+      for (int k = 0; k < t.num_slots; ++k) t.slots[k].tables = &views[static_cast<int>(t.slots[k].format)];
+  }
+  StepPlan(const StepPlan&) = delete;
+  StepPlan& operator=(const StepPlan&) = delete;
+
+  int64_t task_of(int64_t item) const {
+    return std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+  }
+};
+
+// LAMB's pass 1: per parameter, the block sums added in block order (independent of threads).
+void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
+  std::vector<double> sums(2 * plan.items);
+  const bool vector = step.vector_path && cpu_has_avx512();
+#pragma omp parallel
+  {
+    std::vector<float> buf(4 * plan.max_block, 0.0f);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < plan.items; ++item) {
+      const int64_t t = plan.task_of(item);
+      const int64_t block = item - plan.first_item[t];
+#if defined(__x86_64__)
+      if (vector) {
+        lamb_norms_block_avx512(plan.tasks[t], block, step.grad_scale, buf.data(), &sums[2 * item]);
+        continue;
+      }
+#endif
+      lamb_norms_block(plan.tasks[t], block, step.grad_scale, buf.data(), &sums[2 * item]);
+    }
+  }
+  (void)vector;
+  for (int64_t t = 0; t < step.num_tasks; ++t) {
+    double pp = 0.0, rr = 0.0;
+    for (int64_t item = plan.first_item[t]; item < plan.first_item[t + 1]; ++item) {
+      pp += sums[2 * item];
+      rr += sums[2 * item + 1];
+    }
+    out[2 * t] = pp;
+    out[2 * t + 1] = rr;
+  }
 }
 
 }  // namespace
 
+void lamb_norms_cpu(const OptimStep& step, double* out) {
+  const StepPlan plan(step);
+  std::fill(out, out + 2 * step.num_tasks, 0.0);
+  if (plan.items > 0) lamb_norms(plan, step, out);
+}
+
 void optim_step_cpu(const OptimStep& step) {
-  // Flatten (task, block) pairs so one parallel loop covers every block of every parameter.
-  std::vector<int64_t> first_item(step.num_tasks + 1, 0);
-  int64_t max_block = 1;
-  for (int64_t t = 0; t < step.num_tasks; ++t) {
-    first_item[t + 1] = first_item[t] + num_blocks(step.tasks[t].numel, step.tasks[t].block_size);
-    max_block = std::max(max_block, step.tasks[t].block_size);
-  }
-  const int64_t items = first_item[step.num_tasks];
+  StepPlan plan(step);
   if (step.nonfinite_blocks) std::fill(step.nonfinite_blocks, step.nonfinite_blocks + step.num_tasks, 0);
-  if (items == 0) return;
-  // A copy of the tasks with each quantized slot's tables resolved once here, not per block.
-  FormatView views[kNumQuantFormats];
-  for (int f = 0; f < kNumQuantFormats; ++f) views[f] = format_tables(static_cast<QuantFormat>(f));
-  std::vector<ParamTask> tasks(step.tasks, step.tasks + step.num_tasks);
-  for (auto& t : tasks)
-    for (int k = 0; k < t.num_slots; ++k) t.slots[k].tables = &views[static_cast<int>(t.slots[k].format)];
-  const auto task_of = [&](int64_t item) {
-    return std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
-  };
+  if (plan.items == 0) return;
   if (step.rule == Rule::LAMB) {
-    // Pass 1: per-block sums, added per parameter in block order (independent of threads), give
-    // each parameter's trust ratio; pass 2 below is the ordinary fused update.
-    std::vector<double> sums(2 * items);
-#pragma omp parallel
-    {
-      std::vector<float> buf(4 * max_block, 0.0f);
-#pragma omp for schedule(static)
-      for (int64_t item = 0; item < items; ++item) {
-        const int64_t t = task_of(item);
-        lamb_norms_block(tasks[t], item - first_item[t], step.grad_scale, buf.data(), &sums[2 * item]);
-      }
-    }
+    // Pass 1 gives each parameter's trust ratio; pass 2 below is the ordinary fused update.
+    std::vector<double> norms(2 * step.num_tasks);
+    lamb_norms(plan, step, norms.data());
     for (int64_t t = 0; t < step.num_tasks; ++t) {
-      double pp = 0.0, rr = 0.0;
-      for (int64_t item = first_item[t]; item < first_item[t + 1]; ++item) {
-        pp += sums[2 * item];
-        rr += sums[2 * item + 1];
-      }
-      const double pn = std::sqrt(pp), rn = std::sqrt(rr);
-      tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
+      const double pn = std::sqrt(norms[2 * t]), rn = std::sqrt(norms[2 * t + 1]);
+      plan.tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
     }
   }
-  std::vector<RangeFn> fns(tasks.size());
-  for (size_t t = 0; t < tasks.size(); ++t) fns[t] = pick_range_fn(step.rule, tasks[t], step.vector_path);
-  std::vector<uint8_t> bad(items, 0);
+  std::vector<RangeFn> fns(plan.tasks.size());
+  for (size_t t = 0; t < plan.tasks.size(); ++t) fns[t] = pick_range_fn(step.rule, plan.tasks[t], step.vector_path);
+  std::vector<uint8_t> bad(plan.items, 0);
 #pragma omp parallel
   {
     // Each thread takes one contiguous share of the blocks and runs it parameter by parameter
     // (the pipelined loop carries one block into the next). Buffers: p, g and three state slots
     // for the per-block loops, two blocks of three slots for the pipelined one; zeroed so unused
     // slots hold defined values.
-    std::vector<float> buf(6 * max_block, 0.0f);
+    std::vector<float> buf(6 * plan.max_block, 0.0f);
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t lo = items * me / nt, hi = items * (me + 1) / nt;
+    const int64_t lo = plan.items * me / nt, hi = plan.items * (me + 1) / nt;
     for (int64_t item = lo; item < hi;) {
-      const int64_t t = task_of(item);
-      const int64_t end = std::min(hi, first_item[t + 1]);
-      fns[t](tasks[t], item - first_item[t], end - first_item[t], step.grad_scale, buf.data(), &bad[item]);
+      const int64_t t = plan.task_of(item);
+      const int64_t end = std::min(hi, plan.first_item[t + 1]);
+      fns[t](plan.tasks[t], item - plan.first_item[t], end - plan.first_item[t], step.grad_scale, buf.data(),
+             &bad[item]);
       item = end;
     }
   }
   if (step.nonfinite_blocks)
     for (int64_t t = 0; t < step.num_tasks; ++t) {
       int64_t count = 0;
-      for (int64_t item = first_item[t]; item < first_item[t + 1]; ++item) count += bad[item];
+      for (int64_t item = plan.first_item[t]; item < plan.first_item[t + 1]; ++item) count += bad[item];
       step.nonfinite_blocks[t] = count;
     }
 }

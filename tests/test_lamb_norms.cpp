@@ -1,0 +1,106 @@
+// LAMB's first pass (kernels/cpu/optim_step_cpu.h: lamb_norms_cpu), whose sums set the trust ratio:
+// the AVX-512 loop and the scalar loop add in the documented order, checked against an fp64 loop
+// here that adds in that order, exactly (== on doubles), at 1 and 3 threads.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <torch/torch.h>
+
+#include <lowbit/kernels/cpu/optim_step_cpu.h>
+
+namespace lk = lowbit::kernels;
+
+namespace {
+
+struct Param {
+  at::Tensor p, g, m, v;
+};
+
+// p^2 and r^2 summed as documented: element i of a block into partial i mod 16, partials in order,
+// blocks in order.
+std::pair<double, double> expected_sums(const Param& x, const lk::Hyper& h, float grad_scale, int64_t block) {
+  const float* p = x.p.data_ptr<float>();
+  const float* g = x.g.data_ptr<float>();
+  const float* m = x.m.data_ptr<float>();
+  const float* v = x.v.data_ptr<float>();
+  const int64_t n = x.p.numel();
+  double pp = 0.0, rr = 0.0;
+  for (int64_t b = 0; b * block < n; ++b) {
+    double lp[16] = {}, lr[16] = {};
+    for (int64_t i = 0; i < block && b * block + i < n; ++i) {
+      const int64_t e = b * block + i;
+      float gi = grad_scale != 1.0f ? g[e] * grad_scale : g[e];
+      if (h.maximize) gi = -gi;
+      const float st[2] = {m[e], v[e]};
+      float mn, vn;
+      const float r = lk::lamb_direction(h, gi, p[e], st, &mn, &vn);
+      lp[i % 16] += static_cast<double>(p[e]) * p[e];
+      lr[i % 16] += static_cast<double>(r) * r;
+    }
+    double sp = 0.0, sr = 0.0;
+    for (int j = 0; j < 16; ++j) {
+      sp += lp[j];
+      sr += lr[j];
+    }
+    pp += sp;
+    rr += sr;
+  }
+  return {pp, rr};
+}
+
+}  // namespace
+
+TEST(LambNorms, BothLoopsAddInTheDocumentedOrder) {
+  const int saved = omp_get_max_threads();
+  lk::Hyper h;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.999f;
+  h.one_minus_beta1 = 0.1f;
+  h.one_minus_beta2 = 0.001f;
+  h.eps = 1e-6f;
+  h.weight_decay = 0.01f;
+  h.inv_bias1 = 3.5f;
+  h.inv_bias2_sqrt = 7.25f;
+  for (bool maximize : {false, true}) {
+    for (float grad_scale : {1.0f, 0.37f}) {
+      h.maximize = maximize;
+      // Sizes around the block and the 16 lanes: 1, a tail of 15, an odd size over many blocks.
+      std::vector<Param> params;
+      for (int64_t n : {int64_t(1), int64_t(256 + 15), int64_t(70001)}) {
+        Param x{at::randn({n}) * 3, at::randn({n}) * 1e-2, at::randn({n}) * 1e-3, at::rand({n}) * 1e-5};
+        params.push_back(x);
+      }
+      std::vector<lk::ParamTask> tasks(params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        lk::ParamTask& t = tasks[i];
+        t.param = params[i].p.data_ptr();
+        t.grad = params[i].g.data_ptr();
+        t.numel = params[i].p.numel();
+        t.block_size = 256;
+        t.num_slots = 2;
+        t.slots[0].storage = t.slots[1].storage = lk::SlotStorage::F32;
+        t.slots[0].values = params[i].m.data_ptr();
+        t.slots[1].values = params[i].v.data_ptr();
+        t.hyper = h;
+      }
+      lk::OptimStep step;
+      step.rule = lk::Rule::LAMB;
+      step.tasks = tasks.data();
+      step.num_tasks = static_cast<int64_t>(tasks.size());
+      step.grad_scale = grad_scale;
+      for (bool vector_path : {true, false}) {
+        for (int threads : {1, 3}) {
+          omp_set_num_threads(threads);
+          step.vector_path = vector_path;
+          std::vector<double> out(2 * tasks.size(), -1.0);
+          lk::lamb_norms_cpu(step, out.data());
+          for (size_t i = 0; i < params.size(); ++i) {
+            const auto [pp, rr] = expected_sums(params[i], h, grad_scale, 256);
+            EXPECT_EQ(out[2 * i], pp) << "param " << i << " vector " << vector_path << " threads " << threads;
+            EXPECT_EQ(out[2 * i + 1], rr) << "param " << i << " vector " << vector_path << " threads " << threads;
+          }
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}

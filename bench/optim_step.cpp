@@ -1,14 +1,16 @@
 // bench/optim_step: ns per parameter of one optimizer step for every lowbit optimizer and state
 // format, in the same run as libtorch's torch::optim::AdamW (fp32 state) and a memcpy of the bytes
 // a Q8 AdamW step must move (param + grad read, param written, 2 bytes of state read and written).
-// Each step is timed right after a memcpy, and "x memcpy" is the median of those pairs' ratios: on
-// a shared host the bandwidth drifts between rows, and a ratio of one pair sees one load.
+// Each step is timed right after a memcpy. "x memcpy" divides a row's median by the median of every
+// memcpy of the run; "pairs" is the median of each step's ratio to the memcpy just before it (on a
+// shared host the bandwidth drifts; the two show how much that moves the ratio).
 //   optim_step [numel=2^26] [reps=10]   (default: past the last-level cache of a server CPU)
 #include <omp.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include <lowbit/lowbit.h>
 
@@ -24,8 +26,13 @@ double now_ms() {
 }
 
 struct Timing {
-  double ms;          // median of the steps
-  double vs_memcpy;   // median over pairs of step / memcpy
+  double ms;     // median of the steps
+  double pairs;  // median over pairs of step / memcpy
+};
+
+struct Row {
+  std::string name, state;
+  Timing t;
 };
 
 }  // namespace
@@ -33,7 +40,7 @@ struct Timing {
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
   const int reps = argc > 2 ? std::stoi(argv[2]) : 10;
-  std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy (memcpy row: those beside torch)\n", static_cast<long long>(n), omp_get_max_threads(), reps);
+  std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n), omp_get_max_threads(), reps);
 
   // memcpy of the bytes a Q8 AdamW step moves: 4 (p) + 4 (g) + 2 (m, v codes) read; 4 + 2 written.
   const int64_t bytes = n * 16;
@@ -69,17 +76,10 @@ int main(int argc, char** argv) {
 
   at::Tensor tp = at::randn({n});
   torch::optim::AdamW torch_adamw({tp}, torch::optim::AdamWOptions(1e-3));
-  const Timing torch_t = time_steps(torch_adamw, tp);
-  const double torch_ms = torch_t.ms;
-  const double memcpy_ms = lowbit_bench::median(all_memcpy);
-
-  std::printf("%-10s %-6s %10s %10s %12s %12s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x memcpy");
-  std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n, memcpy_ms / torch_ms, "1.00");
-  std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12.2f\n", "torch", "FP32", torch_ms, torch_ms * 1e6 / n, 1.0,
-              torch_t.vs_memcpy);
+  std::vector<Row> rows;
+  rows.push_back({"torch", "FP32", time_steps(torch_adamw, tp)});
   auto report = [&](const char* name, StateFormat f, const Timing& t) {
-    std::printf("%-10s %-6s %10.2f %10.3f %12.2f %12.2f\n", name, lowbit::state_format_name(f), t.ms, t.ms * 1e6 / n,
-                t.ms / torch_ms, t.vs_memcpy);
+    rows.push_back({name, lowbit::state_format_name(f), t});
   };
   for (StateFormat f : {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
     at::Tensor p = at::randn({n});
@@ -143,5 +143,13 @@ int main(int argc, char** argv) {
     const double oms = lowbit_bench::time_ms([&] { o.step(); }, false, reps, 2);
     std::printf("4096 tensors of 4096: torch AdamW %.2f ms, lowbit AdamW Q8 %.2f ms (%.2fx)\n", tms, oms, oms / tms);
   }
+  const double memcpy_ms = lowbit_bench::median(all_memcpy), torch_ms = rows[0].t.ms;
+  std::printf("%-10s %-6s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x memcpy",
+              "pairs");
+  std::printf("%-10s %-6s %10.2f %10.3f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
+              memcpy_ms / torch_ms, "1.00", "");
+  for (const Row& r : rows)
+    std::printf("%-10s %-6s %10.2f %10.3f %10.2f %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), r.t.ms,
+                r.t.ms * 1e6 / n, r.t.ms / torch_ms, r.t.ms / memcpy_ms, r.t.pairs);
   return 0;
 }

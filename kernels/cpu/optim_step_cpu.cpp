@@ -1,10 +1,11 @@
-// Fused optimizer step on the CPU. Work item = one block of one parameter: its values are read
+// Fused optimizer step on the CPU. Unit of work = one block of one parameter: its values are read
 // once, updated by the rule of kernels/common/optim_rules.h, quantized state re-encoded with a
 // fresh absmax, and written once. Blocks are independent, so results do not depend on the thread
-// count or on how parameters are grouped.
+// count or on how parameters are grouped. Each thread runs one contiguous share of all blocks.
 //
-// Two element loops compute the same IEEE operations (no contraction; vector sqrt and div are
-// correctly rounded): 16 lanes at a time with AVX-512 where the CPU has it, and a scalar loop
+// The element loops compute the same IEEE operations (no contraction; vector sqrt and div are
+// correctly rounded): with AVX-512, a pipelined loop for fp32/bf16 parameters whose state is all
+// 8-bit or all 4-bit codes and a per-block loop for the rest, 16 lanes at a time; a scalar loop
 // elsewhere (OptimStep::vector_path = false forces it, for tests).
 #include "optim_step_cpu.h"
 

@@ -199,6 +199,10 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
   std::vector<std::pair<const char*, Factory>> rules = {
       {"Adam", [](auto& p, StateFormat f) { return std::make_unique<lo::Adam>(p, lo::AdamOptions(1e-2).weight_decay(1e-2).amsgrad(true).state_format(f)); }},
       {"AdamW", [](auto& p, StateFormat f) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(f)); }},
+      // maximize and clipping change the gradient before the rule (the fused loop folds both into
+      // one multiply); Adam without amsgrad takes the two-slot loop with L2 weight decay.
+      {"AdamW maximize clip", [](auto& p, StateFormat f) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).maximize(true).max_grad_norm(0.5).state_format(f)); }},
+      {"Adam maximize", [](auto& p, StateFormat f) { return std::make_unique<lo::Adam>(p, lo::AdamOptions(1e-2).weight_decay(1e-2).maximize(true).state_format(f)); }},
       {"SGD", [](auto& p, StateFormat f) { return std::make_unique<lo::SGD>(p, lo::SGDOptions(0.1).momentum(0.9).nesterov(true).state_format(f)); }},
       {"Lion", [](auto& p, StateFormat f) { return std::make_unique<lo::Lion>(p, lo::LionOptions(1e-3).weight_decay(0.1).state_format(f)); }},
       {"RMSprop", [](auto& p, StateFormat f) { return std::make_unique<lo::RMSprop>(p, lo::RMSpropOptions(1e-3).centered(true).momentum(0.5).state_format(f)); }},

@@ -337,7 +337,13 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
-  const Hyper h = t.hyper;  // locals: stores through the buffers cannot alias them
+  // A local copy (stores through the buffers cannot alias it) with two flags made constant: the
+  // gradient's sign flip (maximize) joins the clipping factor in one multiply (-(g * s) == g * -s
+  // and g * 1 == g exactly), and Adam's amsgrad is what its slot count says.
+  Hyper h = t.hyper;
+  const __m512 gmul = _mm512_set1_ps(h.maximize ? -grad_scale : grad_scale);
+  h.maximize = false;
+  if (R == Rule::Adam || R == Rule::AdamW) h.amsgrad = NS == 3;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
   uint8_t* codes[NS];
@@ -363,8 +369,6 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
     cur[k] = buf + k * B;
     prev[k] = buf + (NS + k) * B;
   }
-  const bool scaled = grad_scale != 1.0f;
-  const __m512 scale = _mm512_set1_ps(grad_scale);
   __m512 pre[NS], inv[NS];  // the previous block's normalizers
   int64_t prev_begin = 0, prev_len = 0;
   for (int64_t b = b0; b < b1; ++b) {
@@ -382,14 +386,15 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
     // exactly when some lane held a negative value; -0.0 is not one).
     __m512i max_abs[NS], max_raw[NS];
     for (int k = 0; k < NS; ++k) max_abs[k] = max_raw[k] = _mm512_setzero_si512();
+    // Whole blocks on both sides (all but a parameter's first and last block here): no masks.
+    const bool whole = len == B && prev_len == B;
     const int64_t chunks = (std::max(len, prev_len) + 15) / 16;
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t i = 16 * c;
-      if (i < len) {
-        const __mmask16 m = lanes_below(len - i);
+      if (whole || i < len) {
+        const __mmask16 m = whole ? __mmask16(0xFFFF) : lanes_below(len - i);
         f32x16 p = (f32x16)load16(param, PT, begin + i, m);
-        __m512 g = load16(grad, PT, begin + i, m);
-        if (scaled) g = _mm512_mul_ps(g, scale);
+        const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
         f32x16 st[3] = {};
         for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
         apply_rule<R>(h, (f32x16)g, p, st);
@@ -407,7 +412,7 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
       }
       // The previous block is never a parameter's short last block (that one is encoded after
       // the loop), so it holds B elements, whole chunks of 16.
-      if (i < prev_len) {
+      if (whole || i < prev_len) {
         for (int k = 0; k < NS; ++k) {
           const __m512 x = _mm512_loadu_ps(prev[k] + i);
           if (BITS == 8) {

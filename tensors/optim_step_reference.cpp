@@ -142,6 +142,17 @@ Tensor mix64(Tensor z) {
   return at::bitwise_xor(z, shr(z, 31));
 }
 
+// p (fp32) converted to dtype with the kernels' from_f32 bits, NaN included (bf16: 0x7FC0; fp16: its
+// sign and 0x7E00). ATen alone does not pin a NaN down: its vectorized float-to-bf16 conversion
+// writes 0xFFFF where its scalar one writes 0x7FC0, and hardware fp16 conversion keeps the payload.
+Tensor to_storage(const Tensor& p, at::ScalarType dtype) {
+  if (dtype == at::kFloat) return p;
+  const Tensor nan = at::isnan(p);
+  if (dtype == at::kHalf) return at::where(nan, at::copysign(at::full_like(p, std::nanf("")), p), p).to(at::kHalf);
+  const Tensor bits = p.to(at::kBFloat16).view(at::kShort);
+  return at::where(nan, at::scalar_tensor(0x7FC0, bits.options()), bits).view(at::kBFloat16);
+}
+
 // kernels::bf16_stochastic for every element of p (fp32), element i hashed with (seed, i).
 Tensor bf16_stochastic(const Tensor& p, uint64_t seed) {
   const Tensor u = at::bitwise_and(p.view(at::kInt).to(at::kLong), int64_t(0xFFFFFFFF));
@@ -153,7 +164,7 @@ Tensor bf16_stochastic(const Tensor& p, uint64_t seed) {
   };
   Tensor bits = at::where(exponent_all_ones(r), at::bitwise_or(shr(u, 16), int64_t(0x7F7F)), shr(r, 16));
   // Inf and NaN round to nearest, as the kernel's from_f32.
-  const Tensor nearest = p.to(at::kBFloat16).view(at::kShort).to(at::kLong);
+  const Tensor nearest = to_storage(p, at::kBFloat16).view(at::kShort).to(at::kLong);
   bits = at::where(exponent_all_ones(u), nearest, bits);
   return bits.to(at::kInt).to(at::kShort).view(at::kBFloat16);
 }
@@ -188,13 +199,13 @@ int64_t reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scal
       slot.absmax.copy_(absmax);
       nonfinite += at::logical_not(at::ge(absmax, 0.0)).sum().item<int64_t>();
     } else {
-      slot.values.copy_(s[k].view(slot.values.sizes()));
+      slot.values.copy_(to_storage(s[k], slot.values.scalar_type()).view(slot.values.sizes()));
     }
   }
   if (sp.stochastic_round) {
     sp.param.detach().copy_(bf16_stochastic(p, sp.seed).view(sp.param.sizes()));
   } else {
-    sp.param.detach().copy_(p.view(sp.param.sizes()));
+    sp.param.detach().copy_(to_storage(p, sp.param.scalar_type()).view(sp.param.sizes()));
   }
   return nonfinite;
 }

@@ -588,8 +588,17 @@ TEST(OptimOp, StateOverflowIsReportedWithTheParameter) {
 
 // bf16 stochastic rounding on the reference path (ATen int64 ops) is the fused kernel's, bit for bit.
 TEST(OptimOp, StochasticRoundingOfTheReferenceMatchesTheKernel) {
-  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
-    auto pa = make_params(at::kBFloat16), pb = clone_all(pa), pc = clone_all(pa);
+  // FP32 state takes the per-block loop, Q8 and Q4 the pipelined one (its own 16-lane hash). The
+  // parameters hold values near bf16's largest (rounding up must clamp, keeping the sign), an Inf
+  // and a NaN (rounded to nearest).
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
+    auto pa = make_params(at::kBFloat16);
+    pa[2].narrow(0, 100, 50).fill_(3.3895e38);
+    pa[2].narrow(0, 200, 50).fill_(-3.3895e38);
+    pa[2][300] = INFINITY;
+    pa[2][301] = -INFINITY;
+    pa[2][302] = NAN;
+    auto pb = clone_all(pa), pc = clone_all(pa);
     lo::AdamW a(pa, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
     lo::AdamW b(pb, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
     lo::AdamW c(pc, lo::AdamWOptions(1e-2).state_format(f));  // round to nearest
@@ -606,5 +615,54 @@ TEST(OptimOp, StochasticRoundingOfTheReferenceMatchesTheKernel) {
     }
     EXPECT_TRUE(all_bitwise_equal(pa, pb)) << lowbit::state_format_name(f);
     EXPECT_FALSE(all_bitwise_equal(pa, pc)) << "stochastic rounding had no effect";
+  }
+}
+
+// Rounding up past bf16's largest value clamps to it (never Inf): parameters at the largest bf16,
+// pushed up by less than float's headroom above it; the noise carries some of them over.
+TEST(OptimOp, StochasticRoundingClampsAtTheLargestBf16) {
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    std::vector<at::Tensor> pa = {at::full({4099}, 3.3895313892515355e38, at::kBFloat16)};
+    pa[0].narrow(0, 0, 2000).neg_();
+    auto pb = clone_all(pa);
+    const auto opts = lo::SGDOptions(1.0).momentum(0.9).bf16_stochastic_round(true).state_format(f);
+    lo::SGD a(pa, opts), b(pb, opts);
+    b.use_reference_step(true);
+    // g = -+1e36 moves each value 1e36 further from zero, less than float's 1.3e36 of headroom.
+    const at::Tensor g = (-pa[0].to(at::kFloat).sign() * 1e36).to(at::kBFloat16);
+    pa[0].mutable_grad() = g.clone();
+    pb[0].mutable_grad() = g.clone();
+    a.step();
+    b.step();
+    EXPECT_TRUE(all_bitwise_equal(pa, pb)) << lowbit::state_format_name(f);
+    const at::Tensor mag = pa[0].to(at::kFloat).abs();
+    EXPECT_TRUE(at::isfinite(pa[0]).all().item<bool>()) << lowbit::state_format_name(f);
+    EXPECT_TRUE(at::eq(mag, 3.3895313892515355e38).all().item<bool>()) << lowbit::state_format_name(f);
+  }
+}
+
+// The same special values rounded to nearest, in bf16 and fp16 parameters: the reference writes a
+// NaN as the kernels do (ATen's own conversions disagree with each other on a NaN's bits).
+TEST(OptimOp, NanAndInfParametersRoundAsTheKernelDoes) {
+  for (auto dt : {at::kBFloat16, at::kHalf}) {
+    for (StateFormat f : {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8}) {
+      auto pa = make_params(dt);
+      pa[2][300] = INFINITY;
+      pa[2][301] = -INFINITY;
+      pa[2][302] = NAN;
+      pa[2][303] = -NAN;
+      auto pb = clone_all(pa);
+      lo::AdamW a(pa, lo::AdamWOptions(1e-2).state_format(f));
+      lo::AdamW b(pb, lo::AdamWOptions(1e-2).state_format(f));
+      b.use_reference_step(true);
+      for (int s = 0; s < 2; ++s) {
+        const auto gs = random_grads(pa);
+        set_grads(pa, gs);
+        set_grads(pb, gs);
+        a.step();
+        b.step();
+      }
+      EXPECT_TRUE(all_bitwise_equal(pa, pb)) << c10::toString(dt) << " " << lowbit::state_format_name(f);
+    }
   }
 }

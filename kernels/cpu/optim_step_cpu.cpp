@@ -175,6 +175,46 @@ LOWBIT_AVX512 inline void store16_bf16(uint16_t* out, __m512 x, __mmask16 m) {
   _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(r));
 }
 
+// mix64 of stochastic_round.h on 8 lanes (64-bit multiplies of AVX-512 DQ).
+LOWBIT_AVX512 inline __m512i mix64x8(__m512i z) {
+  z = _mm512_add_epi64(z, _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull)));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)),
+                         _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull)));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)),
+                         _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull)));
+  return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+}
+
+// bf16_stochastic of stochastic_round.h on 16 lanes: elements index0 .. index0 + 15.
+LOWBIT_AVX512 inline void store16_bf16_stochastic(uint16_t* out, __m512 x, __mmask16 m, uint64_t seed,
+                                                  uint64_t index0) {
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i s = _mm512_set1_epi64(static_cast<long long>(seed));
+  const __m512i i_lo = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(index0)), lane);
+  const __m512i i_hi = _mm512_add_epi64(i_lo, _mm512_set1_epi64(8));
+  const __m256i n_lo = _mm512_cvtepi64_epi32(mix64x8(_mm512_xor_si512(s, mix64x8(i_lo))));
+  const __m256i n_hi = _mm512_cvtepi64_epi32(mix64x8(_mm512_xor_si512(s, mix64x8(i_hi))));
+  const __m512i noise = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n_lo), n_hi, 1),
+                                         _mm512_set1_epi32(0xFFFF));
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i exp = _mm512_set1_epi32(0x7F800000);
+  const __m512i r = _mm512_add_epi32(u, noise);
+  // Past the largest finite value: clamp to it, keeping the sign.
+  __m512i b = _mm512_srli_epi32(r, 16);
+  const __mmask16 over = _mm512_cmpeq_epi32_mask(_mm512_and_si512(r, exp), exp);
+  b = _mm512_mask_mov_epi32(b, over, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7F7F)));
+  // Inf and NaN round to nearest, as from_f32 does.
+  const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
+  if (special) {
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i nearest = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), exp);
+    nearest = _mm512_mask_mov_epi32(nearest, nan, _mm512_set1_epi32(0x7FC0));
+    b = _mm512_mask_mov_epi32(b, special, nearest);
+  }
+  _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(b));
+}
+
 // One state slot as the loop sees it: where it lives and, for quantized slots, the block's
 // decode constants and the running scan of the new values.
 struct VecSlot {
@@ -322,9 +362,9 @@ LOWBIT_AVX512 inline void decode4_block(__m512 cb16, const uint8_t* codes, int64
   }
 }
 
-// The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest),
-// NS state slots all quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a run of consecutive
-// blocks of one parameter. No branch on storage kinds; everything stays in registers.
+// The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
+// stochastically), NS state slots all quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a
+// run of consecutive blocks of one parameter. No branch on storage kinds; all in registers.
 //
 // Software-pipelined by one block: while the update of block b runs (bound by the divider and the
 // multipliers), the codes of block b - 1 are encoded in the same loop (bound by the 8-bit encode's
@@ -344,6 +384,7 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
   const __m512 gmul = _mm512_set1_ps(h.maximize ? -grad_scale : grad_scale);
   h.maximize = false;
   if (R == Rule::Adam || R == Rule::AdamW) h.amsgrad = NS == 3;
+  const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
   uint8_t* codes[NS];
@@ -407,7 +448,12 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
         if (PT == ElemType::F32) {
           _mm512_mask_storeu_ps(param + begin + i, m, (__m512)p);
         } else {
-          store16_bf16(reinterpret_cast<uint16_t*>(param) + begin + i, (__m512)p, m);
+          uint16_t* out = reinterpret_cast<uint16_t*>(param) + begin + i;
+          if (stochastic) {
+            store16_bf16_stochastic(out, (__m512)p, m, t.seed, static_cast<uint64_t>(begin + i));
+          } else {
+            store16_bf16(out, (__m512)p, m);
+          }
         }
       }
       // The previous block is never a parameter's short last block (that one is encoded after
@@ -468,7 +514,7 @@ RangeFn range_fn(const ParamTask& t, bool vector_path) {
 #if defined(__x86_64__)
   if (vector_path && cpu_has_avx512()) {
     const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
-    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16 && !t.stochastic_round;
+    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
     // All slots quantized with one code width: the pipelined loop.
     const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
     bool uniform = (f32 || bf16) && bits != 0;

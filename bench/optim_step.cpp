@@ -92,6 +92,12 @@ int main(int argc, char** argv) {
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8));
     report("AdamW-bf16", StateFormat::Q8, time_steps(opt, p));
   }
+  // bf16 parameters rounded stochastically (bf16_stochastic_round).
+  {
+    at::Tensor p = at::randn({n}).to(at::kBFloat16);
+    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true));
+    report("AdamW-bf16-SR", StateFormat::Q8, time_steps(opt, p));
+  }
   // The other optimizers in Q8.
   {
     at::Tensor p = at::randn({n});
@@ -144,12 +150,12 @@ int main(int argc, char** argv) {
     std::printf("4096 tensors of 4096: torch AdamW %.2f ms, lowbit AdamW Q8 %.2f ms (%.2fx)\n", tms, oms, oms / tms);
   }
   const double memcpy_ms = lowbit_bench::median(all_memcpy), torch_ms = rows[0].t.ms;
-  std::printf("%-10s %-6s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x memcpy",
+  std::printf("%-13s %-6s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x memcpy",
               "pairs");
-  std::printf("%-10s %-6s %10.2f %10.3f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
+  std::printf("%-13s %-6s %10.2f %10.3f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
               memcpy_ms / torch_ms, "1.00", "");
   for (const Row& r : rows)
-    std::printf("%-10s %-6s %10.2f %10.3f %10.2f %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), r.t.ms,
+    std::printf("%-13s %-6s %10.2f %10.3f %10.2f %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), r.t.ms,
                 r.t.ms * 1e6 / n, r.t.ms / torch_ms, r.t.ms / memcpy_ms, r.t.pairs);
   return 0;
 }

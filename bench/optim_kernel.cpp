@@ -23,10 +23,6 @@ namespace k = lowbit::kernels;
 
 namespace {
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct Case {
   const char* name;
   k::Rule rule;
@@ -103,16 +99,7 @@ int main(int argc, char** argv) {
     std::memset(src.data() + i, 1, std::min<int64_t>(4096, half - i));
     std::memset(dst.data() + i, 0, std::min<int64_t>(4096, half - i));
   }
-  const auto memcpy_ms = [&] {
-    const double t0 = now_ms();
-#pragma omp parallel
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t lo = half * t / nt, hi = half * (t + 1) / nt;
-      std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
-    }
-    return now_ms() - t0;
-  };
+  const auto memcpy_ms = [&] { return lowbit_bench::parallel_memcpy_ms(dst.data(), src.data(), half); };
   using QF = lowbit::QuantFormat;
   const Case cases[] = {
       {"AdamW Q8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Unsigned, 256},
@@ -138,12 +125,12 @@ int main(int argc, char** argv) {
     std::vector<double> mc, pre, st, r_step, r_all;
     for (int r = 0; r < rounds; ++r) {
       mc.push_back(memcpy_ms());
-      double t0 = now_ms();
+      double t0 = lowbit_bench::now_ms();
       k::grad_stats_cpu(&gref, 1, false, &finite, nullptr);
-      pre.push_back(now_ms() - t0);
-      t0 = now_ms();
+      pre.push_back(lowbit_bench::now_ms() - t0);
+      t0 = lowbit_bench::now_ms();
       k::optim_step_cpu(step);
-      st.push_back(now_ms() - t0);
+      st.push_back(lowbit_bench::now_ms() - t0);
       r_step.push_back(st.back() / mc.back());
       r_all.push_back((st.back() + pre.back()) / mc.back());
     }

@@ -21,10 +21,6 @@ using lowbit::StateFormat;
 
 namespace {
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct Timing {
   double ms;     // median of the steps
   double pairs;  // median over pairs of step / memcpy
@@ -40,7 +36,8 @@ struct Row {
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
   const int reps = argc > 2 ? std::stoi(argv[2]) : 10;
-  std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n), omp_get_max_threads(), reps);
+  std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n),
+              omp_get_max_threads(), reps);
 
   // memcpy of the bytes a Q8 AdamW step moves: 4 (p) + 4 (g) + 2 (m, v codes) read; 4 + 2 written.
   const int64_t bytes = n * 16;
@@ -48,14 +45,7 @@ int main(int argc, char** argv) {
   std::memset(src.data(), 1, src.size());
   std::memset(dst.data(), 0, dst.size());
   const auto memcpy_once = [&] {
-    const double t0 = now_ms();
-#pragma omp parallel
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t lo_ = int64_t(src.size()) * t / nt, hi = int64_t(src.size()) * (t + 1) / nt;
-      std::memcpy(dst.data() + lo_, src.data() + lo_, hi - lo_);
-    }
-    return now_ms() - t0;
+    return lowbit_bench::parallel_memcpy_ms(dst.data(), src.data(), static_cast<int64_t>(src.size()));
   };
   std::vector<double> all_memcpy;
   // Two warm-up steps, then `reps` pairs (memcpy, step).
@@ -66,9 +56,9 @@ int main(int argc, char** argv) {
     for (int i = 0; i < reps; ++i) {
       const double m = memcpy_once();
       all_memcpy.push_back(m);
-      const double t0 = now_ms();
+      const double t0 = lowbit_bench::now_ms();
       opt.step();
-      ms.push_back(now_ms() - t0);
+      ms.push_back(lowbit_bench::now_ms() - t0);
       ratio.push_back(ms.back() / m);
     }
     return Timing{lowbit_bench::median(ms), lowbit_bench::median(ratio)};

@@ -1,10 +1,12 @@
 // Timing helpers for bench/: medians of repeated runs, device events on the GPU.
 #pragma once
 
+#include <omp.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -14,6 +16,22 @@
 #endif
 
 namespace lowbit_bench {
+
+inline double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Milliseconds of one memcpy of `bytes`, each OpenMP thread copying its contiguous share.
+inline double parallel_memcpy_ms(char* dst, const char* src, int64_t bytes) {
+  const double t0 = now_ms();
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = bytes * t / nt, hi = bytes * (t + 1) / nt;
+    std::memcpy(dst + lo, src + lo, hi - lo);
+  }
+  return now_ms() - t0;
+}
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -519,28 +519,10 @@ TEST(OptimOp, BadArgumentsNameTheParameter) {
 // yet): the same parameters and state as the CPU's fused kernel, bit for bit.
 TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
-    std::vector<at::Tensor> pc = {at::randn({5000}), at::randn({70001})};
+  // Three steps of the same AdamW on CPU and CUDA copies of two parameters; bitwise equal after.
+  auto check = [](at::ScalarType dt, const lo::AdamWOptions& opts, const std::string& what) {
+    std::vector<at::Tensor> pc = {at::randn({5000}).to(dt), at::randn({70001}).to(dt)};
     std::vector<at::Tensor> pg = {pc[0].cuda(), pc[1].cuda()};
-    lo::AdamW a(pc, lo::AdamWOptions(1e-2).state_format(f));
-    lo::AdamW b(pg, lo::AdamWOptions(1e-2).state_format(f));
-    for (int s = 0; s < 3; ++s) {
-      const auto gs = random_grads(pc);
-      set_grads(pc, gs);
-      for (size_t i = 0; i < pg.size(); ++i) pg[i].mutable_grad() = gs[i].cuda();
-      a.step();
-      b.step();
-    }
-    for (size_t i = 0; i < pc.size(); ++i)
-      EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << lowbit::state_format_name(f) << " param " << i;
-    EXPECT_EQ(a.state_bytes(), b.state_bytes());
-  }
-  // bf16 parameters rounded stochastically: the reference's int64 hash on the GPU draws the same
-  // noise as the CPU kernel.
-  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
-    std::vector<at::Tensor> pc = {at::randn({5000}).to(at::kBFloat16), at::randn({70001}).to(at::kBFloat16)};
-    std::vector<at::Tensor> pg = {pc[0].cuda(), pc[1].cuda()};
-    const auto opts = lo::AdamWOptions(1e-2).state_format(f).bf16_stochastic_round(true);
     lo::AdamW a(pc, opts);
     lo::AdamW b(pg, opts);
     for (int s = 0; s < 3; ++s) {
@@ -551,8 +533,16 @@ TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
       b.step();
     }
     for (size_t i = 0; i < pc.size(); ++i)
-      EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << "bf16 SR " << lowbit::state_format_name(f) << " param " << i;
-  }
+      EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << what << " param " << i;
+    EXPECT_EQ(a.state_bytes(), b.state_bytes()) << what;
+  };
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8})
+    check(at::kFloat, lo::AdamWOptions(1e-2).state_format(f), lowbit::state_format_name(f));
+  // bf16 parameters rounded stochastically: the reference's int64 hash on the GPU draws the same
+  // noise as the CPU kernel.
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8})
+    check(at::kBFloat16, lo::AdamWOptions(1e-2).state_format(f).bf16_stochastic_round(true),
+          std::string("bf16 SR ") + lowbit::state_format_name(f));
 }
 
 // Adagrad's sum of g^2 with g = 1e20 overflows float: quantized state cannot hold Inf, so the step

@@ -151,6 +151,11 @@ int step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, float
 #if defined(__x86_64__)
 #define LOWBIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
+// The lanes of a 16-lane chunk that lie before the end (remaining elements left).
+LOWBIT_AVX512 inline __mmask16 lanes_below(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
 LOWBIT_AVX512 inline __m512 load16(const void* p, ElemType t, int64_t i, __mmask16 m) {
   switch (t) {
     case ElemType::F32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
@@ -297,7 +302,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   const __m512 scale = _mm512_set1_ps(grad_scale);
   const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
   for (int64_t i = 0; i < len; i += 16) {
-    const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (len - i)) - 1u);
+    const __mmask16 m = lanes_below(len - i);
     f32x16 p = (f32x16)load16(t.param, t.param_type, begin + i, m);
     __m512 graw = load16(t.grad, t.grad_type, begin + i, m);
     if (grad_scale != 1.0f) graw = _mm512_mul_ps(graw, scale);
@@ -342,10 +347,6 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   }
   if (!param_direct) store_param(t, begin, len, pbuf);
   return bad;
-}
-
-LOWBIT_AVX512 inline __mmask16 lanes_below(int64_t remaining) {
-  return remaining >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
 // A block of 4-bit codes (two per byte, even element low) decoded to fp32 with the codebook held in

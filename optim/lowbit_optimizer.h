@@ -1,6 +1,8 @@
-// The machinery every lowbit optimizer shares: lazily created state in FP32 / BF16 / quantized
-// form, the fused step, skipping of non-finite gradients, gradient clipping, state accounting and
-// checkpoints. Concrete optimizers (optimizers.h) only map their options to an update rule.
+// The machinery every lowbit optimizer shares: lazily created state (one StateSlot per slot of
+// the rule, each FP32, BF16 or quantized), the step (checks, the gradient pre-pass, one fused op
+// call per device and state layout), skipping of non-finite gradients, clipping, accounting.
+// Checkpoints: optim/checkpoint.cpp. Concrete optimizers (optimizers.h) only map their options to
+// a kernels::StepConfig.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -9,7 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include <lowbit/kernels/common/optim_rules.h>
+#include <lowbit/kernels/common/state_slots.h>
+#include <lowbit/kernels/common/step_config.h>
 #include <lowbit/tensors/qtensor.h>
 
 #include "options.h"
@@ -18,33 +21,49 @@
 namespace lowbit {
 namespace optim {
 
-// One state tensor of one parameter: dense (FP32 / BF16) or quantized.
+// One state tensor of one parameter, stored as its SlotType says: dense (FP32 / BF16) or quantized.
 struct StateSlot {
-  StateFormat storage = StateFormat::FP32;  // FP32, BF16, or the quantized family (Q8/Q4/FP8)
-  at::Tensor dense;                         // FP32 or BF16 storage
-  QTensor quantized;                        // quantized storage
+  kernels::SlotType type;  // storage None: the rule does not use this slot here
+  at::Tensor dense;        // F32 / BF16: numel values
+  QTensor quantized;       // Quant: codes + absmax
+  bool defined() const { return type.storage != kernels::SlotStorage::None; }
   int64_t nbytes() const;
-  at::Tensor to_float() const;              // fp32 values, shaped like the parameter
+  at::Tensor to_float() const;  // fp32 values, flat
 };
 
 struct ParamState {
-  int64_t step = 0;
-  StateFormat format = StateFormat::FP32;   // resolved format (after min_quant_numel, overrides)
-  int64_t block_size = 0;                   // quantization block of quantized slots
-  std::vector<StateSlot> slots;             // by rule slot index; an unused slot is empty
+  // int64 [2] on the parameter's device, written by the step op: steps taken, and blocks of
+  // quantized state that overflowed to Inf/NaN. Read on the host only when asked (step()).
+  at::Tensor counters;
+  StateFormat format = StateFormat::FP32;  // resolved format (after min_quant_numel, overrides)
+  int64_t block_size = 0;                  // quantization block (work block for dense state)
+  std::vector<StateSlot> slots;            // by the rule's slot index (kernels::rule_slots)
+  int64_t overflow_reported = 0;           // counters[1] when last checked
+  int64_t step() const;                    // steps taken (a device read for GPU parameters)
 };
+
+struct StepTesting;  // optim/step_testing.h: the tests' switches (reference path, scalar loop)
 
 class LowbitOptimizer : public torch::optim::Optimizer {
  public:
   using LossClosure = torch::optim::Optimizer::LossClosure;
 
   // Runs one step; a non-finite gradient anywhere skips it for every parameter and is counted.
+  // On CPU parameters the step reads nothing back from a device; on GPUs it never synchronizes
+  // with the host (the skip, clipping and step counts stay on the device).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   // Bytes held by optimizer state (codes + absmax for quantized state).
   int64_t state_bytes() const;
-  // Steps skipped because a gradient held NaN or Inf.
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // Steps skipped because a gradient held NaN or Inf (a device read for GPU parameters).
+  int64_t skipped_steps() const;
+
+  // Throws if the quantized state of some parameter overflowed to Inf/NaN since the last check,
+  // naming the parameter. CPU parameters are checked after every step; GPU ones here, when saved,
+  // and every `n` steps after set_overflow_check_interval(n) (0, the default: never by itself,
+  // so that a step never waits for the device).
+  void check_overflow();
+  void set_overflow_check_interval(int64_t n);
 
   // Keeps `param`'s state in `format` whatever its group says (e.g. FP32 for embeddings). Must be
   // set before the parameter's first step.
@@ -52,15 +71,8 @@ class LowbitOptimizer : public torch::optim::Optimizer {
 
   // The state of a parameter (nullptr before its first step).
   const ParamState* state_of(const at::Tensor& param) const;
-  // The parameter's state tensors expanded to fp32 (for export to other optimizers).
+  // The parameter's state tensors expanded to fp32, shaped like it, by slot (undefined for unused slots).
   std::vector<at::Tensor> export_state_fp32(const at::Tensor& param) const;
-
-  // Runs every parameter through the ATen reference step instead of the fused kernel (the test
-  // oracle; also the path of devices without a fused kernel).
-  void use_reference_step(bool on) { force_reference_ = on; }
-  // Runs the fused CPU kernel's scalar loop even where AVX-512 is present (what other CPUs run;
-  // tests compare the two loops).
-  void use_scalar_kernel(bool on) { force_scalar_ = on; }
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
@@ -71,17 +83,18 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   LowbitOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                   std::unique_ptr<torch::optim::OptimizerOptions> defaults);
 
-  virtual kernels::Rule rule() const = 0;
-  // The rule's hyper-parameters for a group at (1-based) step t of a parameter.
-  virtual kernels::Hyper hyper(const torch::optim::OptimizerOptions& options, int64_t t) const = 0;
+  // The rule and its named hyper-parameters for a group's options.
+  virtual kernels::StepConfig config(const torch::optim::OptimizerOptions& options) const = 0;
   virtual CommonOptions common(const torch::optim::OptimizerOptions& options) const = 0;
   // Initial value of a state slot (Adagrad's initial_accumulator_value); 0 by default.
   virtual double initial_state_value(const torch::optim::OptimizerOptions&, int slot) const { return 0.0; }
-  // Which slots of the rule this group uses (RMSprop without momentum needs no momentum buffer).
-  virtual bool slot_used(const torch::optim::OptimizerOptions&, int slot) const { return true; }
   virtual const char* name() const = 0;
 
  private:
+  friend struct StepTesting;
+  enum class StepPath { Fused, Reference, ScalarLoop };
+
+  kernels::Rule rule() const { return config(defaults()).rule; }
   ParamState& ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options, int64_t group,
                            int64_t index);
   // A fresh state for p in its resolved format; slot k starts from values[k] when given.
@@ -90,12 +103,23 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // Reads a checkpoint of libtorch's torch::optim::Adam / AdamW into this (Adam / AdamW) optimizer.
   void load_torch_adam(torch::serialize::InputArchive& archive);
   void check_grad(const at::Tensor& p, const at::Tensor& g, int64_t group, int64_t index) const;
+  // The group's learning rate as a float64 [1] tensor on `device`, rewritten when the host value
+  // changed (a scheduler's set_lr): the op reads lr there.
+  at::Tensor lr_tensor(size_t group, at::Device device);
+  void check_overflow_on(bool cpu_only);
 
+  struct LrTensor {
+    at::Tensor value;
+    double written = 0.0;
+  };
   std::unordered_map<c10::TensorImpl*, ParamState> states_;
   std::unordered_map<c10::TensorImpl*, StateFormat> overrides_;
-  int64_t skipped_steps_ = 0;
-  bool force_reference_ = false;
-  bool force_scalar_ = false;
+  std::vector<std::vector<LrTensor>> lr_tensors_;  // per group, one per device in use
+  at::Tensor skipped_;                             // int64 [1] on the device of the first step
+  int64_t skipped_loaded_ = 0;                     // from a checkpoint
+  int64_t steps_called_ = 0;
+  int64_t overflow_check_interval_ = 0;
+  StepPath path_ = StepPath::Fused;
   uint64_t seed_ = 0x6C6F77626974ull;  // "lowbit": stochastic rounding seed, saved in checkpoints
 };
 

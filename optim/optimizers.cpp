@@ -1,8 +1,7 @@
-// Options -> update-rule hyper-parameters for each optimizer, and their argument checks (with
-// torch::optim's messages). Derived quantities are computed in double and rounded once.
+// Options -> the step's named hyper-parameters (kernels::StepConfig) for each optimizer, and their
+// argument checks (with torch::optim's messages). What depends on the step (bias corrections,
+// schedules) is derived where the step runs (kernels/common/step_config.h).
 #include "optimizers.h"
-
-#include <cmath>
 
 namespace lowbit {
 namespace optim {
@@ -14,62 +13,55 @@ void check_betas(double b1, double b2) {
   TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
 }
 
-// The Adam family's shared part: lr, betas with their complements (rounded from double), eps,
-// weight decay, maximize, and the bias corrections of step t.
-kernels::Hyper adam_family(double lr, double b1, double b2, double eps, double wd, bool maximize, int64_t t) {
-  kernels::Hyper h;
-  h.lr = static_cast<float>(lr);
-  h.beta1 = static_cast<float>(b1);
-  h.beta2 = static_cast<float>(b2);
-  h.one_minus_beta1 = static_cast<float>(1 - b1);
-  h.one_minus_beta2 = static_cast<float>(1 - b2);
-  h.eps = static_cast<float>(eps);
-  h.weight_decay = static_cast<float>(wd);
-  h.maximize = maximize;
-  const double bc1 = 1 - std::pow(b1, static_cast<double>(t));
-  h.inv_bias1 = static_cast<float>(1 / bc1);
-  h.step_size = static_cast<float>(lr / bc1);
-  h.inv_bias2_sqrt = static_cast<float>(1 / std::sqrt(1 - std::pow(b2, static_cast<double>(t))));
-  h.decay = static_cast<float>(1 - lr * wd);
-  return h;
+kernels::StepConfig with_betas(kernels::Rule rule, double b1, double b2, double eps, double wd, bool maximize) {
+  kernels::StepConfig c;
+  c.rule = rule;
+  c.beta1 = b1;
+  c.beta2 = b2;
+  c.eps = eps;
+  c.weight_decay = wd;
+  c.maximize = maximize;
+  return c;
 }
 
 template <typename O>
-kernels::Hyper adam_like(const O& o, int64_t t) {
-  kernels::Hyper h = adam_family(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                                 o.maximize(), t);
-  h.amsgrad = o.amsgrad();
-  return h;
+kernels::StepConfig adam_like(kernels::Rule rule, const O& o) {
+  kernels::StepConfig c =
+      with_betas(rule, std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.maximize());
+  c.amsgrad = o.amsgrad();
+  return c;
 }
 
 }  // namespace
 
-kernels::Hyper Adam::hyper(const torch::optim::OptimizerOptions& o, int64_t t) const { return adam_like(opts(o), t); }
+kernels::StepConfig Adam::config(const torch::optim::OptimizerOptions& o) const {
+  return adam_like(kernels::Rule::Adam, opts(o));
+}
 void Adam::validate(const AdamOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
   TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
 }
 
-kernels::Hyper AdamW::hyper(const torch::optim::OptimizerOptions& o, int64_t t) const { return adam_like(opts(o), t); }
+kernels::StepConfig AdamW::config(const torch::optim::OptimizerOptions& o) const {
+  return adam_like(kernels::Rule::AdamW, opts(o));
+}
 void AdamW::validate(const AdamWOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
   TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
 }
 
-kernels::Hyper SGD::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
+kernels::StepConfig SGD::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
-  kernels::Hyper h;
-  h.lr = static_cast<float>(o.lr());
-  h.momentum = static_cast<float>(o.momentum());
-  h.dampening = static_cast<float>(o.dampening());
-  h.one_minus_dampening = static_cast<float>(1 - o.dampening());
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.nesterov = o.nesterov();
-  h.maximize = o.maximize();
-  h.first_step = t == 1;
-  return h;
+  kernels::StepConfig c;
+  c.rule = kernels::Rule::SGD;
+  c.momentum = o.momentum();
+  c.dampening = o.dampening();
+  c.weight_decay = o.weight_decay();
+  c.nesterov = o.nesterov();
+  c.maximize = o.maximize();
+  return c;
 }
 void SGD::validate(const SGDOptions& o) {
   TORCH_CHECK(o.momentum() >= 0, "Invalid momentum value: ", o.momentum());
@@ -78,40 +70,27 @@ void SGD::validate(const SGDOptions& o) {
               "Nesterov momentum requires a momentum and zero dampening");
 }
 
-kernels::Hyper Lion::hyper(const torch::optim::OptimizerOptions& oo, int64_t) const {
+kernels::StepConfig Lion::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
-  kernels::Hyper h;
-  h.lr = static_cast<float>(o.lr());
-  h.beta1 = static_cast<float>(std::get<0>(o.betas()));
-  h.beta2 = static_cast<float>(std::get<1>(o.betas()));
-  h.one_minus_beta1 = static_cast<float>(1 - std::get<0>(o.betas()));
-  h.one_minus_beta2 = static_cast<float>(1 - std::get<1>(o.betas()));
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.decay = static_cast<float>(1 - o.lr() * o.weight_decay());
-  h.maximize = o.maximize();
-  return h;
+  return with_betas(kernels::Rule::Lion, std::get<0>(o.betas()), std::get<1>(o.betas()), 0.0, o.weight_decay(),
+                    o.maximize());
 }
 void Lion::validate(const LionOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
 }
 
-kernels::Hyper RMSprop::hyper(const torch::optim::OptimizerOptions& oo, int64_t) const {
+kernels::StepConfig RMSprop::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
-  kernels::Hyper h;
-  h.lr = static_cast<float>(o.lr());
-  h.alpha = static_cast<float>(o.alpha());
-  h.one_minus_alpha = static_cast<float>(1 - o.alpha());
-  h.eps = static_cast<float>(o.eps());
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.momentum = static_cast<float>(o.momentum());
-  h.centered = o.centered();
-  h.maximize = o.maximize();
-  return h;
-}
-bool RMSprop::slot_used(const torch::optim::OptimizerOptions& oo, int slot) const {
-  const auto& o = opts(oo);
-  return slot == 0 || (slot == 1 && o.momentum() > 0) || (slot == 2 && o.centered());
+  kernels::StepConfig c;
+  c.rule = kernels::Rule::RMSprop;
+  c.alpha = o.alpha();
+  c.eps = o.eps();
+  c.weight_decay = o.weight_decay();
+  c.momentum = o.momentum();
+  c.centered = o.centered();
+  c.maximize = o.maximize();
+  return c;
 }
 void RMSprop::validate(const RMSpropOptions& o) {
   TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
@@ -120,15 +99,15 @@ void RMSprop::validate(const RMSpropOptions& o) {
   TORCH_CHECK(o.alpha() >= 0, "Invalid alpha value: ", o.alpha());
 }
 
-kernels::Hyper Adagrad::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
+kernels::StepConfig Adagrad::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
-  kernels::Hyper h;
-  h.lr = static_cast<float>(o.lr());
-  h.eps = static_cast<float>(o.eps());
-  h.weight_decay = static_cast<float>(o.weight_decay());
-  h.maximize = o.maximize();
-  h.step_size = static_cast<float>(o.lr() / (1 + static_cast<double>(t - 1) * o.lr_decay()));
-  return h;
+  kernels::StepConfig c;
+  c.rule = kernels::Rule::Adagrad;
+  c.eps = o.eps();
+  c.weight_decay = o.weight_decay();
+  c.lr_decay = o.lr_decay();
+  c.maximize = o.maximize();
+  return c;
 }
 double Adagrad::initial_state_value(const torch::optim::OptimizerOptions& o, int) const {
   return opts(o).initial_accumulator_value();
@@ -141,23 +120,14 @@ void Adagrad::validate(const AdagradOptions& o) {
   TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
 }
 
-kernels::Hyper AdEMAMix::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
+kernels::StepConfig AdEMAMix::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
-  const double b1 = std::get<0>(o.betas()), b3 = std::get<2>(o.betas());
-  kernels::Hyper h = adam_family(o.lr(), b1, std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.maximize(), t);
-  double alpha = o.alpha(), beta3 = b3;
-  if (o.t_alpha_beta3() > 0) {
-    // The paper's warm-up: alpha rises linearly; beta3 follows the schedule that makes the slow
-    // EMA's half-life grow linearly from beta1's to beta3's.
-    const double frac = std::min(1.0, static_cast<double>(t) / static_cast<double>(o.t_alpha_beta3()));
-    alpha = frac * o.alpha();
-    const double lb1 = std::log(b1), lb3 = std::log(b3);
-    beta3 = std::exp(lb1 * lb3 / ((1 - frac) * lb3 + frac * lb1));
-  }
-  h.alpha = static_cast<float>(alpha);
-  h.beta3 = static_cast<float>(std::min(beta3, b3));
-  h.one_minus_beta3 = static_cast<float>(1 - std::min(beta3, b3));
-  return h;
+  kernels::StepConfig c = with_betas(kernels::Rule::AdEMAMix, std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
+                                     o.weight_decay(), o.maximize());
+  c.beta3 = std::get<2>(o.betas());
+  c.alpha = o.alpha();
+  c.t_alpha_beta3 = o.t_alpha_beta3();
+  return c;
 }
 void AdEMAMix::validate(const AdEMAMixOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
@@ -166,12 +136,13 @@ void AdEMAMix::validate(const AdEMAMixOptions& o) {
   TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
   TORCH_CHECK(o.alpha() >= 0, "Invalid alpha value: ", o.alpha());
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(o.t_alpha_beta3() >= 0, "Invalid t_alpha_beta3 value: ", o.t_alpha_beta3());
 }
 
-kernels::Hyper LAMB::hyper(const torch::optim::OptimizerOptions& oo, int64_t t) const {
+kernels::StepConfig LAMB::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
-  return adam_family(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.maximize(),
-                     t);
+  return with_betas(kernels::Rule::LAMB, std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                    o.maximize());
 }
 void LAMB::validate(const LAMBOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));

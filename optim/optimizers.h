@@ -52,8 +52,7 @@ class Adam : public detail::OptimizerWith<AdamOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(Adam, AdamOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::Adam; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const AdamOptions& o);
 };
 
@@ -61,8 +60,7 @@ class AdamW : public detail::OptimizerWith<AdamWOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(AdamW, AdamWOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::AdamW; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const AdamWOptions& o);
 };
 
@@ -77,8 +75,7 @@ class SGD : public detail::OptimizerWith<SGDOptions> {
             defaults) {}
   const char* name() const override { return "lowbit::optim::SGD"; }
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::SGD; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const SGDOptions& o);
 };
 
@@ -86,8 +83,7 @@ class Lion : public detail::OptimizerWith<LionOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(Lion, LionOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::Lion; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const LionOptions& o);
 };
 
@@ -95,9 +91,7 @@ class RMSprop : public detail::OptimizerWith<RMSpropOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(RMSprop, RMSpropOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::RMSprop; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
-  bool slot_used(const torch::optim::OptimizerOptions& o, int slot) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const RMSpropOptions& o);
 };
 
@@ -105,8 +99,7 @@ class Adagrad : public detail::OptimizerWith<AdagradOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(Adagrad, AdagradOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::Adagrad; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   double initial_state_value(const torch::optim::OptimizerOptions& o, int slot) const override;
   static void validate(const AdagradOptions& o);
 };
@@ -115,8 +108,7 @@ class AdEMAMix : public detail::OptimizerWith<AdEMAMixOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(AdEMAMix, AdEMAMixOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::AdEMAMix; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const AdEMAMixOptions& o);
 };
 
@@ -124,8 +116,7 @@ class LAMB : public detail::OptimizerWith<LAMBOptions> {
  public:
   LOWBIT_OPTIMIZER_CTORS(LAMB, LAMBOptions)
  protected:
-  kernels::Rule rule() const override { return kernels::Rule::LAMB; }
-  kernels::Hyper hyper(const torch::optim::OptimizerOptions& o, int64_t t) const override;
+  kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   static void validate(const LAMBOptions& o);
 };
 

@@ -1,6 +1,10 @@
 // Declares lowbit's dispatcher ops; each backend registers its kernels in its own ops_*.cpp file.
 #include <torch/library.h>
 
+#include <string>
+
+#include "optim_step_boxed.h"
+
 TORCH_LIBRARY(lowbit, m) {
   m.def("quantize_blockwise(Tensor input, str format, int block_size=0) -> (Tensor codes, Tensor absmax)");
   m.def(
@@ -12,11 +16,13 @@ TORCH_LIBRARY(lowbit, m) {
       "dequantize_blockwise_reference(Tensor codes, Tensor absmax, str format, int block_size, int[] shape, "
       "ScalarType? dtype=None) -> Tensor");
   // The optimizer step and its gradient pre-pass (tensors/optim_ops.h explains the arguments).
-  m.def("grad_stats(Tensor[] grads, bool want_sumsq) -> (Tensor finite, Tensor sumsq)");
-  m.def(
-      "optim_step_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds, "
-      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> Tensor");
-  m.def(
-      "optim_step_reference_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds, "
-      "int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale, bool scalar_loop=False) -> Tensor");
+  m.def("grad_check(Tensor[] grads, int[] groups, int num_groups, bool want_sumsq) -> (Tensor found_inf, Tensor sumsq)");
+  const std::string args = lowbit::ops::kStepArguments;
+  m.def(("optim_step_" + args + " -> ()").c_str());
+  m.def(("optim_step_reference_" + args + " -> ()").c_str());
+  // optim_lamb_norms reads what optim_step_ writes: the same arguments without the (x!) marks.
+  std::string reads = args;
+  for (const char* mark : {"(a!)", "(b!)", "(c!)"}) reads.erase(reads.find(mark), 4);
+  m.def(("optim_lamb_norms" + reads + " -> Tensor").c_str());
+  m.def(("optim_lamb_norms_reference" + reads + " -> Tensor").c_str());
 }

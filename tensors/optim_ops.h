@@ -1,82 +1,128 @@
 // The dispatcher ops of an optimizer step. The optimizers (optim/) call these and nothing below
-// them: each backend registers its kernel, and the CompositeExplicitAutograd reference (ATen ops
-// only) serves every other device and is the oracle the kernels are tested against.
+// them: each backend registers its kernel, a Meta kernel gives shape inference (torch.compile), and
+// the CompositeExplicitAutograd reference (ATen ops, driven by the same per-element rules as the
+// kernels) serves every other device and is the oracle the kernels are tested against.
 //
-// Schema (TORCH_LIBRARY(lowbit)):
-//   grad_stats(Tensor[] grads, bool want_sumsq) -> (Tensor finite, Tensor sumsq)
-//       finite: bool [N], whether every element of grads[i] is finite; sumsq: float64 [N], the sum
-//       of squares (0 unless want_sumsq). Both on the CPU.
-//   optim_step_(int rule, Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] states, int[] slot_kinds,
-//               int[] block_sizes, float[] hyper, int[] seeds, int[] flags, float grad_scale,
-//               bool scalar_loop=False) -> Tensor
-//       One fused step of kernels::Rule `rule` over N parameters, in place. Per parameter: three
-//       slot kinds (kSlot* below; the state tensors of its slots follow in `states` in order: one
-//       tensor for a dense slot, codes then absmax for a quantized one), the quantization block,
-//       kHyperFields values of kernels::Hyper (pack_hyper), a seed and flags (kFlag*). Gradients
-//       are multiplied by grad_scale as they are read. scalar_loop: the CPU kernel's scalar loop
-//       even where AVX-512 is present (tests compare the two). Returns int64 [N] on the CPU: per
-//       parameter, the blocks of quantized state that became Inf or NaN (an overflow; their
-//       absmax holds the NaN flag), 0 normally.
-//   optim_step_reference_(...): the same arguments, always the ATen reference.
+// Schema (TORCH_LIBRARY(lowbit); python/lowbit/optim.py builds these arguments for Python users):
+//
+//   grad_check(Tensor[] grads, int[] groups, int num_groups, bool want_sumsq)
+//       -> (Tensor found_inf, Tensor sumsq)
+//     One read of every gradient before a step, on their device: found_inf float32 [1] is 1 when
+//     any element of any gradient is Inf or NaN (else 0); sumsq float64 [num_groups] adds, per
+//     group (groups[i] is gradient i's), the squares of its gradients in a fixed order (0 unless
+//     want_sumsq). Nothing is read back to the host.
+//
+//   optim_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state, Tensor(c!)[] counters,
+//               Tensor lr, *, str rule, str[] slots, int block_size=0, <hyper-parameters>,
+//               int[] offsets=[], int[] rng_keys=[], int seed=0, bool stochastic_round=False,
+//               Tensor? found_inf=None, Tensor? grad_sumsq=None, float max_grad_norm=0.0,
+//               Tensor? grad_scale=None, Tensor? lamb_norms=None, bool scalar_loop=False) -> ()
+//     One fused step of `rule` ("AdamW", ...) over N parameters, in place, all with the same state
+//     layout: `slots` names the storage of each state slot ("none", "fp32", "bf16" or a
+//     QuantFormat name such as "Dyn8Signed"; kernels/common/state_slots.h); `state` holds, per
+//     parameter and in slot order, one tensor per dense slot and codes then absmax per quantized
+//     slot. block_size: the quantization block (0: the first quantized slot's default).
+//     Hyper-parameters by name (StepConfig): beta1, beta2, beta3, eps, weight_decay, alpha,
+//     momentum, dampening, lr_decay, t_alpha_beta3, nesterov, centered, amsgrad, maximize.
+//     What changes per step lives in tensors on the parameters' device and is read where the step
+//     runs: counters[i] int64 [2] = (steps taken, state blocks that overflowed): the op takes step
+//     t = counters[i][0] + 1, stores it, and adds the blocks of quantized state that became Inf or
+//     NaN to counters[i][1]; lr float64/float32 [1]. Bias corrections and schedules are derived
+//     from t and lr there (kernels/common/step_config.h), the same bits on every backend.
+//     found_inf (float32 [1], nonzero = skip): the whole call does nothing, counters included.
+//     grad_sumsq (float64 [1]) with max_grad_norm > 0: clip by the norm of the gradients it sums;
+//     grad_scale (float32 [1]): the gradients are multiplied by the loss scale (AMP) and divided
+//     by it here. lamb_norms (float64 [N, 2]): LAMB's sums of p^2 and r^2 over each whole
+//     parameter (for a shard); the op computes them over what it sees when absent.
+//     offsets[i]: the element of the whole parameter where params[i] starts (a multiple of
+//     block_size with quantized state), so quantization blocks and stochastic-rounding indices
+//     are those of the whole parameter: a block-aligned range of a flat shard steps exactly as the
+//     same range of the whole parameter does. rng_keys[i], seed: the stochastic-rounding noise of
+//     bf16 parameters (stochastic_round) is hash(step_seed(seed, t, rng_keys[i]), element index).
+//     scalar_loop: the CPU kernel's scalar loop even where AVX-512 is present (tests).
+//
+//   optim_lamb_norms(<optim_step_'s arguments>) -> Tensor
+//     LAMB's first pass alone, nothing written: float64 [N, 2], per parameter the sums of p^2 and
+//     r^2 over the elements it is given (element i of a block into partial sum i mod 16, a block's
+//     16 partials in order, the blocks in order).
+//
+//   optim_step_reference_ / optim_lamb_norms_reference: the same, always the ATen reference.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
-#include <lowbit/kernels/common/optim_rules.h>
+#include <lowbit/kernels/common/state_slots.h>
+#include <lowbit/kernels/common/step_config.h>
 
 #include "quant_format.h"
 
 namespace lowbit {
 namespace ops {
 
-constexpr int64_t kSlotNone = 0;
-constexpr int64_t kSlotF32 = 1;
-constexpr int64_t kSlotBF16 = 2;
-constexpr int64_t kSlotQuantized = 16;  // + static_cast<int>(QuantFormat)
-constexpr int64_t kFlagStochasticRound = 1;  // bf16 params: round the result stochastically
-
-struct StepSlot {
-  int64_t kind = kSlotNone;
-  at::Tensor values;          // dense slots: float32 or bfloat16, numel of the parameter
-  at::Tensor codes, absmax;   // quantized slots
-  QuantFormat format = QuantFormat::Dyn8Signed;
-};
-
-struct StepParam {
-  at::Tensor param, grad;
-  StepSlot slots[3];
-  int num_slots = 0;          // 1 + the last used slot
+// The arguments of optim_step_ / optim_lamb_norms as C++ values (what the optimizers fill in).
+struct StepArgs {
+  std::vector<at::Tensor> params, grads, state, counters;
+  at::Tensor lr;
+  kernels::StepConfig config;
+  std::vector<kernels::SlotType> slots;  // one per slot index, up to kernels::kMaxSlots
   int64_t block_size = 0;
-  kernels::Hyper hyper;
+  std::vector<int64_t> offsets, rng_keys;  // empty: all 0
   uint64_t seed = 0;
   bool stochastic_round = false;
+  std::optional<at::Tensor> found_inf, grad_sumsq, grad_scale, lamb_norms;
+  double max_grad_norm = 0.0;
+  bool scalar_loop = false;
 };
 
-// Calls through the dispatcher, what the optimizers use: the fused kernel of the tensors' device
-// (the reference where none is registered), or the reference itself.
-at::Tensor optim_step(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
-                at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
-                at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop, bool reference);
-std::tuple<at::Tensor, at::Tensor> grad_stats(at::TensorList grads, bool want_sumsq);
+// One parameter of a checked call.
+struct StepParam {
+  at::Tensor param, grad, counters;
+  std::array<at::Tensor, kernels::kMaxSlots> values, codes, absmax;  // by slot: dense, or quantized
+  int64_t offset = 0;
+  int64_t rng_key = 0;
+};
 
-// Checks the arguments of optim_step_ and groups them per parameter; errors name the parameter.
-std::vector<StepParam> parse_step_args(int64_t rule, at::TensorList params, at::TensorList grads,
-                                       at::TensorList states, at::IntArrayRef slot_kinds,
-                                       at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
-                                       at::IntArrayRef seeds, at::IntArrayRef flags, const char* op);
+// A checked call: every list has the length its parameters need, every tensor the dtype, size and
+// device the kernels assume; errors name the op, the argument and the parameter.
+struct StepCall {
+  kernels::StepConfig config;
+  kernels::SlotType slots[kernels::kMaxSlots];
+  int num_slots = 0;  // 1 + the last slot that is not None
+  int64_t block_size = 0;
+  uint64_t seed = 0;
+  bool stochastic_round = false;
+  at::Tensor lr;
+  std::optional<at::Tensor> found_inf, grad_sumsq, grad_scale, lamb_norms;
+  double max_grad_norm = 0.0;
+  bool scalar_loop = false;
+  std::vector<StepParam> params;
+};
 
-// The reference step of one parameter (ATen ops; any device); returns the blocks of quantized state
-// that became non-finite.
-int64_t reference_param_step(kernels::Rule rule, StepParam& p, double grad_scale);
+StepCall check_step_call(const StepArgs& a, const char* op);
 
-// The reference kernels, as registered.
-at::Tensor optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
-                          at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
-                          at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop);
-std::tuple<at::Tensor, at::Tensor> grad_stats_reference(at::TensorList grads, bool want_sumsq);
+// What the call's device scalars say (read on the host: the CPU kernel and the reference).
+bool call_skipped(const StepCall& c);
+float call_grad_multiplier(const StepCall& c);
+double call_lr(const StepCall& c);
+
+// Calls through the dispatcher: the kernel of the tensors' device (the reference where none is
+// registered), or the reference itself.
+void optim_step(const StepArgs& a, bool reference = false);
+at::Tensor optim_lamb_norms(const StepArgs& a, bool reference = false);
+std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
+                                              bool want_sumsq);
+
+// The reference step of one parameter at step t (ATen ops; any device); returns the blocks of
+// quantized state that became non-finite. trust: LAMB's trust ratio.
+int64_t reference_param_step(const StepCall& c, StepParam& p, int64_t t, float grad_mult, float trust);
+// LAMB's sums of p^2 and r^2 over one parameter, in the kernels' order, at step t.
+std::array<double, 2> reference_lamb_sums(const StepCall& c, const StepParam& p, int64_t t, float grad_mult);
 
 }  // namespace ops
 }  // namespace lowbit

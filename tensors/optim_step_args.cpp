@@ -1,92 +1,197 @@
-// Argument checks of lowbit::optim_step_ (optim_ops.h): every list has the length its parameters
-// need, and every tensor the dtype, size and device the kernels assume.
+// Argument checks of lowbit::optim_step_ / optim_lamb_norms (optim_ops.h): every list has the
+// length its parameters need, every tensor the dtype, size and device the kernels assume, and the
+// per-step scalars are where the step reads them. Errors name the op, the argument, the parameter.
 #include <c10/util/Exception.h>
+
+#include <cmath>
 
 #include "optim_ops.h"
 
 namespace lowbit {
 namespace ops {
 
-std::vector<StepParam> parse_step_args(int64_t rule, at::TensorList params, at::TensorList grads,
-                                       at::TensorList states, at::IntArrayRef slot_kinds,
-                                       at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
-                                       at::IntArrayRef seeds, at::IntArrayRef flags, const char* op) {
-  const int64_t n = static_cast<int64_t>(params.size());
-  TORCH_CHECK(rule >= 0 && rule <= static_cast<int64_t>(kernels::Rule::LAMB), op, ": unknown rule ", rule);
-  const auto check_len = [&](int64_t got, int64_t want, const char* what) {
-    TORCH_CHECK(got == want, op, ": ", what, " has ", got, " entries; ", n, " parameters need ", want);
+namespace {
+
+bool is_float_type(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+// A one-element tensor of one of `types` on `device`.
+void check_scalar(const at::Tensor& t, const char* what, at::Device device, std::initializer_list<at::ScalarType> types,
+                  const char* op) {
+  bool ok = false;
+  for (auto s : types) ok |= t.scalar_type() == s;
+  TORCH_CHECK(ok, op, ": ", what, " has dtype ", t.scalar_type(), "; expected ", *types.begin());
+  TORCH_CHECK(t.numel() == 1, op, ": ", what, " must hold one value, got ", t.numel());
+  TORCH_CHECK(t.device() == device, op, ": ", what, " is on ", t.device(), " but the parameters on ", device);
+}
+
+std::string slot_list(const std::vector<kernels::SlotType>& slots) {
+  std::string s;
+  for (size_t k = 0; k < slots.size(); ++k) s += (k ? ", " : "") + slot_type_name(slots[k]);
+  return s;
+}
+
+}  // namespace
+
+StepCall check_step_call(const StepArgs& a, const char* op) {
+  StepCall c;
+  c.config = a.config;
+  const kernels::StepConfig& k = a.config;
+  const auto finite = [&](double v, const char* name) {
+    TORCH_CHECK(std::isfinite(v), op, ": ", name, " must be finite, got ", v);
   };
-  check_len(static_cast<int64_t>(grads.size()), n, "grads");
-  check_len(static_cast<int64_t>(slot_kinds.size()), 3 * n, "slot_kinds");
-  check_len(static_cast<int64_t>(block_sizes.size()), n, "block_sizes");
-  check_len(static_cast<int64_t>(hyper.size()), n * kernels::kHyperFields, "hyper");
-  check_len(static_cast<int64_t>(seeds.size()), n, "seeds");
-  check_len(static_cast<int64_t>(flags.size()), n, "flags");
-  const auto float_type = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; };
-  std::vector<StepParam> out(n);
-  size_t next_state = 0;
+  finite(k.beta1, "beta1");
+  finite(k.beta2, "beta2");
+  finite(k.beta3, "beta3");
+  finite(k.eps, "eps");
+  finite(k.weight_decay, "weight_decay");
+  finite(k.alpha, "alpha");
+  finite(k.momentum, "momentum");
+  finite(k.dampening, "dampening");
+  finite(k.lr_decay, "lr_decay");
+  finite(a.max_grad_norm, "max_grad_norm");
+  TORCH_CHECK(k.t_alpha_beta3 >= 0, op, ": t_alpha_beta3 must be >= 0, got ", k.t_alpha_beta3);
+
+  const int64_t n = static_cast<int64_t>(a.params.size());
+  const auto check_len = [&](size_t got, const char* what) {
+    TORCH_CHECK(static_cast<int64_t>(got) == n, op, ": ", what, " has ", got, " entries for ", n, " parameters");
+  };
+  check_len(a.grads.size(), "grads");
+  check_len(a.counters.size(), "counters");
+  if (!a.offsets.empty()) check_len(a.offsets.size(), "offsets");
+  if (!a.rng_keys.empty()) check_len(a.rng_keys.size(), "rng_keys");
+
+  // The state layout.
+  TORCH_CHECK(a.slots.size() <= static_cast<size_t>(kernels::kMaxSlots), op, ": slots has ", a.slots.size(),
+              " entries; at most ", kernels::kMaxSlots);
+  const kernels::RuleSlots rs = kernels::rule_slots(k);
+  int tensors_per_param = 0;
+  const kernels::SlotType* first_quant = nullptr;
+  for (size_t s = 0; s < a.slots.size(); ++s) {
+    c.slots[s] = a.slots[s];
+    if (a.slots[s].storage == kernels::SlotStorage::None) continue;
+    TORCH_CHECK(static_cast<int>(s) < rs.count && rs.used[s], op, ": slot ", s, " (", slot_type_name(a.slots[s]),
+                ") is not a state of ", kernels::rule_name(k.rule), " with these options");
+    c.num_slots = static_cast<int>(s) + 1;
+    const bool quant = a.slots[s].storage == kernels::SlotStorage::Quant;
+    tensors_per_param += quant ? 2 : 1;
+    if (quant && !first_quant) first_quant = &c.slots[s];
+  }
+  for (int s = 0; s < rs.count; ++s)
+    TORCH_CHECK(!rs.used[s] || (static_cast<size_t>(s) < a.slots.size() && c.slots[s].storage != kernels::SlotStorage::None),
+                op, ": ", kernels::rule_name(k.rule), " needs slot ", s, " (", rs.names[s], "); slots has ",
+                s < static_cast<int>(a.slots.size()) ? "none" : "no entry", " there");
+  TORCH_CHECK(static_cast<int64_t>(a.state.size()) == n * tensors_per_param, op, ": state has ", a.state.size(),
+              " tensors; ", n, " parameter(s) with ", tensors_per_param, " state tensors each (slots ",
+              slot_list(a.slots), ") need ", n * tensors_per_param);
+  c.block_size = a.block_size;
+  if (first_quant) {
+    if (c.block_size == 0) c.block_size = default_block_size(first_quant->format);
+    TORCH_CHECK(is_valid_block_size(c.block_size), op, ": block_size is ", a.block_size,
+                "; quantized state needs 0 (the format's default) or a power of two in [", kMinBlockSize, ", ",
+                kMaxBlockSize, "]");
+  } else {
+    if (c.block_size == 0) c.block_size = 1024;
+    TORCH_CHECK(c.block_size >= 16 && c.block_size % 16 == 0 && c.block_size <= (int64_t(1) << 20), op,
+                ": block_size is ", a.block_size, "; dense state needs 0 or a multiple of 16 up to 2^20");
+  }
+
+  c.seed = a.seed;
+  c.stochastic_round = a.stochastic_round;
+  c.max_grad_norm = a.max_grad_norm;
+  c.scalar_loop = a.scalar_loop;
+  c.found_inf = a.found_inf;
+  c.grad_sumsq = a.grad_sumsq;
+  c.grad_scale = a.grad_scale;
+  c.lamb_norms = a.lamb_norms;
+  c.lr = a.lr;
+  if (n == 0) return c;
+
+  const at::Device device = a.params[0].device();
+  check_scalar(a.lr, "lr", device, {at::kDouble, at::kFloat}, op);
+  if (a.found_inf) check_scalar(*a.found_inf, "found_inf", device, {at::kFloat}, op);
+  if (a.grad_sumsq) check_scalar(*a.grad_sumsq, "grad_sumsq", device, {at::kDouble}, op);
+  if (a.grad_scale) check_scalar(*a.grad_scale, "grad_scale", device, {at::kFloat}, op);
+  TORCH_CHECK(a.max_grad_norm >= 0, op, ": max_grad_norm must be >= 0, got ", a.max_grad_norm);
+  TORCH_CHECK(a.max_grad_norm == 0 || a.grad_sumsq, op, ": max_grad_norm ", a.max_grad_norm,
+              " needs grad_sumsq (the squared norm of the gradients to clip)");
+  if (a.lamb_norms) {
+    const at::Tensor& t = *a.lamb_norms;
+    TORCH_CHECK(t.scalar_type() == at::kDouble && t.dim() == 2 && t.size(0) == n && t.size(1) == 2, op,
+                ": lamb_norms must be float64 [", n, ", 2], got ", t.scalar_type(), " ", t.sizes());
+    TORCH_CHECK(t.device() == device, op, ": lamb_norms is on ", t.device(), " but the parameters on ", device);
+  }
+
+  c.params.resize(n);
+  size_t next = 0;
   for (int64_t i = 0; i < n; ++i) {
-    StepParam& p = out[i];
-    p.param = params[i];
-    p.grad = grads[i];
+    StepParam& p = c.params[i];
+    p.param = a.params[i];
+    p.grad = a.grads[i];
+    p.counters = a.counters[i];
     const int64_t numel = p.param.numel();
-    TORCH_CHECK(float_type(p.param.scalar_type()), op, ": parameter ", i, " has dtype ", p.param.scalar_type(),
+    TORCH_CHECK(p.param.device() == device, op, ": parameter ", i, " is on ", p.param.device(), ", parameter 0 on ",
+                device, "; one call steps parameters of one device");
+    TORCH_CHECK(is_float_type(p.param.scalar_type()), op, ": parameter ", i, " has dtype ", p.param.scalar_type(),
                 "; supported: float32, bfloat16, float16");
-    TORCH_CHECK(float_type(p.grad.scalar_type()), op, ": the gradient of parameter ", i, " has dtype ",
+    TORCH_CHECK(is_float_type(p.grad.scalar_type()), op, ": the gradient of parameter ", i, " has dtype ",
                 p.grad.scalar_type(), "; supported: float32, bfloat16, float16");
     TORCH_CHECK(p.grad.sizes() == p.param.sizes(), op, ": parameter ", i, " has shape ", p.param.sizes(),
                 " but its gradient ", p.grad.sizes());
-    TORCH_CHECK(p.grad.device() == p.param.device(), op, ": parameter ", i, " is on ", p.param.device(),
-                " but its gradient on ", p.grad.device());
-    p.block_size = block_sizes[i];
-    p.hyper = kernels::unpack_hyper(hyper.data() + i * kernels::kHyperFields);
-    p.seed = static_cast<uint64_t>(seeds[i]);
-    p.stochastic_round = (flags[i] & kFlagStochasticRound) != 0 && p.param.scalar_type() == at::kBFloat16;
-    bool any_quantized = false;
-    for (int k = 0; k < 3; ++k) {
-      StepSlot& s = p.slots[k];
-      s.kind = slot_kinds[3 * i + k];
-      if (s.kind == kSlotNone) continue;
-      p.num_slots = k + 1;
+    TORCH_CHECK(p.grad.device() == device, op, ": parameter ", i, " is on ", device, " but its gradient on ",
+                p.grad.device());
+    TORCH_CHECK(p.counters.scalar_type() == at::kLong && p.counters.numel() == 2 && p.counters.is_contiguous(), op,
+                ": counters[", i, "] must be a contiguous int64 tensor of 2 elements (steps, overflowed blocks), got ",
+                p.counters.scalar_type(), " ", p.counters.sizes());
+    TORCH_CHECK(p.counters.device() == device, op, ": counters[", i, "] is on ", p.counters.device(),
+                " but the parameter on ", device);
+    p.offset = a.offsets.empty() ? 0 : a.offsets[i];
+    p.rng_key = a.rng_keys.empty() ? 0 : a.rng_keys[i];
+    TORCH_CHECK(p.offset >= 0, op, ": offsets[", i, "] is ", p.offset, "; must be >= 0");
+    TORCH_CHECK(!first_quant || p.offset % c.block_size == 0, op, ": offsets[", i, "] is ", p.offset,
+                ", not a multiple of block_size ", c.block_size, ": a shard must start on a quantization block");
+    for (int s = 0; s < c.num_slots; ++s) {
+      const kernels::SlotType& t = c.slots[s];
+      if (t.storage == kernels::SlotStorage::None) continue;
       const auto take = [&](const char* what) {
-        TORCH_CHECK(next_state < states.size(), op, ": states ends before the ", what, " of slot ", k,
-                    " of parameter ", i);
-        const at::Tensor& t = states[next_state++];
-        TORCH_CHECK(t.device() == p.param.device(), op, ": the state (slot ", k, ") of parameter ", i, " is on ",
-                    t.device(), " but the parameter on ", p.param.device());
-        TORCH_CHECK(t.is_contiguous(), op, ": the state (slot ", k, ") of parameter ", i, " is not contiguous");
-        return t;
+        const at::Tensor& x = a.state[next++];
+        TORCH_CHECK(x.device() == device, op, ": the ", what, " of slot ", s, " of parameter ", i, " is on ",
+                    x.device(), " but the parameter on ", device);
+        TORCH_CHECK(x.is_contiguous(), op, ": the ", what, " of slot ", s, " of parameter ", i, " is not contiguous");
+        return x;
       };
-      if (s.kind == kSlotF32 || s.kind == kSlotBF16) {
-        s.values = take("values");
-        const at::ScalarType want = s.kind == kSlotF32 ? at::kFloat : at::kBFloat16;
-        TORCH_CHECK(s.values.scalar_type() == want && s.values.numel() == numel, op, ": slot ", k, " of parameter ", i,
-                    " must be ", want, " with ", numel, " elements, got ", s.values.scalar_type(), " with ",
-                    s.values.numel());
+      if (t.storage != kernels::SlotStorage::Quant) {
+        p.values[s] = take("values");
+        const at::ScalarType want = t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16;
+        TORCH_CHECK(p.values[s].scalar_type() == want && p.values[s].numel() == numel, op, ": slot ", s,
+                    " of parameter ", i, " (", slot_type_name(t), ") must be ", want, " with ", numel,
+                    " elements, got ", p.values[s].scalar_type(), " with ", p.values[s].numel());
         continue;
       }
-      const int64_t f = s.kind - kSlotQuantized;
-      TORCH_CHECK(f >= 0 && f < kNumQuantFormats, op, ": slot ", k, " of parameter ", i, " has unknown kind ", s.kind);
-      s.format = static_cast<QuantFormat>(f);
-      any_quantized = true;
-      s.codes = take("codes");
-      s.absmax = take("absmax");
-      TORCH_CHECK(s.codes.scalar_type() == at::kByte && s.codes.numel() == code_bytes(s.format, numel), op, ": slot ",
-                  k, " of parameter ", i, " (", format_name(s.format), ") needs ", code_bytes(s.format, numel),
-                  " uint8 codes, got ", s.codes.numel(), " of ", s.codes.scalar_type());
-      TORCH_CHECK(is_valid_block_size(p.block_size), op, ": parameter ", i, " has block size ", p.block_size,
-                  "; quantized state needs a power of two in [", kMinBlockSize, ", ", kMaxBlockSize, "]");
-      TORCH_CHECK(s.absmax.scalar_type() == at::kFloat && s.absmax.numel() == num_blocks(numel, p.block_size), op,
-                  ": slot ", k, " of parameter ", i, " needs ", num_blocks(numel, p.block_size),
-                  " float32 absmax values, got ", s.absmax.numel(), " of ", s.absmax.scalar_type());
+      p.codes[s] = take("codes");
+      p.absmax[s] = take("absmax");
+      TORCH_CHECK(p.codes[s].scalar_type() == at::kByte && p.codes[s].numel() == code_bytes(t.format, numel), op,
+                  ": slot ", s, " of parameter ", i, " (", format_name(t.format), ") needs ",
+                  code_bytes(t.format, numel), " uint8 codes, got ", p.codes[s].numel(), " of ",
+                  p.codes[s].scalar_type());
+      TORCH_CHECK(p.absmax[s].scalar_type() == at::kFloat && p.absmax[s].numel() == num_blocks(numel, c.block_size),
+                  op, ": slot ", s, " of parameter ", i, " needs ", num_blocks(numel, c.block_size),
+                  " float32 absmax values (block ", c.block_size, "), got ", p.absmax[s].numel(), " of ",
+                  p.absmax[s].scalar_type());
     }
-    if (!any_quantized)
-      TORCH_CHECK(p.block_size >= 16 && p.block_size % 16 == 0 && p.block_size <= (int64_t(1) << 20), op,
-                  ": parameter ", i, " has work block ", p.block_size, "; dense state needs a multiple of 16");
   }
-  TORCH_CHECK(next_state == states.size(), op, ": states has ", states.size(), " tensors; the slot kinds use ",
-              next_state);
-  return out;
+  return c;
+}
+
+bool call_skipped(const StepCall& c) { return c.found_inf && c.found_inf->item<float>() != 0.0f; }
+
+float call_grad_multiplier(const StepCall& c) {
+  const double sumsq = c.grad_sumsq ? c.grad_sumsq->item<double>() : 0.0;
+  const double scale = c.grad_scale ? static_cast<double>(c.grad_scale->item<float>()) : 1.0;
+  return kernels::grad_multiplier(c.grad_sumsq ? c.max_grad_norm : 0.0, sumsq, scale);
+}
+
+double call_lr(const StepCall& c) {
+  return c.lr.scalar_type() == at::kDouble ? c.lr.item<double>() : static_cast<double>(c.lr.item<float>());
 }
 
 }  // namespace ops

@@ -1,5 +1,6 @@
-// CPU kernels of lowbit::optim_step_ and grad_stats (optim_ops.h): argument checks, then the fused
-// loops of kernels/cpu. A parameter that is not contiguous takes the reference path.
+// CPU kernels of lowbit::optim_step_, optim_lamb_norms and grad_check (optim_ops.h): checks, the
+// per-step values derived from the call's counters and scalars, then the fused loops of
+// kernels/cpu. A parameter that is not contiguous takes the reference path.
 #include <torch/library.h>
 
 #include <lowbit/kernels/cpu/grad_stats_cpu.h>
@@ -7,93 +8,168 @@
 
 #include "blockwise_ops.h"
 #include "optim_ops.h"
+#include "optim_step_boxed.h"
 
 namespace lowbit {
 namespace ops {
 namespace {
 
-void check_cpu(const at::Tensor& t, const char* op, const char* what, size_t i) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": the ", what, " of parameter ", i, " is on ", t.device(),
+constexpr const char* kOp = "lowbit::optim_step_";
+
+void check_cpu(const at::Tensor& t, const char* what, size_t i) {
+  TORCH_CHECK(t.device().is_cpu(), kOp, ": the ", what, " of parameter ", i, " is on ", t.device(),
               "; the CPU kernel takes CPU tensors only");
 }
 
-at::Tensor optim_step_cpu(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
-                    at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
-                    at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop) {
-  const char* op = "lowbit::optim_step_";
-  std::vector<StepParam> ps =
-      parse_step_args(rule, params, grads, states, slot_kinds, block_sizes, hyper, seeds, flags, op);
-  at::Tensor nonfinite = at::zeros({static_cast<int64_t>(ps.size())}, at::kLong);
-  int64_t* out = nonfinite.data_ptr<int64_t>();
-  std::vector<kernels::ParamTask> tasks;
-  std::vector<size_t> task_param;  // parameter index of each task
-  std::vector<at::Tensor> grads_contiguous;
-  grads_contiguous.reserve(ps.size());
-  for (size_t i = 0; i < ps.size(); ++i) {
-    StepParam& sp = ps[i];
-    check_cpu(sp.param, op, "value", i);
-    check_cpu(sp.grad, op, "gradient", i);
-    if (!sp.param.is_contiguous()) {
-      out[i] = reference_param_step(static_cast<kernels::Rule>(rule), sp, grad_scale);
-      continue;
+// The kernel's view of one parameter at step t.
+kernels::ParamTask make_task(const StepCall& c, const StepParam& p, int64_t t, double lr, const at::Tensor& grad) {
+  kernels::ParamTask task;
+  task.param = p.param.data_ptr();
+  task.param_type = elem_type(p.param.scalar_type());
+  task.grad = grad.data_ptr();
+  task.grad_type = elem_type(grad.scalar_type());
+  task.numel = p.param.numel();
+  task.offset = p.offset;
+  task.block_size = c.block_size;
+  task.hyper = kernels::derive_hyper(c.config, t, lr);
+  task.stochastic_round = c.stochastic_round && p.param.scalar_type() == at::kBFloat16;
+  task.seed = kernels::step_seed(c.seed, t, p.rng_key);
+  task.num_slots = c.num_slots;
+  for (int k = 0; k < c.num_slots; ++k) {
+    kernels::StateSlotRef& r = task.slots[k];
+    r.storage = c.slots[k].storage;
+    r.format = c.slots[k].format;
+    if (r.storage == kernels::SlotStorage::Quant) {
+      r.codes = p.codes[k].data_ptr<uint8_t>();
+      r.absmax = p.absmax[k].data_ptr<float>();
+    } else if (r.storage != kernels::SlotStorage::None) {
+      r.values = p.values[k].data_ptr();
     }
-    grads_contiguous.push_back(sp.grad.contiguous());
-    const at::Tensor& g = grads_contiguous.back();
-    kernels::ParamTask t;
-    t.param = sp.param.data_ptr();
-    t.param_type = elem_type(sp.param.scalar_type());
-    t.grad = g.data_ptr();
-    t.grad_type = elem_type(g.scalar_type());
-    t.numel = sp.param.numel();
-    t.block_size = sp.block_size;
-    t.hyper = sp.hyper;
-    t.stochastic_round = sp.stochastic_round;
-    t.seed = sp.seed;
-    t.num_slots = sp.num_slots;
-    for (int k = 0; k < sp.num_slots; ++k) {
-      const StepSlot& s = sp.slots[k];
-      kernels::StateSlotRef& r = t.slots[k];
-      if (s.kind >= kSlotQuantized) {
-        r.storage = kernels::SlotStorage::Quant;
-        r.codes = s.codes.data_ptr<uint8_t>();
-        r.absmax = s.absmax.data_ptr<float>();
-        r.format = s.format;
-      } else if (s.kind != kSlotNone) {
-        r.storage = s.kind == kSlotBF16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32;
-        r.values = s.values.data_ptr();
-      }
-    }
-    tasks.push_back(t);
-    task_param.push_back(i);
   }
-  std::vector<int64_t> task_nonfinite(tasks.size(), 0);
-  kernels::OptimStep step;
-  step.rule = static_cast<kernels::Rule>(rule);
-  step.tasks = tasks.data();
-  step.num_tasks = static_cast<int64_t>(tasks.size());
-  step.grad_scale = static_cast<float>(grad_scale);
-  step.vector_path = !scalar_loop;
-  step.nonfinite_blocks = task_nonfinite.data();
-  kernels::optim_step_cpu(step);
-  for (size_t k = 0; k < tasks.size(); ++k) out[task_param[k]] = task_nonfinite[k];
-  return nonfinite;
+  return task;
 }
 
-std::tuple<at::Tensor, at::Tensor> grad_stats_cpu(at::TensorList grads, bool want_sumsq) {
+// The parameters of a checked CPU call as kernel tasks; those that are not contiguous are listed
+// apart (the reference steps them).
+struct CpuCall {
+  StepCall call;
+  std::vector<at::Tensor> grads;  // contiguous copies where needed, kept alive
+  std::vector<kernels::ParamTask> tasks;
+  std::vector<size_t> task_param, strided;
+  std::vector<int64_t> steps;
+  float grad_mult = 1.0f;
+  kernels::OptimStep kernel;
+};
+
+void prepare(CpuCall& cc, bool for_norms) {
+  StepCall& c = cc.call;
+  cc.grad_mult = call_grad_multiplier(c);
+  const double lr = call_lr(c);
+  cc.grads.reserve(c.params.size());
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    StepParam& p = c.params[i];
+    check_cpu(p.param, "value", i);
+    const int64_t t = p.counters.data_ptr<int64_t>()[0] + 1;
+    cc.steps.push_back(t);
+    if (!p.param.is_contiguous() && !for_norms) {
+      cc.strided.push_back(i);
+      continue;
+    }
+    cc.grads.push_back(p.grad.contiguous());
+    const at::Tensor param = p.param.contiguous();  // a no-op for the step (contiguous here)
+    StepParam q = p;
+    q.param = param;
+    cc.tasks.push_back(make_task(c, q, t, lr, cc.grads.back()));
+    cc.task_param.push_back(i);
+  }
+  cc.kernel.rule = c.config.rule;
+  cc.kernel.tasks = cc.tasks.data();
+  cc.kernel.num_tasks = static_cast<int64_t>(cc.tasks.size());
+  cc.kernel.grad_scale = cc.grad_mult;
+  cc.kernel.vector_path = !c.scalar_loop;
+}
+
+void step_cpu(const StepArgs& args) {
+  CpuCall cc{check_step_call(args, kOp)};
+  StepCall& c = cc.call;
+  if (c.params.empty()) return;
+  if (c.found_inf) TORCH_CHECK(c.found_inf->device().is_cpu(), kOp, ": found_inf must be on the CPU here");
+  if (call_skipped(c)) return;
+  prepare(cc, false);
+  if (c.config.rule == kernels::Rule::LAMB && c.lamb_norms) {
+    const at::Tensor norms = c.lamb_norms->contiguous();
+    const double* nd = norms.data_ptr<double>();
+    for (size_t k = 0; k < cc.tasks.size(); ++k)
+      cc.tasks[k].hyper.trust = kernels::lamb_trust(nd[2 * cc.task_param[k]], nd[2 * cc.task_param[k] + 1]);
+    cc.kernel.trust_given = true;
+  }
+  std::vector<int64_t> nonfinite(cc.tasks.size(), 0);
+  cc.kernel.nonfinite_blocks = nonfinite.data();
+  kernels::optim_step_cpu(cc.kernel);
+  for (size_t k = 0; k < cc.tasks.size(); ++k) {
+    int64_t* counters = c.params[cc.task_param[k]].counters.data_ptr<int64_t>();
+    counters[0] = cc.steps[cc.task_param[k]];
+    counters[1] += nonfinite[k];
+  }
+  for (size_t i : cc.strided) {
+    StepParam& p = c.params[i];
+    const int64_t t = cc.steps[i];
+    float trust = 1.0f;
+    if (c.config.rule == kernels::Rule::LAMB) {
+      if (c.lamb_norms) {
+        trust = kernels::lamb_trust((*c.lamb_norms)[i][0].item<double>(), (*c.lamb_norms)[i][1].item<double>());
+      } else {
+        const auto sums = reference_lamb_sums(c, p, t, cc.grad_mult);
+        trust = kernels::lamb_trust(sums[0], sums[1]);
+      }
+    }
+    const int64_t bad = reference_param_step(c, p, t, cc.grad_mult, trust);
+    int64_t* counters = p.counters.data_ptr<int64_t>();
+    counters[0] = t;
+    counters[1] += bad;
+  }
+}
+
+at::Tensor lamb_norms_cpu(const StepArgs& args) {
+  CpuCall cc{check_step_call(args, "lowbit::optim_lamb_norms")};
+  const int64_t n = static_cast<int64_t>(cc.call.params.size());
+  at::Tensor out = at::zeros({n, 2}, at::kDouble);
+  if (n == 0) return out;
+  prepare(cc, true);
+  kernels::lamb_norms_cpu(cc.kernel, out.data_ptr<double>());
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> grad_check_cpu(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
+                                                  bool want_sumsq) {
+  const char* op = "lowbit::grad_check";
+  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
+              " gradients");
+  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
   std::vector<at::Tensor> keep;
   std::vector<kernels::GradRef> refs;
   for (size_t i = 0; i < grads.size(); ++i) {
-    check_cpu(grads[i], "lowbit::grad_stats", "gradient", i);
+    TORCH_CHECK(grads[i].device().is_cpu(), op, ": gradient ", i, " is on ", grads[i].device(),
+                "; the CPU kernel takes CPU tensors only");
     const auto t = grads[i].scalar_type();
-    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "lowbit::grad_stats: gradient ", i,
-                " has dtype ", t, "; supported: float32, bfloat16, float16");
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": gradient ", i, " has dtype ", t,
+                "; supported: float32, bfloat16, float16");
+    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
+                num_groups, ")");
     keep.push_back(grads[i].contiguous());
     refs.push_back({keep.back().data_ptr(), elem_type(t), keep.back().numel()});
   }
   const int64_t n = static_cast<int64_t>(refs.size());
-  at::Tensor finite = at::empty({n}, at::kByte), sumsq = at::zeros({n}, at::kDouble);
-  kernels::grad_stats_cpu(refs.data(), n, want_sumsq, finite.data_ptr<uint8_t>(), sumsq.data_ptr<double>());
-  return {finite.to(at::kBool), sumsq};
+  std::vector<uint8_t> finite(n);
+  std::vector<double> sumsq(n, 0.0);
+  kernels::grad_stats_cpu(refs.data(), n, want_sumsq, finite.data(), sumsq.data());
+  at::Tensor found_inf = at::zeros({1}, at::kFloat), group_sumsq = at::zeros({num_groups}, at::kDouble);
+  double* gs = group_sumsq.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!finite[i]) found_inf.data_ptr<float>()[0] = 1.0f;
+    gs[groups[i]] += sumsq[i];  // gradients in order within each group
+  }
+  return {found_inf, group_sumsq};
 }
 
 }  // namespace
@@ -101,6 +177,8 @@ std::tuple<at::Tensor, at::Tensor> grad_stats_cpu(at::TensorList grads, bool wan
 }  // namespace lowbit
 
 TORCH_LIBRARY_IMPL(lowbit, CPU, m) {
-  m.impl("optim_step_", &lowbit::ops::optim_step_cpu);
-  m.impl("grad_stats", &lowbit::ops::grad_stats_cpu);
+  using namespace lowbit::ops;
+  m.impl("optim_step_", torch::CppFunction::makeFromBoxedFunction<&boxed_step<&step_cpu>>());
+  m.impl("optim_lamb_norms", torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_cpu>>());
+  m.impl("grad_check", &grad_check_cpu);
 }

@@ -1,135 +1,25 @@
-// ATen-only optimizer step (optim_ops.h): the CompositeExplicitAutograd kernel of
-// lowbit::optim_step_ and grad_stats, the test oracle of the fused kernels, and the path of devices
-// without one. Mirrors kernels/common/optim_rules.h operation for operation (no fused multiply-add);
-// every scalar is rounded to float first, as the kernels hold it, and every tensor op is a single
-// IEEE operation, so on the CPU it matches the fused step bit for bit, quantized state included.
-// bf16 parameters are rounded stochastically where asked, with the kernels' hash (ATen int64 ops).
+// ATen-only optimizer step (optim_ops.h): the CompositeExplicitAutograd kernels of
+// lowbit::optim_step_, optim_lamb_norms and grad_check, the test oracle of the fused kernels, and
+// the path of devices without one. Per parameter: the state decoded with the reference dequantize,
+// the kernels' own rules run on whole tensors (aten_float.h), the state re-encoded with the
+// reference quantize, the parameter stored with the kernels' bits (stochastic rounding with their
+// hash, in ATen int64 ops). On the CPU it matches the fused step bit for bit.
 #include <torch/library.h>
 
 #include <cmath>
 
+#include <lowbit/kernels/common/optim_rules.h>
+
+#include "aten_float.h"
 #include "blockwise_ops.h"
 #include "optim_ops.h"
+#include "optim_step_boxed.h"
 
 namespace lowbit {
 namespace ops {
 namespace {
 
 using at::Tensor;
-
-Tensor tmul(const Tensor& a, float s) { return at::mul(a, static_cast<double>(s)); }
-Tensor tadd(const Tensor& a, const Tensor& b) { return at::add(a, b); }
-Tensor tadd(const Tensor& a, float s) { return at::add(a, static_cast<double>(s)); }
-Tensor tsub(const Tensor& a, const Tensor& b) { return at::sub(a, b); }
-// Correctly rounded float sqrt (as sqrtf): ATen's vectorized float sqrt is not (it differs in the
-// last bit for some inputs); a double sqrt rounded to float is.
-Tensor fsqrt(const Tensor& a) { return at::sqrt(a.to(at::kDouble)).to(at::kFloat); }
-// s * t + u * w, rounded as the kernels do: two products, then the sum.
-Tensor ema(const Tensor& s, float a, const Tensor& g, float b) { return tadd(tmul(s, a), tmul(g, b)); }
-
-// LAMB's trust ratio ||p|| / ||r||: squares summed in double per block of `block` elements in the
-// fused kernel's order (element i into partial sum i mod 16, the 16 partials added in order), the
-// block sums added in block order.
-float lamb_trust(const Tensor& p, const Tensor& r, int64_t block) {
-  auto block_sums = [&](const Tensor& x) {
-    const int64_t n = x.numel(), nb = (n + block - 1) / block;
-    Tensor padded = at::zeros({nb * block}, x.options().dtype(at::kDouble));
-    padded.narrow(0, 0, n).copy_(x);
-    const Tensor sq = (padded * padded).view({nb, block}).cpu();
-    double total = 0.0;
-    const double* d = sq.data_ptr<double>();
-    for (int64_t b = 0; b < nb; ++b) {
-      double lanes[16] = {};
-      for (int64_t i = 0; i < block; ++i) lanes[i % 16] += d[b * block + i];
-      double part = 0.0;
-      for (double l : lanes) part += l;
-      total += part;
-    }
-    return total;
-  };
-  const double pn = std::sqrt(block_sums(p)), rn = std::sqrt(block_sums(r));
-  return (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
-}
-
-void rule_step(kernels::Rule rule, const kernels::Hyper& h, Tensor& p, Tensor g, std::vector<Tensor>& s,
-               int64_t block) {
-  using kernels::Rule;
-  if (h.maximize) g = at::neg(g);
-  switch (rule) {
-    case Rule::Adam:
-    case Rule::AdamW: {
-      if (rule == Rule::AdamW) p = tmul(p, h.decay);
-      else if (h.weight_decay != 0.0f) g = tadd(g, tmul(p, h.weight_decay));
-      s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
-      s[1] = ema(s[1], h.beta2, at::mul(g, g), h.one_minus_beta2);
-      Tensor v = s[1];
-      if (h.amsgrad) {
-        s[2] = at::maximum(s[2], s[1]);
-        v = s[2];
-      }
-      const Tensor denom = tadd(tmul(fsqrt(v), h.inv_bias2_sqrt), h.eps);
-      p = tsub(p, tmul(at::div(s[0], denom), h.step_size));
-      return;
-    }
-    case Rule::SGD: {
-      if (h.weight_decay != 0.0f) g = tadd(g, tmul(p, h.weight_decay));
-      if (h.momentum != 0.0f) {
-        s[0] = h.first_step ? g.clone() : ema(s[0], h.momentum, g, h.one_minus_dampening);
-        g = h.nesterov ? tadd(g, tmul(s[0], h.momentum)) : s[0];
-      }
-      p = tsub(p, tmul(g, h.lr));
-      return;
-    }
-    case Rule::Lion: {
-      const Tensor c = ema(s[0], h.beta1, g, h.one_minus_beta1);
-      p = tsub(tmul(p, h.decay), tmul(at::sign(c), h.lr));
-      s[0] = ema(s[0], h.beta2, g, h.one_minus_beta2);
-      return;
-    }
-    case Rule::RMSprop: {
-      if (h.weight_decay != 0.0f) g = tadd(g, tmul(p, h.weight_decay));
-      s[0] = ema(s[0], h.alpha, at::mul(g, g), h.one_minus_alpha);
-      Tensor avg;
-      if (h.centered) {
-        s[2] = ema(s[2], h.alpha, g, h.one_minus_alpha);
-        avg = tadd(fsqrt(at::clamp_min(tsub(s[0], at::mul(s[2], s[2])), 0.0)), h.eps);
-      } else {
-        avg = tadd(fsqrt(s[0]), h.eps);
-      }
-      if (h.momentum > 0.0f) {
-        s[1] = tadd(tmul(s[1], h.momentum), at::div(g, avg));
-        p = tsub(p, tmul(s[1], h.lr));
-      } else {
-        p = tsub(p, tmul(at::div(g, avg), h.lr));
-      }
-      return;
-    }
-    case Rule::Adagrad: {
-      if (h.weight_decay != 0.0f) g = tadd(g, tmul(p, h.weight_decay));
-      s[0] = tadd(s[0], at::mul(g, g));
-      p = tsub(p, tmul(at::div(g, tadd(fsqrt(s[0]), h.eps)), h.step_size));
-      return;
-    }
-    case Rule::LAMB: {
-      s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
-      s[1] = ema(s[1], h.beta2, at::mul(g, g), h.one_minus_beta2);
-      const Tensor denom = tadd(tmul(fsqrt(s[1]), h.inv_bias2_sqrt), h.eps);
-      const Tensor r = tadd(at::div(tmul(s[0], h.inv_bias1), denom), tmul(p, h.weight_decay));
-      const float step = h.lr * lamb_trust(p, r, block);
-      p = tsub(p, tmul(r, step));
-      return;
-    }
-    case Rule::AdEMAMix: {
-      s[0] = ema(s[0], h.beta1, g, h.one_minus_beta1);
-      s[1] = ema(s[1], h.beta3, g, h.one_minus_beta3);
-      s[2] = ema(s[2], h.beta2, at::mul(g, g), h.one_minus_beta2);
-      const Tensor denom = tadd(tmul(fsqrt(s[2]), h.inv_bias2_sqrt), h.eps);
-      const Tensor update = at::div(tadd(tmul(s[0], h.inv_bias1), tmul(s[1], h.alpha)), denom);
-      p = tsub(p, tmul(tadd(update, tmul(p, h.weight_decay)), h.lr));
-      return;
-    }
-  }
-}
 
 // kernels::mix64 (splitmix64) on int64 tensors: multiplication wraps, and the unsigned shifts are
 // arithmetic shifts masked to the bits that move in.
@@ -153,10 +43,10 @@ Tensor to_storage(const Tensor& p, at::ScalarType dtype) {
   return at::where(nan, at::scalar_tensor(0x7FC0, bits.options()), bits).view(at::kBFloat16);
 }
 
-// kernels::bf16_stochastic for every element of p (fp32), element i hashed with (seed, i).
-Tensor bf16_stochastic(const Tensor& p, uint64_t seed) {
+// kernels::bf16_stochastic for every element of p (fp32), element i hashed with (seed, offset + i).
+Tensor bf16_stochastic(const Tensor& p, uint64_t seed, int64_t offset) {
   const Tensor u = at::bitwise_and(p.view(at::kInt).to(at::kLong), int64_t(0xFFFFFFFF));
-  const Tensor idx = at::arange(p.numel(), p.options().dtype(at::kLong));
+  const Tensor idx = at::arange(offset, offset + p.numel(), p.options().dtype(at::kLong));
   const Tensor noise = at::bitwise_and(mix64(at::bitwise_xor(mix64(idx), static_cast<int64_t>(seed))), int64_t(0xFFFF));
   const Tensor r = at::add(u, noise);
   const auto exponent_all_ones = [](const Tensor& b) {
@@ -169,73 +59,178 @@ Tensor bf16_stochastic(const Tensor& p, uint64_t seed) {
   return bits.to(at::kInt).to(at::kShort).view(at::kBFloat16);
 }
 
-}  // namespace
+// One parameter's values as fp32: p, the gradient times grad_mult, the decoded slots (zeros for
+// unused ones).
+struct Loaded {
+  Tensor p, g;
+  AtenFloat s[kernels::kMomentSlots];
+};
 
-int64_t reference_param_step(kernels::Rule rule, StepParam& sp, double grad_scale) {
-  const float scale = static_cast<float>(grad_scale);
-  Tensor p = sp.param.detach().reshape(-1).to(at::kFloat);
-  Tensor g = sp.grad.detach().reshape(-1).to(at::kFloat);
-  if (scale != 1.0f) g = tmul(g, scale);
-  const int64_t n = p.numel();
-  std::vector<Tensor> s(3);
-  for (int k = 0; k < 3; ++k) {
-    const StepSlot& slot = sp.slots[k];
-    if (slot.kind == kSlotNone) continue;
-    s[k] = slot.kind >= kSlotQuantized
-               ? dequantize_reference(slot.codes, slot.absmax, format_name(slot.format), sp.block_size, {n},
-                                      at::kFloat)
-               : slot.values.reshape(-1).to(at::kFloat);
-  }
-  for (auto& t : s)
-    if (!t.defined()) t = at::zeros_like(p);
-  rule_step(rule, sp.hyper, p, g, s, sp.block_size);
-  int64_t nonfinite = 0;
-  for (int k = 0; k < 3; ++k) {
-    const StepSlot& slot = sp.slots[k];
-    if (slot.kind == kSlotNone) continue;
-    if (slot.kind >= kSlotQuantized) {
-      auto [codes, absmax] = quantize_reference_flagged(s[k], format_name(slot.format), sp.block_size);
-      slot.codes.copy_(codes);
-      slot.absmax.copy_(absmax);
-      nonfinite += at::logical_not(at::ge(absmax, 0.0)).sum().item<int64_t>();
+Loaded load(const StepCall& c, const StepParam& sp, float grad_mult) {
+  Loaded x;
+  x.p = sp.param.detach().reshape(-1).to(at::kFloat);
+  x.g = sp.grad.detach().reshape(-1).to(at::kFloat);
+  if (grad_mult != 1.0f) x.g = at::mul(x.g, static_cast<double>(grad_mult));
+  const int64_t n = x.p.numel();
+  for (int k = 0; k < kernels::kMomentSlots; ++k) {
+    const kernels::SlotType& t = c.slots[k];
+    if (k >= c.num_slots || t.storage == kernels::SlotStorage::None) {
+      x.s[k].t = at::zeros_like(x.p);
+    } else if (t.storage == kernels::SlotStorage::Quant) {
+      x.s[k].t = dequantize_reference(sp.codes[k], sp.absmax[k], format_name(t.format), c.block_size, {n}, at::kFloat);
     } else {
-      slot.values.copy_(to_storage(s[k], slot.values.scalar_type()).view(slot.values.sizes()));
+      x.s[k].t = sp.values[k].reshape(-1).to(at::kFloat);
     }
   }
-  if (sp.stochastic_round) {
-    sp.param.detach().copy_(bf16_stochastic(p, sp.seed).view(sp.param.sizes()));
+  return x;
+}
+
+template <kernels::Rule R>
+void run_rule(const kernels::Hyper& h, const Tensor& g, AtenFloat& p, AtenFloat* s) {
+  kernels::apply_rule<R>(h, AtenFloat{g}, p, s);
+}
+
+void apply(kernels::Rule rule, const kernels::Hyper& h, const Tensor& g, AtenFloat& p, AtenFloat* s) {
+  using kernels::Rule;
+  switch (rule) {
+    case Rule::Adam: return run_rule<Rule::Adam>(h, g, p, s);
+    case Rule::AdamW: return run_rule<Rule::AdamW>(h, g, p, s);
+    case Rule::SGD: return run_rule<Rule::SGD>(h, g, p, s);
+    case Rule::Lion: return run_rule<Rule::Lion>(h, g, p, s);
+    case Rule::RMSprop: return run_rule<Rule::RMSprop>(h, g, p, s);
+    case Rule::Adagrad: return run_rule<Rule::Adagrad>(h, g, p, s);
+    case Rule::AdEMAMix: return run_rule<Rule::AdEMAMix>(h, g, p, s);
+    case Rule::LAMB: return run_rule<Rule::LAMB>(h, g, p, s);
+  }
+}
+
+// Sum of x^2 in double in the kernels' order: element i of a block into partial sum i mod 16, a
+// block's 16 partials in order, the blocks in order.
+double block_order_sumsq(const Tensor& x, int64_t block) {
+  const int64_t n = x.numel(), nb = (n + block - 1) / block;
+  Tensor padded = at::zeros({nb * block}, x.options().dtype(at::kDouble));
+  padded.narrow(0, 0, n).copy_(x);
+  const Tensor sq = (padded * padded).view({nb, block}).cpu();
+  double total = 0.0;
+  const double* d = sq.data_ptr<double>();
+  for (int64_t b = 0; b < nb; ++b) {
+    double lanes[16] = {};
+    for (int64_t i = 0; i < block; ++i) lanes[i % 16] += d[b * block + i];
+    double part = 0.0;
+    for (double l : lanes) part += l;
+    total += part;
+  }
+  return total;
+}
+
+}  // namespace
+
+std::array<double, 2> reference_lamb_sums(const StepCall& c, const StepParam& sp, int64_t t, float grad_mult) {
+  Loaded x = load(c, sp, grad_mult);
+  const kernels::Hyper h = kernels::derive_hyper(c.config, t, call_lr(c));
+  AtenFloat g{x.g}, m, v;
+  if (h.maximize) g = -g;
+  const AtenFloat r = kernels::lamb_direction(h, g, AtenFloat{x.p}, x.s, &m, &v);
+  return {block_order_sumsq(x.p, c.block_size), block_order_sumsq(r.t, c.block_size)};
+}
+
+int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float grad_mult, float trust) {
+  Loaded x = load(c, sp, grad_mult);
+  kernels::Hyper h = kernels::derive_hyper(c.config, t, call_lr(c));
+  h.trust = trust;
+  AtenFloat p{x.p};
+  apply(c.config.rule, h, x.g, p, x.s);
+  int64_t nonfinite = 0;
+  for (int k = 0; k < c.num_slots; ++k) {
+    const kernels::SlotType& type = c.slots[k];
+    if (type.storage == kernels::SlotStorage::None) continue;
+    if (type.storage == kernels::SlotStorage::Quant) {
+      auto [codes, absmax] = quantize_reference_flagged(x.s[k].t, format_name(type.format), c.block_size);
+      sp.codes[k].copy_(codes);
+      sp.absmax[k].copy_(absmax);
+      nonfinite += at::logical_not(at::ge(absmax, 0.0)).sum().item<int64_t>();
+    } else {
+      sp.values[k].copy_(to_storage(x.s[k].t, sp.values[k].scalar_type()).view(sp.values[k].sizes()));
+    }
+  }
+  at::Tensor out = sp.param.detach();
+  if (c.stochastic_round && out.scalar_type() == at::kBFloat16) {
+    out.copy_(bf16_stochastic(p.t, kernels::step_seed(c.seed, t, sp.rng_key), sp.offset).view(out.sizes()));
   } else {
-    sp.param.detach().copy_(to_storage(p, sp.param.scalar_type()).view(sp.param.sizes()));
+    out.copy_(to_storage(p.t, out.scalar_type()).view(out.sizes()));
   }
   return nonfinite;
 }
 
-at::Tensor optim_step_reference(int64_t rule, at::TensorList params, at::TensorList grads, at::TensorList states,
-                          at::IntArrayRef slot_kinds, at::IntArrayRef block_sizes, at::ArrayRef<double> hyper,
-                          at::IntArrayRef seeds, at::IntArrayRef flags, double grad_scale, bool scalar_loop) {
-  std::vector<StepParam> ps =
-      parse_step_args(rule, params, grads, states, slot_kinds, block_sizes, hyper, seeds, flags, "lowbit::optim_step_");
-  at::Tensor nonfinite = at::zeros({static_cast<int64_t>(ps.size())}, at::kLong);
-  int64_t* out = nonfinite.data_ptr<int64_t>();
-  for (size_t i = 0; i < ps.size(); ++i) out[i] = reference_param_step(static_cast<kernels::Rule>(rule), ps[i], grad_scale);
-  return nonfinite;
+namespace {
+
+void step_reference(const StepArgs& args) {
+  StepCall c = check_step_call(args, "lowbit::optim_step_");
+  if (c.params.empty() || call_skipped(c)) return;
+  const float mult = call_grad_multiplier(c);
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    StepParam& p = c.params[i];
+    const int64_t t = p.counters[0].item<int64_t>() + 1;
+    float trust = 1.0f;
+    if (c.config.rule == kernels::Rule::LAMB) {
+      if (c.lamb_norms) {
+        const Tensor norms = c.lamb_norms->cpu();
+        trust = kernels::lamb_trust(norms[i][0].item<double>(), norms[i][1].item<double>());
+      } else {
+        const auto sums = reference_lamb_sums(c, p, t, mult);
+        trust = kernels::lamb_trust(sums[0], sums[1]);
+      }
+    }
+    const int64_t bad = reference_param_step(c, p, t, mult, trust);
+    p.counters.select(0, 0).fill_(t);
+    p.counters.select(0, 1).add_(bad);
+  }
 }
 
-std::tuple<at::Tensor, at::Tensor> grad_stats_reference(at::TensorList grads, bool want_sumsq) {
-  const int64_t n = static_cast<int64_t>(grads.size());
-  at::Tensor finite = at::empty({n}, at::kBool), sumsq = at::zeros({n}, at::kDouble);
+Tensor lamb_norms_reference(const StepArgs& args) {
+  StepCall c = check_step_call(args, "lowbit::optim_lamb_norms");
+  const int64_t n = static_cast<int64_t>(c.params.size());
+  Tensor out = at::zeros({n, 2}, at::kDouble);
+  if (n == 0) return out;
+  const float mult = call_grad_multiplier(c);
   for (int64_t i = 0; i < n; ++i) {
-    finite[i] = at::isfinite(grads[i]).all().item<bool>();
-    if (want_sumsq) sumsq[i] = grads[i].to(at::kDouble).pow(2).sum().item<double>();
+    const auto sums = reference_lamb_sums(c, c.params[i], c.params[i].counters[0].item<int64_t>() + 1, mult);
+    out[i][0] = sums[0];
+    out[i][1] = sums[1];
   }
-  return {finite, sumsq};
+  return out.to(c.params[0].param.device());
 }
 
+std::tuple<Tensor, Tensor> grad_check_reference(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
+                                                bool want_sumsq) {
+  const char* op = "lowbit::grad_check";
+  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
+              " gradients");
+  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
+  const at::Device device = grads.empty() ? at::Device(at::kCPU) : grads[0].device();
+  Tensor found_inf = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  Tensor sumsq = at::zeros({num_groups}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    TORCH_CHECK(grads[i].device() == device, op, ": gradient ", i, " is on ", grads[i].device(), ", gradient 0 on ",
+                device);
+    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
+                num_groups, ")");
+    found_inf = at::maximum(found_inf, at::logical_not(at::isfinite(grads[i])).any().to(at::kFloat).reshape({1}));
+    if (want_sumsq) sumsq.select(0, groups[i]).add_(grads[i].to(at::kDouble).pow(2).sum());
+  }
+  return {found_inf, sumsq};
+}
+
+}  // namespace
 }  // namespace ops
 }  // namespace lowbit
 
 TORCH_LIBRARY_IMPL(lowbit, CompositeExplicitAutograd, m) {
-  m.impl("optim_step_", &lowbit::ops::optim_step_reference);
-  m.impl("grad_stats", &lowbit::ops::grad_stats_reference);
-  m.impl("optim_step_reference_", &lowbit::ops::optim_step_reference);
+  using namespace lowbit::ops;
+  m.impl("optim_step_", torch::CppFunction::makeFromBoxedFunction<&boxed_step<&step_reference>>());
+  m.impl("optim_step_reference_", torch::CppFunction::makeFromBoxedFunction<&boxed_step<&step_reference>>());
+  m.impl("optim_lamb_norms", torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_reference>>());
+  m.impl("optim_lamb_norms_reference",
+         torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_reference>>());
+  m.impl("grad_check", &grad_check_reference);
 }

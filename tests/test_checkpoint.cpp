@@ -157,7 +157,7 @@ TEST(Checkpoint, InteropWithLibtorchAdamW) {
     lo::AdamW ours(c, lo::AdamWOptions(1e-3).weight_decay(0.05).state_format(f));
     torch::load(ours, path);
     EXPECT_DOUBLE_EQ(ours.param_groups()[0].options().get_lr(), 1e-2);  // lr comes from the checkpoint
-    EXPECT_EQ(ours.state_of(c[0])->step, 30);
+    EXPECT_EQ(ours.state_of(c[0])->step(), 30);
     EXPECT_EQ(ours.state_of(c[0])->format, f);
     train(ours, c, gs, 30, 60);
     if (f == StateFormat::FP32) {
@@ -188,7 +188,7 @@ TEST(Checkpoint, InteropWithLibtorchAdamW) {
   for (size_t i = 0; i < e.size(); ++i) {
     const auto st = mine.export_state_fp32(d[i]);
     auto ps = std::make_unique<torch::optim::AdamWParamState>();
-    ps->step(mine.state_of(d[i])->step);
+    ps->step(mine.state_of(d[i])->step());
     ps->exp_avg(st[0].clone());
     ps->exp_avg_sq(st[1].clone());
     other.state()[e[i].unsafeGetTensorImpl()] = std::move(ps);

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <torch/torch.h>
 
+#include <lowbit/kernels/common/optim_rules.h>
 #include <lowbit/kernels/cpu/optim_step_cpu.h>
 
 namespace lk = lowbit::kernels;

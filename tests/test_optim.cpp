@@ -2,6 +2,7 @@
 // reference bit for bit, skipping, accounting, thread-count independence, groups and schedulers.
 #include <omp.h>
 
+#include <lowbit/optim/step_testing.h>
 #include <lowbit/tensors/optim_ops.h>
 
 #include "test_util.h"
@@ -219,8 +220,8 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
         auto fused = make(pa, f);
         auto ref = make(pb, f);
         auto scalar = make(pc, f);
-        ref->use_reference_step(true);
-        scalar->use_scalar_kernel(true);
+        lo::StepTesting::use_reference_step(*ref, true);
+        lo::StepTesting::use_scalar_kernel(*scalar, true);
         for (int s = 0; s < 4; ++s) {
           const auto gs = random_grads(pa);
           set_grads(pa, gs);
@@ -312,11 +313,11 @@ TEST(OptimBehaviour, NonFiniteGradientSkipsTheWholeStep) {
     EXPECT_EQ(opt.skipped_steps(), 1);
     EXPECT_TRUE(all_bitwise_equal(p, before));
     EXPECT_TRUE(all_bitwise_equal(opt.export_state_fp32(p[2]), state_before));
-    EXPECT_EQ(opt.state_of(p[0])->step, 1);
+    EXPECT_EQ(opt.state_of(p[0])->step(), 1);
     EXPECT_EQ(opt.state_bytes(), bytes);
     set_grads(p, random_grads(p));
     opt.step();  // training goes on
-    EXPECT_EQ(opt.state_of(p[0])->step, 2);
+    EXPECT_EQ(opt.state_of(p[0])->step(), 2);
   }
 }
 
@@ -492,26 +493,42 @@ TEST(OptimOp, NonContiguousParametersTakeTheReferencePathAndAgree) {
 
 TEST(OptimOp, BadArgumentsNameTheParameter) {
   const at::Tensor p = at::randn({1000}), g = at::randn({1000});
-  std::vector<double> hyper(lowbit::kernels::kHyperFields, 0.0);
   const auto codes = at::zeros({1000}, at::kByte), absmax = at::zeros({4});
-  // Wrong absmax count for block 256 (needs 4) when the block size says 128.
-  EXPECT_NE(error_text([&] {
-              lowbit::ops::optim_step(1, {p}, {g}, {codes, absmax, codes, absmax}, {16, 17, 0}, {128}, hyper, {0}, {0},
-                                      1.0, false, false);
-            }).find("slot 0 of parameter 0 needs 8 float32 absmax values, got 4"),
+  const auto args = [&] {
+    lowbit::ops::StepArgs a;
+    a.params = {p};
+    a.grads = {g};
+    a.counters = {at::zeros({2}, at::kLong)};
+    a.lr = at::full({1}, 1e-3, at::kDouble);
+    a.config.rule = lowbit::kernels::Rule::AdamW;
+    a.slots = {{lowbit::kernels::SlotStorage::Quant, lowbit::QuantFormat::Dyn8Signed},
+               {lowbit::kernels::SlotStorage::Quant, lowbit::QuantFormat::Dyn8Unsigned}};
+    a.state = {codes, absmax, codes, absmax};
+    return a;
+  };
+  const auto error_of = [&](const std::function<void(lowbit::ops::StepArgs&)>& change) {
+    auto a = args();
+    change(a);
+    return error_text([&] { lowbit::ops::optim_step(a); });
+  };
+  EXPECT_EQ(error_of([](auto&) {}), "");
+  // Wrong absmax count for block 128 (needs 8).
+  EXPECT_NE(error_of([](auto& a) { a.block_size = 128; }).find("slot 0 of parameter 0 needs 8 float32 absmax values (block 128), got 4"),
             std::string::npos);
-  EXPECT_NE(error_text([&] {
-              lowbit::ops::optim_step(1, {p}, {g}, {codes}, {16, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false, false);
-            }).find("states ends before the absmax of slot 0 of parameter 0"),
+  EXPECT_NE(error_of([](auto& a) { a.state.pop_back(); }).find("state has 3 tensors; 1 parameter(s) with 4 state tensors each (slots Dyn8Signed, Dyn8Unsigned) need 4"),
             std::string::npos);
-  EXPECT_NE(error_text([&] {
-              lowbit::ops::optim_step(9, {p}, {g}, {}, {0, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false, false);
-            }).find("unknown rule 9"),
+  EXPECT_NE(error_of([](auto& a) { a.slots.pop_back(); }).find("AdamW needs slot 1 (exp_avg_sq)"), std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.grads = {at::randn({999})}; }).find("parameter 0 has shape [1000] but its gradient [999]"),
             std::string::npos);
-  EXPECT_NE(error_text([&] {
-              lowbit::ops::optim_step(1, {p}, {at::randn({999})}, {}, {0, 0, 0}, {256}, hyper, {0}, {0}, 1.0, false,
-                                      false);
-            }).find("parameter 0 has shape [1000] but its gradient [999]"),
+  EXPECT_NE(error_of([](auto& a) { a.offsets = {100}; }).find("offsets[0] is 100, not a multiple of block_size 256"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.counters = {at::zeros({2}, at::kInt)}; }).find("counters[0] must be a contiguous int64 tensor"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.lr = at::ones({2}, at::kDouble); }).find("lr must hold one value, got 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.config.beta1 = NAN; }).find("beta1 must be finite, got nan"), std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.max_grad_norm = 1.0; }).find("max_grad_norm 1 needs grad_sumsq"), std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.rng_keys = {1, 2}; }).find("rng_keys has 2 entries for 1 parameters"),
             std::string::npos);
 }
 
@@ -552,7 +569,7 @@ TEST(OptimOp, StateOverflowIsReportedWithTheParameter) {
     for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
       std::vector<at::Tensor> p = {at::randn({5000}), at::randn({8192})};
       lo::Adagrad opt(p, lo::AdagradOptions(0.1).state_format(f));
-      opt.use_reference_step(reference);
+      lo::StepTesting::use_reference_step(opt, reference);
       p[0].mutable_grad() = at::randn({5000});
       p[1].mutable_grad() = at::randn({8192});
       p[1].mutable_grad()[300] = 1e20;  // finite, but its square is not
@@ -569,7 +586,7 @@ TEST(OptimOp, StateOverflowIsReportedWithTheParameter) {
       // A well-behaved step reports nothing.
       std::vector<at::Tensor> q = {at::randn({8192})};
       lo::Adagrad ok(q, lo::AdagradOptions(0.1).state_format(f));
-      ok.use_reference_step(reference);
+      lo::StepTesting::use_reference_step(ok, reference);
       q[0].mutable_grad() = at::randn({8192});
       EXPECT_NO_THROW(ok.step());
     }
@@ -592,8 +609,8 @@ TEST(OptimOp, StochasticRoundingOfTheReferenceMatchesTheKernel) {
     lo::AdamW a(pa, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
     lo::AdamW b(pb, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
     lo::AdamW c(pc, lo::AdamWOptions(1e-2).state_format(f));  // round to nearest
-    b.use_reference_step(true);
-    c.use_reference_step(true);
+    lo::StepTesting::use_reference_step(b, true);
+    lo::StepTesting::use_reference_step(c, true);
     for (int s = 0; s < 3; ++s) {
       const auto gs = random_grads(pa);
       set_grads(pa, gs);
@@ -617,7 +634,7 @@ TEST(OptimOp, StochasticRoundingClampsAtTheLargestBf16) {
     auto pb = clone_all(pa);
     const auto opts = lo::SGDOptions(1.0).momentum(0.9).bf16_stochastic_round(true).state_format(f);
     lo::SGD a(pa, opts), b(pb, opts);
-    b.use_reference_step(true);
+    lo::StepTesting::use_reference_step(b, true);
     // g = -+1e36 moves each value 1e36 further from zero, less than float's 1.3e36 of headroom.
     const at::Tensor g = (-pa[0].to(at::kFloat).sign() * 1e36).to(at::kBFloat16);
     pa[0].mutable_grad() = g.clone();
@@ -644,7 +661,7 @@ TEST(OptimOp, NanAndInfParametersRoundAsTheKernelDoes) {
       auto pb = clone_all(pa);
       lo::AdamW a(pa, lo::AdamWOptions(1e-2).state_format(f));
       lo::AdamW b(pb, lo::AdamWOptions(1e-2).state_format(f));
-      b.use_reference_step(true);
+      lo::StepTesting::use_reference_step(b, true);
       for (int s = 0; s < 2; ++s) {
         const auto gs = random_grads(pa);
         set_grads(pa, gs);

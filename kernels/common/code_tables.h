@@ -83,23 +83,19 @@ inline double fp8_value(uint8_t code, int mbits, int bias, bool ieee_special) {
 // element. 4-bit formats have 16 entries, 8-bit ones 256. FP8 codes that are NaN/Inf patterns are
 // NaN here: the encoder never produces them.
 inline std::vector<float> make_codebook(QuantFormat fmt) {
-  switch (fmt) {
-    case QuantFormat::Dyn8Signed: return dynamic_map(true, 7, 8);
-    case QuantFormat::Dyn8Unsigned: return dynamic_map(false, 7, 8);
-    case QuantFormat::DE4Signed: return dynamic_map(true, 3, 4);
-    case QuantFormat::Linear4Unsigned: {
-      std::vector<float> v(16);
-      for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i + 1) / 16.0f;
+  const FormatSpec& f = format_spec(fmt);
+  switch (f.codebook) {
+    case CodebookKind::DynamicTree: return dynamic_map(f.is_signed, f.exponent_bits, f.bits);
+    case CodebookKind::Linear: {
+      std::vector<float> v(size_t(1) << f.bits);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i + 1) / static_cast<float>(v.size());
       return v;
     }
-    case QuantFormat::FP8E4M3:
-    case QuantFormat::FP8E5M2: {
-      const bool e4 = fmt == QuantFormat::FP8E4M3;
-      const double maxv = e4 ? 448.0 : 57344.0;
+    case CodebookKind::Float8: {
       std::vector<float> v(256);
       for (int c = 0; c < 256; ++c) {
-        const double x = e4 ? fp8_value(uint8_t(c), 3, 7, false) : fp8_value(uint8_t(c), 2, 15, true);
-        v[c] = std::isfinite(x) ? static_cast<float>(x / maxv) : std::numeric_limits<float>::quiet_NaN();
+        const double x = fp8_value(uint8_t(c), f.mantissa_bits, f.exponent_bias, f.ieee_special);
+        v[c] = std::isfinite(x) ? static_cast<float>(x / f.max_value) : std::numeric_limits<float>::quiet_NaN();
       }
       return v;
     }

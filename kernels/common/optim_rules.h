@@ -1,95 +1,19 @@
-// The per-element update rule of every optimizer, in fp32, shared by the CPU loops (scalar, and 16
-// lanes at a time with AVX-512: the rules are templates over the float type) and future GPU kernels,
-// and mirrored op for op by the ATen reference (tensors/optim_step_reference.cpp). Written as
-// separate IEEE operations (the build turns off fma contraction) so every backend rounds identically.
-// Semantics follow torch.optim; the bias corrections are multiplied as reciprocals (see Hyper).
-// Each rule names its state slots.
+// The per-element update rule of every optimizer, in fp32: templates over the float type, run by the
+// CPU loops (a float, and 16 lanes at a time as a vector with AVX-512), the GPU kernels, and the
+// ATen reference (tensors/aten_float.h: a tensor as the float type). Written as separate IEEE
+// operations (the build turns off fma contraction) so every backend rounds identically. Semantics
+// follow torch.optim; the bias corrections are multiplied as reciprocals (step_config.h: Hyper).
+// Kernel-internal: no public header includes this one (it declares vector types).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "host_device.h"
+#include "step_config.h"
 
 namespace lowbit {
 namespace kernels {
-
-enum class Rule : int32_t { Adam = 0, AdamW = 1, SGD = 2, Lion = 3, RMSprop = 4, Adagrad = 5, AdEMAMix = 6, LAMB = 7 };
-
-// Everything a rule needs besides the element: filled per parameter group (and step) on the host.
-struct Hyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f, beta2 = 0.999f, beta3 = 0.9999f;  // beta3: AdEMAMix's slow EMA
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  float alpha = 0.0f;          // RMSprop smoothing; AdEMAMix mixing coefficient
-  float momentum = 0.0f, dampening = 0.0f;
-  bool nesterov = false, centered = false, amsgrad = false, maximize = false;
-  bool first_step = false;     // SGD: the momentum buffer starts as the gradient
-  // Derived on the host in double, rounded once. 1 - beta must not be computed in float from the
-  // rounded beta: 1 - 0.999f is 0.00099998713, a 1.3e-5 relative bias in the second moment.
-  float one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f, one_minus_beta3 = 1e-4f;
-  float one_minus_alpha = 0.01f;      // RMSprop
-  float one_minus_dampening = 1.0f;   // SGD
-  float step_size = 0.0f;      // Adam: lr / (1 - beta1^t); Adagrad: lr / (1 + (t-1) * lr_decay)
-  // Bias corrections as reciprocals (host, double, rounded once): a multiply per element where
-  // torch divides, the same value to within an ulp, and a division per element cheaper.
-  float inv_bias2_sqrt = 1.0f; // 1 / sqrt(1 - beta2^t)
-  float inv_bias1 = 1.0f;      // 1 / (1 - beta1^t) (AdEMAMix, LAMB)
-  float decay = 1.0f;          // AdamW / Lion: 1 - lr * weight_decay
-  float trust = 1.0f;          // LAMB: ||p|| / ||r|| of the whole parameter, set between two passes
-};
-
-// Hyper as a flat list of doubles (every field exactly), the form the dispatcher op
-// lowbit::optim_step_ carries it in: one list of kHyperFields values per parameter.
-#define LOWBIT_HYPER_FIELDS(X)                                                                        \
-  X(lr) X(beta1) X(beta2) X(beta3) X(eps) X(weight_decay) X(alpha) X(momentum) X(dampening) X(nesterov) \
-  X(centered) X(amsgrad) X(maximize) X(first_step) X(one_minus_beta1) X(one_minus_beta2)               \
-  X(one_minus_beta3) X(one_minus_alpha) X(one_minus_dampening) X(step_size) X(inv_bias2_sqrt)         \
-  X(inv_bias1) X(decay) X(trust)
-
-#define LOWBIT_HYPER_COUNT(f) +1
-constexpr int kHyperFields = 0 LOWBIT_HYPER_FIELDS(LOWBIT_HYPER_COUNT);
-#undef LOWBIT_HYPER_COUNT
-
-inline void pack_hyper(const Hyper& h, double* out) {
-  int i = 0;
-#define LOWBIT_HYPER_PACK(f) out[i++] = static_cast<double>(h.f);
-  LOWBIT_HYPER_FIELDS(LOWBIT_HYPER_PACK)
-#undef LOWBIT_HYPER_PACK
-}
-
-inline Hyper unpack_hyper(const double* in) {
-  Hyper h;
-  int i = 0;
-#define LOWBIT_HYPER_UNPACK(f) h.f = static_cast<decltype(h.f)>(in[i++]);
-  LOWBIT_HYPER_FIELDS(LOWBIT_HYPER_UNPACK)
-#undef LOWBIT_HYPER_UNPACK
-  return h;
-}
-
-// Number of state slots of a rule, and whether slot k holds signed values (chooses the quantized
-// format: signed -> Dyn8Signed / DE4Signed / FP8E4M3, unsigned -> Dyn8Unsigned / Linear4Unsigned /
-// FP8E5M2).
-struct SlotSpec {
-  int count;
-  bool is_signed[3];
-};
-
-inline SlotSpec rule_slots(Rule r, const Hyper& h) {
-  switch (r) {
-    case Rule::Adam:
-    case Rule::AdamW: return h.amsgrad ? SlotSpec{3, {true, false, false}} : SlotSpec{2, {true, false, false}};
-    case Rule::SGD: return h.momentum != 0.0f ? SlotSpec{1, {true}} : SlotSpec{0, {}};
-    case Rule::Lion: return SlotSpec{1, {true}};
-    // RMSprop: square_avg, momentum_buffer, grad_avg (slots present only when used; see rmsprop)
-    case Rule::RMSprop: return SlotSpec{3, {false, true, true}};
-    case Rule::Adagrad: return SlotSpec{1, {false}};
-    case Rule::AdEMAMix: return SlotSpec{3, {true, true, false}};
-    case Rule::LAMB: return SlotSpec{2, {true, false}};
-  }
-  return SlotSpec{0, {}};
-}
 
 // Element-wise helpers the rules use, for a float and (host compilers) for 16 floats as a GCC/Clang
 // vector: the rules are templates over that type, so the scalar loop, the GPU kernels and the

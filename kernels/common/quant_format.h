@@ -1,4 +1,6 @@
-// The blockwise quantization formats of optimizer state: ids, names, bit widths, default block sizes.
+// The blockwise quantization formats of optimizer state, as one table: id, name, bit width,
+// signedness, codebook recipe, scale and default block size per format. Everything else (the CPU,
+// GPU and ATen encode tables, checkpoints, the CLI) reads this table, so a new format is one entry.
 // Torch-free: shared by kernels, tensors/ and the CLI.
 #pragma once
 
@@ -19,31 +21,44 @@ enum class QuantFormat : int32_t {
 
 constexpr int kNumQuantFormats = 6;
 
-inline const char* format_name(QuantFormat f) {
-  switch (f) {
-    case QuantFormat::Dyn8Signed: return "Dyn8Signed";
-    case QuantFormat::Dyn8Unsigned: return "Dyn8Unsigned";
-    case QuantFormat::DE4Signed: return "DE4Signed";
-    case QuantFormat::Linear4Unsigned: return "Linear4Unsigned";
-    case QuantFormat::FP8E4M3: return "FP8E4M3";
-    case QuantFormat::FP8E5M2: return "FP8E5M2";
-  }
-  return "?";
-}
+// How a format's codebook is made (kernels/common/code_tables.h: make_codebook).
+enum class CodebookKind : int32_t {
+  DynamicTree,  // Dettmers et al.'s dynamic map with `exponent_bits` decades (arXiv 2110.02861)
+  Linear,       // (i + 1) / 2^bits for code i: evenly spaced, zero excluded
+  Float8,       // the values of an 8-bit float, divided by its largest finite value
+};
+
+struct FormatSpec {
+  const char* name;
+  int bits;                 // 4: two codes per byte, even element in the low nibble
+  bool is_signed;
+  int64_t default_block;    // elements per absmax
+  CodebookKind codebook;
+  int exponent_bits;        // DynamicTree: decades; Float8: exponent bits
+  int mantissa_bits;        // Float8
+  int exponent_bias;        // Float8
+  bool ieee_special;        // Float8: exponent all ones is Inf/NaN (e5m2); else only S.1111.111 is NaN (e4m3fn)
+  double max_value;         // Float8: largest finite value (the codebook is value / max_value)
+};
+
+// Indexed by QuantFormat.
+constexpr FormatSpec kFormatSpecs[kNumQuantFormats] = {
+    {"Dyn8Signed", 8, true, 256, CodebookKind::DynamicTree, 7, 0, 0, false, 1.0},
+    {"Dyn8Unsigned", 8, false, 256, CodebookKind::DynamicTree, 7, 0, 0, false, 1.0},
+    {"DE4Signed", 4, true, 128, CodebookKind::DynamicTree, 3, 0, 0, false, 1.0},
+    {"Linear4Unsigned", 4, false, 128, CodebookKind::Linear, 0, 0, 0, false, 1.0},
+    {"FP8E4M3", 8, true, 256, CodebookKind::Float8, 4, 3, 7, false, 448.0},
+    {"FP8E5M2", 8, true, 256, CodebookKind::Float8, 5, 2, 15, true, 57344.0},
+};
 
 inline bool is_valid_format(int32_t id) { return id >= 0 && id < kNumQuantFormats; }
-
-// Bits per code: 4-bit formats pack two codes per byte (even element in the low nibble).
-inline int format_bits(QuantFormat f) {
-  return (f == QuantFormat::DE4Signed || f == QuantFormat::Linear4Unsigned) ? 4 : 8;
+inline const FormatSpec& format_spec(QuantFormat f) { return kFormatSpecs[static_cast<int>(f)]; }
+inline const char* format_name(QuantFormat f) {
+  return is_valid_format(static_cast<int32_t>(f)) ? format_spec(f).name : "?";
 }
-
-inline bool format_is_signed(QuantFormat f) {
-  return f == QuantFormat::Dyn8Signed || f == QuantFormat::DE4Signed ||
-         f == QuantFormat::FP8E4M3 || f == QuantFormat::FP8E5M2;
-}
-
-inline int64_t default_block_size(QuantFormat f) { return format_bits(f) == 4 ? 128 : 256; }
+inline int format_bits(QuantFormat f) { return format_spec(f).bits; }
+inline bool format_is_signed(QuantFormat f) { return format_spec(f).is_signed; }
+inline int64_t default_block_size(QuantFormat f) { return format_spec(f).default_block; }
 
 constexpr int64_t kMinBlockSize = 32;
 constexpr int64_t kMaxBlockSize = 4096;
@@ -57,17 +72,17 @@ inline int64_t code_bytes(QuantFormat f, int64_t n) { return format_bits(f) == 4
 
 inline int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
+inline std::string ascii_lower(std::string s) {
+  for (auto& c : s) c = (c >= 'A' && c <= 'Z') ? char(c - 'A' + 'a') : c;
+  return s;
+}
+
 // Parses a name as printed by format_name (case-insensitive); returns false when unknown.
 inline bool parse_format(const std::string& name, QuantFormat* out) {
-  auto lower = [](std::string s) {
-    for (auto& c : s) c = (c >= 'A' && c <= 'Z') ? char(c - 'A' + 'a') : c;
-    return s;
-  };
-  const std::string want = lower(name);
+  const std::string want = ascii_lower(name);
   for (int i = 0; i < kNumQuantFormats; ++i) {
-    const auto f = static_cast<QuantFormat>(i);
-    if (lower(format_name(f)) == want) {
-      *out = f;
+    if (ascii_lower(kFormatSpecs[i].name) == want) {
+      *out = static_cast<QuantFormat>(i);
       return true;
     }
   }
@@ -79,7 +94,7 @@ inline std::string all_format_names() {
   std::string s;
   for (int i = 0; i < kNumQuantFormats; ++i) {
     if (i) s += ", ";
-    s += format_name(static_cast<QuantFormat>(i));
+    s += kFormatSpecs[i].name;
   }
   return s;
 }

@@ -21,6 +21,7 @@
 #include "../common/code_tables.h"
 #include "../common/encode.h"
 #include "../common/float_convert.h"
+#include "../common/optim_rules.h"
 #include "../common/stochastic_round.h"
 #include "block_ops.h"
 #include "cpu_features.h"
@@ -100,7 +101,7 @@ void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v)
     case ElemType::BF16: {
       bf16_t* out = static_cast<bf16_t*>(t.param) + begin;
       if (t.stochastic_round) {
-        for (int64_t i = 0; i < len; ++i) out[i] = bf16_stochastic(v[i], t.seed, static_cast<uint64_t>(begin + i));
+        for (int64_t i = 0; i < len; ++i) out[i] = bf16_stochastic(v[i], t.seed, static_cast<uint64_t>(t.offset + begin + i));
       } else {
         for (int64_t i = 0; i < len; ++i) out[i] = from_f32<bf16_t>(v[i]);
       }
@@ -119,7 +120,7 @@ void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v)
 template <Rule R>
 void update_elements(const Hyper& h, int64_t len, float* p, const float* g, float* s0, float* s1, float* s2) {
   for (int64_t i = 0; i < len; ++i) {
-    float st[3] = {s0[i], s1[i], s2[i]};
+    float st[kMomentSlots] = {s0[i], s1[i], s2[i]};
     apply_rule<R>(h, g[i], p[i], st);
     s0[i] = st[0];
     s1[i] = st[1];
@@ -134,7 +135,7 @@ int step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, float
   const int64_t len = std::min(B, t.numel - begin);
   float* p = buf;
   float* g = buf + B;
-  float* s[3] = {buf + 2 * B, buf + 3 * B, buf + 4 * B};
+  float* s[kMomentSlots] = {buf + 2 * B, buf + 3 * B, buf + 4 * B};
   load_block(t.param, t.param_type, begin, len, p);
   load_block(t.grad, t.grad_type, begin, len, g);
   if (grad_scale != 1.0f)
@@ -278,7 +279,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
   const bool param_direct =
       t.param_type == ElemType::F32 || (t.param_type == ElemType::BF16 && !t.stochastic_round);
   float* pbuf = buf + 3 * B;
-  VecSlot slot[3];
+  VecSlot slot[kMomentSlots];
   for (int k = 0; k < t.num_slots; ++k) {
     const StateSlotRef& r = t.slots[k];
     VecSlot& v = slot[k];
@@ -307,7 +308,7 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
     __m512 graw = load16(t.grad, t.grad_type, begin + i, m);
     if (grad_scale != 1.0f) graw = _mm512_mul_ps(graw, scale);
     const f32x16 g = (f32x16)graw;
-    f32x16 s[3] = {};
+    f32x16 s[kMomentSlots] = {};
     for (int k = 0; k < t.num_slots; ++k) {
       const VecSlot& v = slot[k];
       switch (v.storage) {
@@ -437,7 +438,7 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
         const __mmask16 m = whole ? __mmask16(0xFFFF) : lanes_below(len - i);
         f32x16 p = (f32x16)load16(param, PT, begin + i, m);
         const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
-        f32x16 st[3] = {};
+        f32x16 st[kMomentSlots] = {};
         for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
         apply_rule<R>(h, (f32x16)g, p, st);
         for (int k = 0; k < NS; ++k) {
@@ -451,7 +452,7 @@ LOWBIT_AVX512 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1
         } else {
           uint16_t* out = reinterpret_cast<uint16_t*>(param) + begin + i;
           if (stochastic) {
-            store16_bf16_stochastic(out, (__m512)p, m, t.seed, static_cast<uint64_t>(begin + i));
+            store16_bf16_stochastic(out, (__m512)p, m, t.seed, static_cast<uint64_t>(t.offset + begin + i));
           } else {
             store16_bf16(out, (__m512)p, m);
           }
@@ -711,14 +712,11 @@ void optim_step_cpu(const OptimStep& step) {
   StepPlan plan(step);
   if (step.nonfinite_blocks) std::fill(step.nonfinite_blocks, step.nonfinite_blocks + step.num_tasks, 0);
   if (plan.items == 0) return;
-  if (step.rule == Rule::LAMB) {
+  if (step.rule == Rule::LAMB && !step.trust_given) {
     // Pass 1 gives each parameter's trust ratio; pass 2 below is the ordinary fused update.
     std::vector<double> norms(2 * step.num_tasks);
     lamb_norms(plan, step, norms.data());
-    for (int64_t t = 0; t < step.num_tasks; ++t) {
-      const double pn = std::sqrt(norms[2 * t]), rn = std::sqrt(norms[2 * t + 1]);
-      plan.tasks[t].hyper.trust = (pn > 0.0 && rn > 0.0) ? static_cast<float>(pn / rn) : 1.0f;
-    }
+    for (int64_t t = 0; t < step.num_tasks; ++t) plan.tasks[t].hyper.trust = lamb_trust(norms[2 * t], norms[2 * t + 1]);
   }
   std::vector<RangeFn> fns(plan.tasks.size());
   for (size_t t = 0; t < plan.tasks.size(); ++t) fns[t] = pick_range_fn(step.rule, plan.tasks[t], step.vector_path);

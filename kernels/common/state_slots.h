@@ -1,0 +1,115 @@
+// The one description of a parameter's optimizer state, from optim/ down to the kernels: up to
+// kMaxSlots slots, each stored as nothing, fp32, bf16 or codes + absmax of a QuantFormat, and the
+// one place (rule_slots) that says which slots a rule uses and whether each holds signed values.
+// Slot kMaxSlots - 1 is reserved for the master-weight correction of bf16 / fp16 parameters
+// (DESIGN.md, memory floor), so that correction is one more slot, not a second concept.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "quant_format.h"
+#include "step_config.h"
+
+namespace lowbit {
+namespace kernels {
+
+constexpr int kMaxSlots = 4;
+constexpr int kMomentSlots = 3;  // slots 0..2: the rules' moments and buffers
+
+enum class SlotStorage : int32_t { None = 0, F32 = 1, BF16 = 2, Quant = 3 };
+
+// How one slot is stored: the storage kind and, for Quant, the format of its codes.
+struct SlotType {
+  SlotStorage storage = SlotStorage::None;
+  QuantFormat format = QuantFormat::Dyn8Signed;
+  bool operator==(const SlotType& o) const {
+    return storage == o.storage && (storage != SlotStorage::Quant || format == o.format);
+  }
+  bool operator!=(const SlotType& o) const { return !(*this == o); }
+};
+
+// "none", "fp32", "bf16", or the format's name ("Dyn8Signed", ...): the op's `slots` argument.
+inline std::string slot_type_name(SlotType t) {
+  switch (t.storage) {
+    case SlotStorage::None: return "none";
+    case SlotStorage::F32: return "fp32";
+    case SlotStorage::BF16: return "bf16";
+    case SlotStorage::Quant: return format_name(t.format);
+  }
+  return "?";
+}
+
+// Parses slot_type_name's names (case-insensitive; "" is "none"); false when unknown.
+inline bool parse_slot_type(const std::string& name, SlotType* out) {
+  const std::string n = ascii_lower(name);
+  if (n.empty() || n == "none") *out = SlotType{SlotStorage::None};
+  else if (n == "fp32" || n == "float32") *out = SlotType{SlotStorage::F32};
+  else if (n == "bf16" || n == "bfloat16") *out = SlotType{SlotStorage::BF16};
+  else {
+    QuantFormat f;
+    if (!parse_format(name, &f)) return false;
+    *out = SlotType{SlotStorage::Quant, f};
+  }
+  return true;
+}
+
+// One slot of one parameter as a kernel sees it.
+struct FormatView;  // the CPU kernel's per-format tables (kernels/cpu/format_tables.h)
+struct StateSlotRef {
+  SlotStorage storage = SlotStorage::None;
+  QuantFormat format = QuantFormat::Dyn8Signed;  // Quant
+  void* values = nullptr;    // F32: float*, BF16: bf16 bits (uint16_t*); numel elements
+  uint8_t* codes = nullptr;  // Quant: code_bytes(format, numel) bytes
+  float* absmax = nullptr;   // Quant: one per block of the step's block size
+  const FormatView* tables = nullptr;  // CPU kernel: resolved once per call
+  SlotType type() const { return SlotType{storage, format}; }
+};
+
+// Which slots a rule uses and what they hold. used[k]: the slot exists; is_signed[k]: its values
+// can be negative (chooses the quantized format: signed -> Dyn8Signed / DE4Signed / FP8E4M3,
+// unsigned -> Dyn8Unsigned / Linear4Unsigned / the FP8 second-moment format).
+struct RuleSlots {
+  int count = 0;  // 1 + the last slot the rule can use (unused ones in between are None)
+  bool used[kMaxSlots] = {};
+  bool is_signed[kMaxSlots] = {};
+  const char* names[kMaxSlots] = {};  // torch.optim's state names
+};
+
+inline RuleSlots rule_slots(const StepConfig& c) {
+  RuleSlots s;
+  const auto add = [&](int k, bool is_signed, const char* name, bool used = true) {
+    s.count = k + 1;
+    s.used[k] = used;
+    s.is_signed[k] = is_signed;
+    s.names[k] = name;
+  };
+  switch (c.rule) {
+    case Rule::Adam:
+    case Rule::AdamW:
+    case Rule::LAMB:
+      add(0, true, "exp_avg");
+      add(1, false, "exp_avg_sq");
+      if (c.amsgrad && c.rule != Rule::LAMB) add(2, false, "max_exp_avg_sq");
+      break;
+    case Rule::SGD:
+      if (c.momentum != 0.0) add(0, true, "momentum_buffer");
+      break;
+    case Rule::Lion: add(0, true, "exp_avg"); break;
+    case Rule::RMSprop:
+      add(0, false, "square_avg");
+      add(1, true, "momentum_buffer", c.momentum > 0.0);
+      add(2, true, "grad_avg", c.centered);
+      break;
+    case Rule::Adagrad: add(0, false, "sum"); break;
+    case Rule::AdEMAMix:
+      add(0, true, "exp_avg_fast");
+      add(1, true, "exp_avg_slow");
+      add(2, false, "exp_avg_sq");
+      break;
+  }
+  return s;
+}
+
+}  // namespace kernels
+}  // namespace lowbit

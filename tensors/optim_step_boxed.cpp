@@ -1,0 +1,168 @@
+// StepArgs <-> the dispatcher's stack, for optim_step_ / optim_lamb_norms (optim_step_boxed.h), and
+// the calls through the dispatcher that the optimizers use (optim_ops.h).
+#include "optim_step_boxed.h"
+
+#include <c10/util/Exception.h>
+
+namespace lowbit {
+namespace ops {
+
+const char* const kStepArguments =
+    "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state, Tensor(c!)[] counters, Tensor lr, *, str rule, "
+    "str[] slots, int block_size=0, float beta1=0.9, float beta2=0.999, float beta3=0.9999, float eps=1e-8, "
+    "float weight_decay=0.0, float alpha=0.0, float momentum=0.0, float dampening=0.0, float lr_decay=0.0, "
+    "int t_alpha_beta3=0, bool nesterov=False, bool centered=False, bool amsgrad=False, bool maximize=False, "
+    "int[] offsets=[], int[] rng_keys=[], int seed=0, bool stochastic_round=False, Tensor? found_inf=None, "
+    "Tensor? grad_sumsq=None, float max_grad_norm=0.0, Tensor? grad_scale=None, Tensor? lamb_norms=None, "
+    "bool scalar_loop=False)";
+
+namespace {
+
+kernels::Rule parse_rule(const std::string& name) {
+  for (int i = 0; i < kernels::kNumRules; ++i) {
+    const auto r = static_cast<kernels::Rule>(i);
+    if (ascii_lower(kernels::rule_name(r)) == ascii_lower(name)) return r;
+  }
+  std::string all;
+  for (int i = 0; i < kernels::kNumRules; ++i) all += std::string(i ? ", " : "") + kernels::rule_name(static_cast<kernels::Rule>(i));
+  TORCH_CHECK(false, "lowbit::optim_step_: unknown rule '", name, "'; expected one of ", all);
+}
+
+std::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  return v.toTensor();
+}
+
+}  // namespace
+
+StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t base = stack->size() - n;
+  const auto arg = [&](const char* name) -> const c10::IValue& {
+    const auto i = schema.argumentIndexWithName(name);
+    TORCH_INTERNAL_ASSERT(i.has_value(), "lowbit: no argument ", name, " in ", schema.name());
+    return (*stack)[base + *i];
+  };
+  StepArgs a;
+  a.params = arg("params").toTensorVector();
+  a.grads = arg("grads").toTensorVector();
+  a.state = arg("state").toTensorVector();
+  a.counters = arg("counters").toTensorVector();
+  a.lr = arg("lr").toTensor();
+  kernels::StepConfig& c = a.config;
+  c.rule = parse_rule(arg("rule").toStringRef());
+  for (const c10::IValue& s : arg("slots").toListRef()) {
+    kernels::SlotType t;
+    TORCH_CHECK(parse_slot_type(s.toStringRef(), &t), "lowbit::optim_step_: unknown slot storage '",
+                s.toStringRef(), "' in slots; expected none, fp32, bf16 or one of ", all_format_names());
+    a.slots.push_back(t);
+  }
+  a.block_size = arg("block_size").toInt();
+  c.beta1 = arg("beta1").toDouble();
+  c.beta2 = arg("beta2").toDouble();
+  c.beta3 = arg("beta3").toDouble();
+  c.eps = arg("eps").toDouble();
+  c.weight_decay = arg("weight_decay").toDouble();
+  c.alpha = arg("alpha").toDouble();
+  c.momentum = arg("momentum").toDouble();
+  c.dampening = arg("dampening").toDouble();
+  c.lr_decay = arg("lr_decay").toDouble();
+  c.t_alpha_beta3 = arg("t_alpha_beta3").toInt();
+  c.nesterov = arg("nesterov").toBool();
+  c.centered = arg("centered").toBool();
+  c.amsgrad = arg("amsgrad").toBool();
+  c.maximize = arg("maximize").toBool();
+  a.offsets = arg("offsets").toIntVector();
+  a.rng_keys = arg("rng_keys").toIntVector();
+  a.seed = static_cast<uint64_t>(arg("seed").toInt());
+  a.stochastic_round = arg("stochastic_round").toBool();
+  a.found_inf = optional_tensor(arg("found_inf"));
+  a.grad_sumsq = optional_tensor(arg("grad_sumsq"));
+  a.max_grad_norm = arg("max_grad_norm").toDouble();
+  a.grad_scale = optional_tensor(arg("grad_scale"));
+  a.lamb_norms = optional_tensor(arg("lamb_norms"));
+  a.scalar_loop = arg("scalar_loop").toBool();
+  torch::jit::drop(*stack, n);
+  return a;
+}
+
+namespace {
+
+// Pushes a's values in the schema's order.
+torch::jit::Stack step_stack(const c10::OperatorHandle& op, const StepArgs& a) {
+  const c10::FunctionSchema& schema = op.schema();
+  torch::jit::Stack stack(schema.arguments().size());
+  const auto set = [&](const char* name, c10::IValue v) { stack[*schema.argumentIndexWithName(name)] = std::move(v); };
+  const auto opt = [](const std::optional<at::Tensor>& t) { return t ? c10::IValue(*t) : c10::IValue(); };
+  const kernels::StepConfig& c = a.config;
+  std::vector<std::string> slots;
+  for (const auto& t : a.slots) slots.push_back(slot_type_name(t));
+  set("params", a.params);
+  set("grads", a.grads);
+  set("state", a.state);
+  set("counters", a.counters);
+  set("lr", a.lr);
+  set("rule", std::string(kernels::rule_name(c.rule)));
+  set("slots", c10::List<std::string>(slots));
+  set("block_size", a.block_size);
+  set("beta1", c.beta1);
+  set("beta2", c.beta2);
+  set("beta3", c.beta3);
+  set("eps", c.eps);
+  set("weight_decay", c.weight_decay);
+  set("alpha", c.alpha);
+  set("momentum", c.momentum);
+  set("dampening", c.dampening);
+  set("lr_decay", c.lr_decay);
+  set("t_alpha_beta3", c.t_alpha_beta3);
+  set("nesterov", c.nesterov);
+  set("centered", c.centered);
+  set("amsgrad", c.amsgrad);
+  set("maximize", c.maximize);
+  set("offsets", a.offsets);
+  set("rng_keys", a.rng_keys);
+  set("seed", static_cast<int64_t>(a.seed));
+  set("stochastic_round", a.stochastic_round);
+  set("found_inf", opt(a.found_inf));
+  set("grad_sumsq", opt(a.grad_sumsq));
+  set("max_grad_norm", a.max_grad_norm);
+  set("grad_scale", opt(a.grad_scale));
+  set("lamb_norms", opt(a.lamb_norms));
+  set("scalar_loop", a.scalar_loop);
+  return stack;
+}
+
+c10::OperatorHandle find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
+
+}  // namespace
+
+void optim_step(const StepArgs& a, bool reference) {
+  static const c10::OperatorHandle fused = find_op("lowbit::optim_step_");
+  static const c10::OperatorHandle oracle = find_op("lowbit::optim_step_reference_");
+  const c10::OperatorHandle& op = reference ? oracle : fused;
+  torch::jit::Stack stack = step_stack(op, a);
+  op.callBoxed(&stack);
+}
+
+at::Tensor optim_lamb_norms(const StepArgs& a, bool reference) {
+  static const c10::OperatorHandle fused = find_op("lowbit::optim_lamb_norms");
+  static const c10::OperatorHandle oracle = find_op("lowbit::optim_lamb_norms_reference");
+  const c10::OperatorHandle& op = reference ? oracle : fused;
+  torch::jit::Stack stack = step_stack(op, a);
+  op.callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
+                                              bool want_sumsq) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lowbit::grad_check", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(at::TensorList, at::IntArrayRef, int64_t, bool)>();
+  return op.call(grads, groups, num_groups, want_sumsq);
+}
+
+}  // namespace ops
+}  // namespace lowbit

@@ -1,0 +1,283 @@
+// The step interface (tensors/optim_ops.h): the step count and lr live in tensors and per-step
+// values are derived where the step runs, with the same bits as a host-driven call of the CPU
+// kernel; a block-aligned range of a parameter, stepped with its element offset (and the whole
+// parameter's LAMB / clipping inputs), equals the same range of the whole parameter's step.
+#include <lowbit/kernels/cpu/optim_step_cpu.h>
+#include <lowbit/optim/step_testing.h>
+#include <lowbit/tensors/blockwise_ops.h>
+#include <lowbit/tensors/optim_ops.h>
+
+#include "test_util.h"
+
+using lowbit::StateFormat;
+namespace lo = lowbit::optim;
+namespace lk = lowbit::kernels;
+
+namespace {
+
+// Every rule with the options that give it the most slots and branches, as optimizer and config.
+struct RuleCase {
+  const char* name;
+  std::function<std::unique_ptr<lo::LowbitOptimizer>(std::vector<at::Tensor>&, StateFormat, bool sr)> make;
+  lk::StepConfig config;
+};
+
+lk::StepConfig cfg(lk::Rule r, std::function<void(lk::StepConfig&)> f = nullptr) {
+  lk::StepConfig c;
+  c.rule = r;
+  if (f) f(c);
+  return c;
+}
+
+std::vector<RuleCase> rule_cases() {
+  using namespace lo;
+  return {
+      {"Adam", [](auto& p, StateFormat f, bool sr) { return std::make_unique<Adam>(p, AdamOptions(1e-2).weight_decay(1e-2).amsgrad(true).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::Adam, [](auto& c) { c.weight_decay = 1e-2; c.amsgrad = true; })},
+      {"AdamW", [](auto& p, StateFormat f, bool sr) { return std::make_unique<AdamW>(p, AdamWOptions(1e-2).maximize(true).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::AdamW, [](auto& c) { c.weight_decay = 1e-2; c.maximize = true; })},
+      {"SGD", [](auto& p, StateFormat f, bool sr) { return std::make_unique<SGD>(p, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::SGD, [](auto& c) { c.momentum = 0.9; c.nesterov = true; c.weight_decay = 1e-3; })},
+      {"Lion", [](auto& p, StateFormat f, bool sr) { return std::make_unique<Lion>(p, LionOptions(1e-3).weight_decay(0.1).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::Lion, [](auto& c) { c.beta1 = 0.9; c.beta2 = 0.99; c.weight_decay = 0.1; })},
+      {"RMSprop", [](auto& p, StateFormat f, bool sr) { return std::make_unique<RMSprop>(p, RMSpropOptions(1e-3).centered(true).momentum(0.5).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::RMSprop, [](auto& c) { c.alpha = 0.99; c.centered = true; c.momentum = 0.5; })},
+      {"Adagrad", [](auto& p, StateFormat f, bool sr) { return std::make_unique<Adagrad>(p, AdagradOptions(0.05).lr_decay(0.01).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::Adagrad, [](auto& c) { c.eps = 1e-10; c.lr_decay = 0.01; })},
+      {"AdEMAMix", [](auto& p, StateFormat f, bool sr) { return std::make_unique<AdEMAMix>(p, AdEMAMixOptions(1e-3).t_alpha_beta3(10).weight_decay(0.01).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::AdEMAMix, [](auto& c) { c.alpha = 5.0; c.t_alpha_beta3 = 10; c.weight_decay = 0.01; })},
+      {"LAMB", [](auto& p, StateFormat f, bool sr) { return std::make_unique<LAMB>(p, LAMBOptions(1e-2).weight_decay(0.01).state_format(f).bf16_stochastic_round(sr)); },
+       cfg(lk::Rule::LAMB, [](auto& c) { c.eps = 1e-6; c.weight_decay = 0.01; })},
+  };
+}
+
+// The state of one parameter as plain tensors, laid out as the optimizer lays it out.
+struct RawState {
+  std::vector<lk::SlotType> slots;
+  std::vector<at::Tensor> tensors;  // per used slot: values, or codes then absmax
+  int64_t block = 1024;
+};
+
+RawState fresh_state(const lk::StepConfig& c, StateFormat f, int64_t n) {
+  RawState s;
+  const lk::RuleSlots rs = lk::rule_slots(c);
+  if (lowbit::is_quantized(f)) s.block = lowbit::default_block_size(lowbit::quant_format_for(f, true));
+  for (int k = 0; k < rs.count; ++k) {
+    if (!rs.used[k]) {
+      s.slots.push_back({});
+      continue;
+    }
+    if (lowbit::is_quantized(f)) {
+      const auto qf = lowbit::quant_format_for(f, rs.is_signed[k]);
+      s.slots.push_back({lk::SlotStorage::Quant, qf});
+      const lowbit::QTensor q = lowbit::quantize(at::zeros({n}), qf, s.block);
+      s.tensors.push_back(q.codes().clone());
+      s.tensors.push_back(q.absmax().clone());
+    } else {
+      const bool bf16 = f == StateFormat::BF16;
+      s.slots.push_back({bf16 ? lk::SlotStorage::BF16 : lk::SlotStorage::F32});
+      s.tensors.push_back(at::zeros({n}, bf16 ? at::kBFloat16 : at::kFloat));
+    }
+  }
+  return s;
+}
+
+// Slot k's tensors of a RawState, flat, narrowed to elements [begin, begin + len).
+std::vector<at::Tensor> narrowed(const RawState& s, int64_t begin, int64_t len) {
+  std::vector<at::Tensor> out;
+  size_t t = 0;
+  for (const auto& type : s.slots) {
+    if (type.storage == lk::SlotStorage::None) continue;
+    if (type.storage == lk::SlotStorage::Quant) {
+      const bool four = lowbit::format_bits(type.format) == 4;
+      out.push_back(s.tensors[t++].narrow(0, four ? begin / 2 : begin, four ? (len + 1) / 2 : len));
+      out.push_back(s.tensors[t++].narrow(0, begin / s.block, lowbit::num_blocks(len, s.block)));
+    } else {
+      out.push_back(s.tensors[t++].narrow(0, begin, len));
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : v) out.push_back(t.clone());
+  return out;
+}
+
+}  // namespace
+
+// The optimizer keeps the step count and lr in tensors (a scheduler changes lr between steps);
+// the same three steps driven from the host (t, lr and the derived values computed here, the CPU
+// kernel called directly) give the same bits, for every rule and state family.
+TEST(StepInterface, DeviceStepStateEqualsHostDrivenSteps) {
+  for (const RuleCase& rc : rule_cases()) {
+    for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      const int64_t n = 70001;
+      std::vector<at::Tensor> p = {at::randn({n})};
+      at::Tensor host_p = p[0].clone();
+      auto opt = rc.make(p, f, false);
+      torch::optim::StepLR sched(*opt, /*step_size=*/1, /*gamma=*/0.5);
+      RawState st = fresh_state(rc.config, f, n);
+      std::vector<double> lrs;
+      for (int64_t t = 1; t <= 3; ++t) {
+        const double lr = opt->param_groups()[0].options().get_lr();  // what the scheduler set
+        lrs.push_back(lr);
+        const at::Tensor g = at::randn({n}) * 0.1;
+        p[0].mutable_grad() = g.clone();
+        opt->step();
+        sched.step();
+        // Host-driven: everything derived here, the kernel on raw pointers.
+        lk::ParamTask task;
+        task.param = host_p.data_ptr();
+        task.grad = g.data_ptr();
+        task.numel = n;
+        task.block_size = st.block;
+        task.hyper = lk::derive_hyper(rc.config, t, lr);
+        size_t next = 0;
+        task.num_slots = static_cast<int>(st.slots.size());
+        for (size_t k = 0; k < st.slots.size(); ++k) {
+          lk::StateSlotRef& r = task.slots[k];
+          r.storage = st.slots[k].storage;
+          r.format = st.slots[k].format;
+          if (r.storage == lk::SlotStorage::Quant) {
+            r.codes = st.tensors[next++].data_ptr<uint8_t>();
+            r.absmax = st.tensors[next++].data_ptr<float>();
+          } else if (r.storage != lk::SlotStorage::None) {
+            r.values = st.tensors[next++].data_ptr();
+          }
+        }
+        lk::OptimStep step;
+        step.rule = rc.config.rule;
+        step.tasks = &task;
+        step.num_tasks = 1;
+        lk::optim_step_cpu(step);
+      }
+      EXPECT_EQ(opt->state_of(p[0])->step(), 3);
+      EXPECT_LT(lrs.back(), lrs.front());  // the scheduler did change lr between steps
+      ASSERT_TRUE(lowbit_test::bitwise_equal(p[0], host_p));
+      size_t next = 0;
+      const lo::ParamState* ps = opt->state_of(p[0]);
+      for (size_t k = 0; k < st.slots.size(); ++k) {
+        const lo::StateSlot& s = ps->slots[k];
+        ASSERT_EQ(s.type, st.slots[k]) << "slot " << k;
+        if (s.type.storage == lk::SlotStorage::Quant) {
+          EXPECT_TRUE(lowbit_test::bitwise_equal(s.quantized.codes(), st.tensors[next++])) << "codes of slot " << k;
+          EXPECT_TRUE(lowbit_test::bitwise_equal(s.quantized.absmax(), st.tensors[next++])) << "absmax of slot " << k;
+        } else if (s.type.storage != lk::SlotStorage::None) {
+          EXPECT_TRUE(lowbit_test::bitwise_equal(s.dense, st.tensors[next++])) << "slot " << k;
+        }
+      }
+    }
+  }
+}
+
+// A parameter split at a block boundary into two ranges, each stepped with its element offset and
+// the whole parameter's clipping and LAMB inputs, equals the whole parameter's step bit for bit:
+// every rule, every state format, bf16 parameters with stochastic rounding, clipping on.
+TEST(StepInterface, BlockAlignedShardsStepLikeTheWholeParameter) {
+  const int64_t n = 70001, split = 256 * 37;  // a multiple of every format's block
+  const StateFormat formats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4,
+                                 StateFormat::FP8};
+  for (const RuleCase& rc : rule_cases()) {
+    for (StateFormat f : formats) {
+      for (bool bf16_sr : {false, true}) {
+        SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f) + (bf16_sr ? " bf16 SR" : " fp32"));
+        const auto dtype = bf16_sr ? at::kBFloat16 : at::kFloat;
+        at::Tensor whole_p = at::randn({n}).to(dtype), shard_p = whole_p.clone();
+        RawState whole = fresh_state(rc.config, f, n), shard = whole;
+        shard.tensors = clone_all(whole.tensors);
+        at::Tensor whole_counters = at::zeros({2}, at::kLong);
+        at::Tensor shard_counters[2] = {at::zeros({2}, at::kLong), at::zeros({2}, at::kLong)};
+        const at::Tensor lr = at::full({1}, rc.config.rule == lk::Rule::SGD ? 0.1 : 1e-2, at::kDouble);
+        for (int s = 0; s < 3; ++s) {
+          const at::Tensor g = (at::randn({n}) * 0.1).to(dtype);
+          auto base = [&] {
+            lowbit::ops::StepArgs a;
+            a.config = rc.config;
+            a.slots = whole.slots;
+            a.block_size = whole.block;
+            a.lr = lr;
+            a.seed = 1234;
+            a.stochastic_round = bf16_sr;
+            a.rng_keys = {7};
+            auto [found_inf, sumsq] = lowbit::ops::grad_check({g}, {0}, 1, true);
+            a.found_inf = found_inf;
+            a.grad_sumsq = sumsq;
+            a.max_grad_norm = 5.0;  // the gradients' norm is about 26: clipping is on
+            return a;
+          };
+          lowbit::ops::StepArgs w = base();
+          w.params = {whole_p};
+          w.grads = {g};
+          w.counters = {whole_counters};
+          w.state = whole.tensors;
+          // LAMB's whole-parameter norms before the step, for the shards.
+          const at::Tensor norms = lowbit::ops::optim_lamb_norms(w);
+          lowbit::ops::optim_step(w);
+          const int64_t begin[2] = {0, split}, len[2] = {split, n - split};
+          for (int r = 0; r < 2; ++r) {
+            lowbit::ops::StepArgs a = base();
+            a.params = {shard_p.narrow(0, begin[r], len[r])};
+            a.grads = {g.narrow(0, begin[r], len[r])};
+            a.counters = {shard_counters[r]};
+            a.state = narrowed(shard, begin[r], len[r]);
+            a.offsets = {begin[r]};
+            if (rc.config.rule == lk::Rule::LAMB) a.lamb_norms = norms;
+            lowbit::ops::optim_step(a);
+          }
+        }
+        ASSERT_TRUE(lowbit_test::bitwise_equal(whole_p, shard_p));
+        for (size_t k = 0; k < whole.tensors.size(); ++k)
+          ASSERT_TRUE(lowbit_test::bitwise_equal(whole.tensors[k], shard.tensors[k])) << "state tensor " << k;
+        EXPECT_EQ(whole_counters[0].item<int64_t>(), 3);
+        EXPECT_EQ(shard_counters[1][0].item<int64_t>(), 3);
+      }
+    }
+  }
+}
+
+// A shard that restarted its stochastic-rounding indices at 0 (no offset) would draw other noise:
+// the offset is what makes the shard test above pass.
+TEST(StepInterface, OffsetsMoveTheRoundingNoise) {
+  const int64_t n = 4096;
+  const at::Tensor p0 = at::randn({n}).to(at::kBFloat16), g = (at::randn({n}) * 0.1).to(at::kBFloat16);
+  std::vector<at::Tensor> out;
+  for (int64_t offset : {int64_t(0), int64_t(1 << 20)}) {
+    lowbit::ops::StepArgs a;
+    a.config.rule = lk::Rule::SGD;
+    a.params = {p0.clone()};
+    a.grads = {g};
+    a.counters = {at::zeros({2}, at::kLong)};
+    a.lr = at::full({1}, 1e-3, at::kDouble);
+    a.stochastic_round = true;
+    a.offsets = {offset};
+    lowbit::ops::optim_step(a);
+    out.push_back(a.params[0]);
+  }
+  EXPECT_FALSE(lowbit_test::bitwise_equal(out[0], out[1]));
+}
+
+// found_inf set: the call changes nothing, not even the step count.
+TEST(StepInterface, FoundInfSkipsTheCallOnEveryPath) {
+  for (bool reference : {false, true}) {
+    const at::Tensor p0 = at::randn({5000});
+    lowbit::ops::StepArgs a;
+    a.config.rule = lk::Rule::AdamW;
+    a.params = {p0.clone()};
+    a.grads = {at::randn({5000})};
+    a.counters = {at::zeros({2}, at::kLong)};
+    a.lr = at::full({1}, 1e-3, at::kDouble);
+    a.slots = {{lk::SlotStorage::F32}, {lk::SlotStorage::F32}};
+    a.state = {at::zeros({5000}), at::zeros({5000})};
+    a.found_inf = at::ones({1});
+    lowbit::ops::optim_step(a, reference);
+    EXPECT_TRUE(lowbit_test::bitwise_equal(a.params[0], p0));
+    EXPECT_EQ(a.counters[0][0].item<int64_t>(), 0);
+    a.found_inf = at::zeros({1});
+    lowbit::ops::optim_step(a, reference);
+    EXPECT_FALSE(lowbit_test::bitwise_equal(a.params[0], p0));
+    EXPECT_EQ(a.counters[0][0].item<int64_t>(), 1);
+  }
+}

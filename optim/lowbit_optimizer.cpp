@@ -7,12 +7,12 @@
 
 #include <lowbit/tensors/optim_ops.h>
 
+#include "state_layout.h"
+
 namespace lowbit {
 namespace optim {
 
 namespace {
-
-constexpr int64_t kDenseWorkBlock = 1024;  // unit of work for FP32/BF16 state
 
 // Parameters of one op call: one device, one state layout.
 struct CallBucket {
@@ -121,29 +121,24 @@ ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::
   ParamState st;
   st.counters = at::zeros({2}, p.options().dtype(at::kLong));
   auto ov = overrides_.find(p.unsafeGetTensorImpl());
-  st.format = ov != overrides_.end() ? ov->second : c.state_format;
-  // Decided on the whole parameter's numel, so a shard never changes a tensor's state format.
-  if (is_quantized(st.format) && p.numel() < c.min_quant_numel) st.format = StateFormat::FP32;
-  st.block_size = is_quantized(st.format)
-                      ? resolve_block_size(quant_format_for(st.format, true), c.block_size, name())
-                      : kDenseWorkBlock;
-  const kernels::RuleSlots spec = kernels::rule_slots(config(options));
-  st.slots.resize(spec.count);
+  const StateLayout layout =
+      state_layout(config(options), ov != overrides_.end() ? ov->second : c.state_format, p.numel(), c.block_size,
+                   c.min_quant_numel, c.fp8_second_moment, name());
+  st.format = layout.format;
+  st.block_size = layout.block_size;
+  st.slots.resize(layout.slots.size());
   const auto fopts = p.options().dtype(at::kFloat);
-  for (int k = 0; k < spec.count; ++k) {
-    if (!spec.used[k]) continue;
+  for (size_t k = 0; k < layout.slots.size(); ++k) {
     StateSlot& s = st.slots[k];
-    at::Tensor init = k < static_cast<int>(values.size()) && values[k].defined()
+    s.type = layout.slots[k];
+    if (!s.defined()) continue;
+    at::Tensor init = k < values.size() && values[k].defined()
                           ? values[k].detach().to(p.device(), at::kFloat).reshape({p.numel()})
-                          : at::full({p.numel()}, initial_state_value(options, k), fopts);
-    if (is_quantized(st.format)) {
-      const QuantFormat qf = quant_format_for(st.format, spec.is_signed[k], c.fp8_second_moment);
-      s.type = {kernels::SlotStorage::Quant, qf};
-      s.quantized = quantize(init, qf, st.block_size);
+                          : at::full({p.numel()}, initial_state_value(options, static_cast<int>(k)), fopts);
+    if (s.type.storage == kernels::SlotStorage::Quant) {
+      s.quantized = quantize(init, s.type.format, st.block_size);
     } else {
-      const bool bf16 = st.format == StateFormat::BF16;
-      s.type = {bf16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32};
-      s.dense = init.to(bf16 ? at::kBFloat16 : at::kFloat).clone();
+      s.dense = init.to(s.type.storage == kernels::SlotStorage::BF16 ? at::kBFloat16 : at::kFloat).clone();
     }
   }
   return st;

@@ -82,53 +82,54 @@ def test_cli_info_and_errors():
 
 
 # kernels::Hyper as the op carries it (tensors/optim_ops.h): the fields in pack order.
-HYPER_FIELDS = ["lr", "beta1", "beta2", "beta3", "eps", "weight_decay", "alpha", "momentum", "dampening",
-                "nesterov", "centered", "amsgrad", "maximize", "first_step", "one_minus_beta1", "one_minus_beta2",
-                "one_minus_beta3", "one_minus_alpha", "one_minus_dampening", "step_size", "inv_bias2_sqrt",
-                "inv_bias1", "decay", "trust"]
-
-
-def adamw_hyper(step, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8, wd=1e-2):
-    h = dict.fromkeys(HYPER_FIELDS, 0.0)
-    h.update(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, one_minus_beta1=1 - b1, one_minus_beta2=1 - b2,
-             step_size=lr / (1 - b1 ** step), inv_bias2_sqrt=1 / (1 - b2 ** step) ** 0.5, inv_bias1=1 / (1 - b1 ** step),
-             decay=1 - lr * wd, trust=1.0, one_minus_dampening=1.0)
-    return [float(torch.tensor(h[f], dtype=torch.float32)) for f in HYPER_FIELDS]
+def adamw_q8(device, n, block=256):
+    m = ops.quantize_blockwise(torch.zeros(n, device=device), "Dyn8Signed", block)
+    v = ops.quantize_blockwise(torch.zeros(n, device=device), "Dyn8Unsigned", block)
+    return [m[0], m[1], v[0], v[1]]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_adamw_step_op_equals_reference_op(device):
     """lowbit::optim_step_ with Q8 state (codes from quantize_blockwise) against the ATen oracle."""
     torch.manual_seed(0)
-    n, block = 10007, 256
+    n = 10007
     p0 = torch.randn(n, device=device)
     runs = []
     for op in (ops.optim_step_, ops.optim_step_reference_):
         p = p0.clone()
-        m = ops.quantize_blockwise(torch.zeros(n, device=device), "Dyn8Signed", block)
-        v = ops.quantize_blockwise(torch.zeros(n, device=device), "Dyn8Unsigned", block)
+        state = adamw_q8(device, n)
+        counters = torch.zeros(2, dtype=torch.int64, device=device)
+        lr = torch.tensor([1e-2], dtype=torch.float64, device=device)
         gen = torch.Generator(device="cpu").manual_seed(1)
-        for step in range(1, 4):
+        for _ in range(3):
             g = torch.randn(n, generator=gen).to(device)
-            op(1, [p], [g], [m[0], m[1], v[0], v[1]], [16 + 0, 16 + 1, 0], [block], adamw_hyper(step), [0], [0], 1.0)
-        runs.append((p, m, v))
-    (pa, ma, va), (pb, mb, vb) = runs
+            op([p], [g], state, [counters], lr, rule="AdamW", slots=["Dyn8Signed", "Dyn8Unsigned"], weight_decay=1e-2)
+        assert counters.tolist() == [3, 0]
+        runs.append((p, state))
+    (pa, sa), (pb, sb) = runs
     assert torch.equal(pa, pb)
-    assert torch.equal(ma[0], mb[0]) and torch.equal(ma[1], mb[1])
-    assert torch.equal(va[0], vb[0]) and torch.equal(va[1], vb[1])
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb))
     assert not torch.equal(pa, p0)
 
 
-def test_grad_stats_op():
-    g = [torch.randn(5000), torch.tensor([1.0, float("inf")]), torch.zeros(0)]
-    finite, sumsq = ops.grad_stats(g, True)
-    assert finite.tolist() == [True, False, True]
+def test_grad_check_op():
+    g = [torch.randn(5000), torch.tensor([1.0, 2.0]), torch.zeros(0)]
+    found_inf, sumsq = ops.grad_check(g, [0, 1, 1], 2, True)
+    assert found_inf.tolist() == [0.0]
     assert abs(sumsq[0].item() - g[0].double().pow(2).sum().item()) <= 1e-9 * sumsq[0].item()
+    assert sumsq[1].item() == 5.0
+    found_inf, _ = ops.grad_check(g + [torch.tensor([float("inf")])], [0, 1, 1, 0], 2, False)
+    assert found_inf.tolist() == [1.0]
 
 
 def test_step_op_names_the_bad_argument():
     p, g = torch.randn(300), torch.randn(300)
-    with pytest.raises(RuntimeError, match="slot 0 of parameter 0 must be Float with 300 elements"):
-        ops.optim_step_(1, [p], [g], [torch.zeros(299)], [1, 0, 0], [1024], adamw_hyper(1), [0], [0], 1.0)
-    with pytest.raises(RuntimeError, match="hyper has 3 entries"):
-        ops.optim_step_(1, [p], [g], [], [0, 0, 0], [1024], [0.0, 0.0, 0.0], [0], [0], 1.0)
+    counters, lr = torch.zeros(2, dtype=torch.int64), torch.tensor([1e-3], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"slot 0 of parameter 0 \(fp32\) must be Float with 300 elements"):
+        ops.optim_step_([p], [g], [torch.zeros(299)], [counters], lr, rule="SGD", slots=["fp32"], momentum=0.9)
+    with pytest.raises(RuntimeError, match="unknown rule 'Adamw2'"):
+        ops.optim_step_([p], [g], [], [counters], lr, rule="Adamw2", slots=[])
+    with pytest.raises(RuntimeError, match="unknown slot storage 'Dyn9'"):
+        ops.optim_step_([p], [g], [], [counters], lr, rule="SGD", slots=["Dyn9"])
+    with pytest.raises(RuntimeError, match="counters has 0 entries for 1 parameters"):
+        ops.optim_step_([p], [g], [], [], lr, rule="SGD", slots=[])

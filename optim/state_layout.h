@@ -1,0 +1,27 @@
+// Which slots a parameter's optimizer state has and how each is stored: the decision of
+// LowbitOptimizer::make_state, also exposed as the op lowbit::optim_state_layout so that Python
+// users of torch.ops.lowbit (python/lowbit/optim.py) lay state out exactly as the C++ optimizers do.
+#pragma once
+
+#include <vector>
+
+#include <lowbit/kernels/common/state_slots.h>
+
+#include "state_format.h"
+
+namespace lowbit {
+namespace optim {
+
+struct StateLayout {
+  StateFormat format = StateFormat::FP32;     // after min_quant_numel
+  int64_t block_size = 0;                     // quantization block (work block for dense state)
+  std::vector<kernels::SlotType> slots;       // by the rule's slot index; unused ones None
+};
+
+// requested: the group's (or an override's) StateFormat; numel: the whole parameter's, so a shard
+// never changes the decision; block_size 0: the format's default.
+StateLayout state_layout(const kernels::StepConfig& config, StateFormat requested, int64_t numel, int64_t block_size,
+                         int64_t min_quant_numel, QuantFormat fp8_second_moment, const char* who);
+
+}  // namespace optim
+}  // namespace lowbit

@@ -1,0 +1,73 @@
+"""python/lowbit/optim.py: the helper builds torch.ops.lowbit.optim_step_'s arguments; its AdamW Q8 steps
+equal the C++ optimizer's bit for bit, and the op traces under torch.compile(fullgraph=True)."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+import lowbit
+
+LIB = os.environ.get("LOWBIT_LIBRARY")
+if not LIB:
+    pytest.skip("LOWBIT_LIBRARY is not set (run through ctest)", allow_module_level=True)
+ops = lowbit.load_library(LIB)
+
+
+def test_adamw_q8_through_the_helper_equals_the_cpp_optimizer(tmp_path):
+    torch.manual_seed(0)
+    n = 70001
+    p0 = torch.randn(n)
+    grads = [torch.randn(n) * 0.1 for _ in range(3)]
+    torch.save([p0] + grads, tmp_path / "in.pt")
+    subprocess.run([os.environ["LOWBIT_OPTIMIZER_STEPS"], str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   check=True)
+    want = torch.load(tmp_path / "out.pt", weights_only=False)  # our own file, written by torch::pickle_save
+
+    p = p0.clone()
+    state = lowbit.optim.init_state(p, "AdamW", "Q8")
+    assert state.slots == ["Dyn8Signed", "Dyn8Unsigned"] and state.block_size == 256
+    lr = torch.tensor([1e-2], dtype=torch.float64)
+    for g in grads:
+        lowbit.optim.step([p], [g], [state], lr, rule="AdamW", weight_decay=1e-2)
+    assert state.step == 3
+    assert torch.equal(p, want[0])
+    for got, exp in zip(state.tensors, want[1:]):
+        assert torch.equal(got, exp)
+
+
+def test_layout_follows_the_optimizers_rules():
+    small = lowbit.optim.init_state(torch.zeros(100), "AdamW", "Q8")
+    assert small.slots == ["fp32", "fp32"]  # below min_quant_numel
+    q4 = lowbit.optim.init_state(torch.zeros(5000), "Adam", "Q4", amsgrad=True)
+    assert q4.slots == ["DE4Signed", "Linear4Unsigned", "Linear4Unsigned"] and q4.block_size == 128
+    rms = lowbit.optim.init_state(torch.zeros(5000), "RMSprop", "FP8", centered=True)
+    assert rms.slots == ["FP8E4M3", "none", "FP8E4M3"]
+    with pytest.raises(RuntimeError, match="unknown state_format 'Q3'"):
+        lowbit.optim.init_state(torch.zeros(10), "AdamW", "Q3")
+    with pytest.raises(TypeError, match="unknown hyper-parameter"):
+        lowbit.optim.step([], [], [], torch.ones(1, dtype=torch.float64), rule="AdamW", betas=(0.9, 0.99))
+
+
+def test_step_op_traces_under_torch_compile_fullgraph():
+    torch.manual_seed(1)
+    n = 5000
+    p0, g = torch.randn(n), torch.randn(n)
+
+    def run(p, state, counters, lr):
+        torch.ops.lowbit.optim_step_([p], [g], state, [counters], lr, rule="AdamW",
+                                     slots=["Dyn8Signed", "Dyn8Unsigned"], weight_decay=1e-2)
+        return p
+
+    results = []
+    for fn in (run, torch.compile(run, fullgraph=True, backend="aot_eager")):
+        st = lowbit.optim.init_state(p0, "AdamW", "Q8")
+        p = p0.clone()
+        lr = torch.tensor([1e-3], dtype=torch.float64)
+        for _ in range(2):
+            fn(p, st.tensors, st.counters, lr)
+        results.append((p, st))
+    (pa, sa), (pb, sb) = results
+    assert torch.equal(pa, pb) and not torch.equal(pa, p0)
+    assert sa.step == sb.step == 2
+    assert all(torch.equal(x, y) for x, y in zip(sa.tensors, sb.tensors))

@@ -1,6 +1,8 @@
 # HIP backend: the same kernels/cuda sources compiled with hipcc (through kernels/cuda/portability.cuh).
-# Linking them into lowbit needs a ROCm build of libtorch; without one, the objects are still built
-# so that every build proves the sources stay HIP-clean.
+# With a ROCm build of libtorch the objects are linked into lowbit and the GPU bindings
+# (tensors/ops_cuda.cpp, registered under the CUDA key as ROCm libtorch expects) are compiled; with
+# any other libtorch the objects are still built, so every build proves the sources stay HIP-clean,
+# and `lowbit info` says "compiled, not linked".
 find_program(LOWBIT_HIPCC hipcc)
 set(hip_found FALSE)
 if(LOWBIT_HIPCC)
@@ -32,6 +34,7 @@ if(LOWBIT_WITH_HIP)
     list(APPEND hip_objects ${obj})
   endforeach()
   add_custom_target(lowbit_hip_kernels ALL DEPENDS ${hip_objects})
+  set(LOWBIT_HIP_OBJECTS ${hip_objects})
   if(NOT LOWBIT_TORCH_HAS_ROCM)
     message(STATUS "lowbit: HIP kernels compile for ${LOWBIT_HIP_ARCHS}; libtorch is not a ROCm build, so they are not linked")
   endif()

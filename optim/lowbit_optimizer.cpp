@@ -171,6 +171,11 @@ at::Tensor LowbitOptimizer::lr_tensor(size_t group, at::Device device) {
   return lr_tensors_[group].back().value;
 }
 
+void LowbitOptimizer::refresh_lr() {
+  for (size_t gi = 0; gi < lr_tensors_.size(); ++gi)
+    for (const LrTensor& t : std::vector<LrTensor>(lr_tensors_[gi])) lr_tensor(gi, t.value.device());
+}
+
 torch::Tensor LowbitOptimizer::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss;

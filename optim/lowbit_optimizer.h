@@ -65,6 +65,10 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   void check_overflow();
   void set_overflow_check_interval(int64_t n);
 
+  // Writes each group's current lr (what a scheduler set) to the device tensor the step reads.
+  // step() does this itself; call it before replaying a CUDA graph that captured step().
+  void refresh_lr();
+
   // Keeps `param`'s state in `format` whatever its group says (e.g. FP32 for embeddings). Must be
   // set before the parameter's first step.
   void override_state_format(const at::Tensor& param, StateFormat format);

@@ -26,7 +26,7 @@ std::string build_info() {
   else if (LOWBIT_HIP_LINKED)
     s << "yes (archs " << LOWBIT_HIP_ARCHS << ")\n";
   else
-    s << "kernels compiled for " << LOWBIT_HIP_ARCHS << " (not linked: libtorch is not a ROCm build)\n";
+    s << "compiled, not linked (kernels for " << LOWBIT_HIP_ARCHS << "; libtorch is not a ROCm build)\n";
   // distributed/ links MPI and NCCL once it exists; until then report what the build found.
   s << "  mpi   " << (LOWBIT_WITH_MPI ? "found (for distributed/, not built yet)" : "no") << "\n";
   s << "  nccl  " << (LOWBIT_WITH_NCCL ? "found (for distributed/, not built yet)" : "no") << "\n";

@@ -90,7 +90,8 @@ void prepare(CpuCall& cc, bool for_norms) {
 }
 
 void step_cpu(const StepArgs& args) {
-  CpuCall cc{check_step_call(args, kOp)};
+  CpuCall cc;
+  cc.call = check_step_call(args, kOp);
   StepCall& c = cc.call;
   if (c.params.empty()) return;
   if (c.found_inf) TORCH_CHECK(c.found_inf->device().is_cpu(), kOp, ": found_inf must be on the CPU here");
@@ -131,7 +132,8 @@ void step_cpu(const StepArgs& args) {
 }
 
 at::Tensor lamb_norms_cpu(const StepArgs& args) {
-  CpuCall cc{check_step_call(args, "lowbit::optim_lamb_norms")};
+  CpuCall cc;
+  cc.call = check_step_call(args, "lowbit::optim_lamb_norms");
   const int64_t n = static_cast<int64_t>(cc.call.params.size());
   at::Tensor out = at::zeros({n, 2}, at::kDouble);
   if (n == 0) return out;

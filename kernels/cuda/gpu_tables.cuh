@@ -3,6 +3,7 @@
 // stage both in shared memory.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -63,6 +64,53 @@ inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
     e = cudaMalloc(reinterpret_cast<void**>(&d), starts.size());
     if (e != cudaSuccess) return e;
     e = cudaMemcpy(d, starts.data(), starts.size(), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+    it = cache.emplace(key, d).first;
+  }
+  *out = it->second;
+  return cudaSuccess;
+}
+
+// Everything a fused optimizer step needs of one format, in one device allocation: the encode
+// bucket starts, thresholds and code order, and the codebook. Made once per device and format by
+// the first step that uses it (a step captured in a CUDA graph must not be that first one).
+struct DeviceFormat {
+  uint8_t starts[1 << kGpuKeyBits];
+  float thresholds[256 + kGpuMaxScan];
+  uint8_t sorted_codes[256];
+  float codebook[256];
+  int scan;
+  int identity;
+};
+
+inline cudaError_t device_format(QuantFormat fmt, cudaStream_t stream, const DeviceFormat** out) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, DeviceFormat*> cache;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, static_cast<int>(fmt));
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    e = cudaStreamIsCapturing(stream, &capturing);
+    if (e != cudaSuccess) return e;
+    if (capturing != cudaStreamCaptureStatusNone) return cudaErrorStreamCaptureUnsupported;
+    const GpuTables& t = gpu_tables(fmt);
+    DeviceFormat host;
+    int widest = 0;
+    const std::vector<uint8_t> starts = make_bucket_starts(make_encode_table(fmt), kGpuKeyBits, &widest);
+    std::copy(starts.begin(), starts.end(), host.starts);
+    std::copy(t.thresholds, t.thresholds + 256 + kGpuMaxScan, host.thresholds);
+    std::copy(t.sorted_codes, t.sorted_codes + 256, host.sorted_codes);
+    std::copy(t.codebook, t.codebook + 256, host.codebook);
+    host.scan = t.scan;
+    host.identity = t.identity ? 1 : 0;
+    DeviceFormat* d = nullptr;
+    e = cudaMalloc(reinterpret_cast<void**>(&d), sizeof(DeviceFormat));
+    if (e != cudaSuccess) return e;
+    e = cudaMemcpy(d, &host, sizeof(DeviceFormat), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) return e;
     it = cache.emplace(key, d).first;
   }

@@ -18,10 +18,22 @@
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaDevAttrWarpSize hipDeviceAttributeWarpSize
+#define cudaStreamCaptureStatus hipStreamCaptureStatus
+#define cudaStreamCaptureStatusNone hipStreamCaptureStatusNone
+#define cudaStreamIsCapturing hipStreamIsCapturing
+#define cudaErrorStreamCaptureUnsupported hipErrorStreamCaptureUnsupported
+#define cudaMemsetAsync hipMemsetAsync
 #define LOWBIT_SHFL_XOR(v, lane_mask, width) __shfl_xor((v), (lane_mask), (width))
+#define LOWBIT_SHFL(v, src_lane, width) __shfl((v), (src_lane), (width))
+#define LOWBIT_SYNCWARP() __builtin_amdgcn_wave_barrier()
+#define LOWBIT_GRID_CONSTANT
 #else
 #include <cuda_runtime.h>
 #define LOWBIT_SHFL_XOR(v, lane_mask, width) __shfl_xor_sync(0xffffffffu, (v), (lane_mask), (width))
+#define LOWBIT_SHFL(v, src_lane, width) __shfl_sync(0xffffffffu, (v), (src_lane), (width))
+#define LOWBIT_SYNCWARP() __syncwarp()
+// Kernel parameters read in place from the constant bank (no copy to local memory when indexed).
+#define LOWBIT_GRID_CONSTANT __grid_constant__
 #endif
 
 namespace lowbit {

@@ -4,6 +4,12 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cmake --install failed (${rc})")
 endif()
+# Only the public headers install: no kernel internals (vector types, AVX-512 pragmas).
+foreach(internal kernels/common/optim_rules.h kernels/cpu/optim_step_cpu.h tensors/optim_ops.h optim/step_testing.h)
+  if(EXISTS ${WORK_DIR}/prefix/include/lowbit/${internal})
+    message(FATAL_ERROR "the internal header ${internal} was installed")
+  endif()
+endforeach()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
                         -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)

@@ -1,0 +1,166 @@
+// The gradient pre-pass on GPUs (optim_step_cuda.h: grad_check_gpu). The finite check alone reads
+// each gradient once with wide loads. The sums of squares follow the CPU's order exactly
+// (kernels/cpu/grad_stats_cpu.h): per chunk of kGradChunk elements 16 double partial sums, lane j
+// taking elements j, j + 16, ... in order, the partials added in order; a gradient's chunks added
+// in order; the gradients added into their group in order. So clipping scales by the CPU's factor.
+#include <algorithm>
+
+#include "../cpu/grad_stats_cpu.h"
+#include "optim_step_cuda.h"
+#include "vector_io.cuh"
+
+namespace lowbit {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+#if defined(__HIPCC__)
+constexpr int kGrads = 24;
+#else
+constexpr int kGrads = 200;
+#endif
+
+struct GradChunk {
+  GpuGrad g[kGrads];
+  int64_t first[kGrads + 1];  // finite check: groups of 8 elements; sums: chunks of kGradChunk
+  int count;
+};
+
+template <typename T>
+__device__ __forceinline__ float load1(const void* p, int64_t i) {
+  return to_f32(static_cast<const T*>(p)[i]);
+}
+
+__device__ __forceinline__ float load_any(const GpuGrad& g, int64_t i) {
+  switch (g.type) {
+    case ElemType::F32: return load1<float>(g.data, i);
+    case ElemType::BF16: return load1<bf16_t>(g.data, i);
+    case ElemType::F16: return load1<f16_t>(g.data, i);
+  }
+  return 0.0f;
+}
+
+__device__ __forceinline__ bool finite(float x) { return (__float_as_uint(x) & 0x7FFFFFFFu) < 0x7F800000u; }
+
+
+__device__ __forceinline__ int grad_of(const GradChunk& c, int64_t item) {
+  int lo = 0, hi = c.count - 1;
+  while (lo < hi) {  // the last gradient whose first item is <= item
+    const int mid = (lo + hi + 1) / 2;
+    if (c.first[mid] <= item) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kThreads) finite_kernel(const LOWBIT_GRID_CONSTANT GradChunk c, float* found_inf) {
+  const int64_t groups = c.first[c.count];
+  bool bad = false;
+  for (int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x; item < groups; item += int64_t(gridDim.x) * kThreads) {
+    const GpuGrad& g = c.g[grad_of(c, item)];
+    const int64_t i = (item - c.first[grad_of(c, item)]) * 8;
+    float v[8];
+    switch (g.type) {
+      case ElemType::F32: load8(static_cast<const float*>(g.data), i, g.numel, g.aligned != 0, v); break;
+      case ElemType::BF16: load8(static_cast<const bf16_t*>(g.data), i, g.numel, g.aligned != 0, v); break;
+      case ElemType::F16: load8(static_cast<const f16_t*>(g.data), i, g.numel, g.aligned != 0, v); break;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) bad |= !finite(v[k]);
+  }
+  if (bad) *found_inf = 1.0f;  // every writer writes the same value
+}
+
+// 16 lanes per chunk of kGradChunk elements; two chunks per warp per round.
+__global__ void __launch_bounds__(kThreads) sumsq_kernel(const LOWBIT_GRID_CONSTANT GradChunk c, double* chunk_sums,
+                                                         float* found_inf) {
+  const int64_t chunks = c.first[c.count];
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  const int j16 = threadIdx.x % 16;
+  for (int64_t pair = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; 2 * pair < chunks; pair += warps) {
+    const int64_t item = 2 * pair + (threadIdx.x / 16) % 2;
+    double acc = 0.0;
+    bool bad = false;
+    if (item < chunks) {
+      const int gi = grad_of(c, item);
+      const GpuGrad& g = c.g[gi];
+      const int64_t begin = (item - c.first[gi]) * kGradChunk;
+      const int64_t len = g.numel - begin < kGradChunk ? g.numel - begin : kGradChunk;
+      for (int64_t m = j16; m < len; m += 16) {
+        const float x = load_any(g, begin + m);
+        bad |= !finite(x);
+        const double d = x;
+        acc += d * d;
+      }
+    }
+    double s = 0.0;
+    for (int q = 0; q < 16; ++q) s += LOWBIT_SHFL(acc, q, 16);
+    if (j16 == 0 && item < chunks) chunk_sums[item] = s;
+    if (bad) *found_inf = 1.0f;
+  }
+}
+
+// One thread per gradient adds its chunks in order; then thread 0 adds the gradients into their
+// groups in order.
+__global__ void group_sums_kernel(const LOWBIT_GRID_CONSTANT GradChunk c, const double* chunk_sums, double* sumsq) {
+  __shared__ double grad_sum[kGrads];
+  for (int i = threadIdx.x; i < c.count; i += blockDim.x) {
+    double s = 0.0;
+    for (int64_t k = c.first[i]; k < c.first[i + 1]; ++k) s += chunk_sums[k];
+    grad_sum[i] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int i = 0; i < c.count; ++i) sumsq[c.g[i].group] += grad_sum[i];
+}
+
+int grid_for(int64_t work, int per_block) {
+  DeviceInfo dev;
+  if (query_device(&dev) != cudaSuccess) dev.sm_count = 1;
+  const int64_t wanted = (work + per_block - 1) / per_block;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 8)));
+}
+
+}  // namespace
+
+size_t grad_check_scratch_bytes(const GpuGrad* grads, int64_t n, bool want_sumsq) {
+  if (!want_sumsq) return 16;
+  int64_t most = 0;
+  for (int64_t first = 0; first < n; first += kGrads) {
+    int64_t chunks = 0;
+    for (int64_t i = first; i < std::min<int64_t>(n, first + kGrads); ++i)
+      chunks += (grads[i].numel + kGradChunk - 1) / kGradChunk;
+    most = std::max(most, chunks);
+  }
+  return static_cast<size_t>(most) * sizeof(double) + 16;
+}
+
+const char* grad_check_gpu(const GpuGrad* grads, int64_t n, bool want_sumsq, float* found_inf, double* sumsq,
+                           void* scratch, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  GradChunk c;
+  for (int64_t first = 0; first < n; first += kGrads) {
+    c.count = static_cast<int>(std::min<int64_t>(kGrads, n - first));
+    c.first[0] = 0;
+    const int64_t unit = want_sumsq ? kGradChunk : 8;
+    for (int i = 0; i < c.count; ++i) {
+      c.g[i] = grads[first + i];
+      c.first[i + 1] = c.first[i] + (c.g[i].numel + unit - 1) / unit;
+    }
+    if (c.first[c.count] == 0 && !want_sumsq) continue;
+    if (want_sumsq) {
+      double* chunk_sums = static_cast<double*>(scratch);
+      if (c.first[c.count] > 0)
+        sumsq_kernel<<<grid_for(c.first[c.count], 2 * kThreads / 32), kThreads, 0, s>>>(c, chunk_sums, found_inf);
+      group_sums_kernel<<<1, kThreads, 0, s>>>(c, chunk_sums, sumsq);
+    } else {
+      finite_kernel<<<grid_for(c.first[c.count], kThreads), kThreads, 0, s>>>(c, found_inf);
+    }
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  return nullptr;
+}
+
+}  // namespace kernels
+}  // namespace lowbit

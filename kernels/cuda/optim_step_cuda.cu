@@ -1,0 +1,242 @@
+// Drives one fused optimizer step on a GPU (optim_step_cuda.h): the prologue derives each
+// parameter's per-step values from its counters and lr on the device, LAMB's first pass and
+// trust ratios where asked, then the step kernels of optim_step_kernels.cuh, one launch per chunk of
+// parameters. Everything is enqueued on `stream`; nothing waits for the device.
+#include "optim_step_kernels.cuh"
+
+namespace lowbit {
+namespace kernels {
+namespace gpu_step {
+
+// Instantiated in optim_step_<rule>.cu.
+template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+
+namespace {
+
+struct Scalars {
+  StepConfig config;
+  const void* lr;
+  bool lr_is_double;
+  const double* grad_sumsq;
+  double max_grad_norm;
+  const float* grad_scale;
+  const double* lamb_norms;
+  uint64_t seed;
+  bool write_counters;
+};
+
+// One thread per parameter: step t = counters[0] + 1 and what derives from it.
+__global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Scalars s,
+                                const float* found_inf, ParamScalars* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= chunk.count || (found_inf && *found_inf != 0.0f)) return;
+  const GpuStepParam& P = chunk.p[i];
+  const int64_t t = P.counters[0] + 1;
+  const double lr = s.lr_is_double ? *static_cast<const double*>(s.lr) : static_cast<double>(*static_cast<const float*>(s.lr));
+  ParamScalars ps;
+  ps.hyper = derive_hyper(s.config, t, lr);
+  ps.seed = step_seed(s.seed, t, P.rng_key);
+  ps.grad_mult = grad_multiplier(s.grad_sumsq ? s.max_grad_norm : 0.0, s.grad_sumsq ? *s.grad_sumsq : 0.0,
+                                 s.grad_scale ? static_cast<double>(*s.grad_scale) : 1.0);
+  ps.pad = 0;
+  const int64_t g = chunk.first_param + i;
+  if (s.lamb_norms) ps.hyper.trust = lamb_trust(s.lamb_norms[2 * g], s.lamb_norms[2 * g + 1]);
+  out[g] = ps;
+  if (s.write_counters) P.counters[0] = t;
+}
+
+// One thread per parameter: its norm blocks' sums added in block order, into the trust ratio or out.
+__global__ void lamb_trust_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const double* block_sums,
+                                  const float* found_inf, ParamScalars* scalars, double* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= chunk.count || (found_inf && *found_inf != 0.0f)) return;
+  double sp = 0.0, sr = 0.0;
+  for (int64_t b = chunk.first_block[i]; b < chunk.first_block[i + 1]; ++b) {
+    sp += block_sums[2 * b];
+    sr += block_sums[2 * b + 1];
+  }
+  const int64_t g = chunk.first_param + i;
+  if (out) {
+    out[2 * g] = sp;
+    out[2 * g + 1] = sr;
+  } else {
+    scalars[g].hyper.trust = lamb_trust(sp, sr);
+  }
+}
+
+template <typename T>
+cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int grid, cudaStream_t stream) {
+  switch (family) {
+    case kF32: lamb_sums_kernel<T, kF32><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kBF16: lamb_sums_kernel<T, kBF16><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kCodes8: lamb_sums_kernel<T, kCodes8><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kCodes4: lamb_sums_kernel<T, kCodes4><<<grid, kThreads, 0, stream>>>(c, a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rule(Rule r, const Chunk& c, const Args& a, ElemType t, int family, int warp, int grid,
+                        cudaStream_t stream) {
+  switch (r) {
+    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, grid, stream);
+    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, grid, stream);
+    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, grid, stream);
+    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, grid, stream);
+    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, grid, stream);
+    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, grid, stream);
+    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, grid, stream);
+    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, grid, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// What a launch group needs besides its parameters: the state family, the tables, the scratch.
+struct Plan {
+  Args args;
+  int family = kF32;
+  int warp = 32;
+  int sm_count = 1;
+  int64_t unit = 256;
+};
+
+const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
+  DeviceInfo dev;
+  cudaError_t e = query_device(&dev);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  plan->warp = dev.warp_size;
+  plan->sm_count = dev.sm_count;
+  Args& a = plan->args;
+  a = Args{};
+  a.config = s.config;
+  a.block_size = s.block_size;
+  a.found_inf = s.found_inf;
+  a.stochastic_round = s.stochastic_round;
+  int family = -1;
+  for (int k = 0; k < s.num_slots && k < kMomentSlots; ++k) {
+    const SlotType& t = s.slots[k];
+    if (t.storage == SlotStorage::None) continue;
+    const int f = t.storage == SlotStorage::F32    ? kF32
+                  : t.storage == SlotStorage::BF16 ? kBF16
+                                                   : (format_bits(t.format) == 8 ? kCodes8 : kCodes4);
+    if (family >= 0 && f != family) return "every slot of a GPU step must be stored the same way";
+    family = f;
+    a.used_mask |= 1 << k;
+    if (t.storage != SlotStorage::Quant) continue;
+    if (format_is_signed(t.format)) a.slot_signed_mask |= 1 << k;
+    // The format's staged table: one already staged, or one more (at most two per layout).
+    const DeviceFormat* df = nullptr;
+    e = device_format(t.format, stream, &df);
+    if (e == cudaErrorStreamCaptureUnsupported)
+      return "the quantization tables are made by a device's first step: run one step before capturing a graph";
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    int found = -1;
+    for (int q = 0; q < a.num_distinct; ++q)
+      if (a.distinct[q] == df) found = q;
+    if (found < 0) {
+      if (a.num_distinct == 2) return "a GPU step takes at most two quantization formats";
+      a.distinct[a.num_distinct] = df;
+      found = a.num_distinct++;
+    }
+    a.format_of_slot[k] = found;
+  }
+  plan->family = family < 0 ? kF32 : family;
+  const bool quant = plan->family == kCodes8 || plan->family == kCodes4;
+  plan->unit = quant ? std::max<int64_t>(s.block_size, 8 * plan->warp) : 8 * plan->warp;
+  a.unit = plan->unit;
+  a.scalars = static_cast<ParamScalars*>(s.scratch);
+  const size_t head = (sizeof(ParamScalars) * static_cast<size_t>(s.n) + 255) / 256 * 256;
+  a.block_sums = reinterpret_cast<double*>(static_cast<char*>(s.scratch) + head);
+  return nullptr;
+}
+
+// Fills chunk from parameters [first, first + count).
+void fill_chunk(const GpuStep& s, const Plan& plan, int64_t first, Chunk* c) {
+  c->count = static_cast<int>(std::min<int64_t>(kChunk, s.n - first));
+  c->first_param = first;
+  c->first_unit[0] = c->first_block[0] = 0;
+  for (int i = 0; i < c->count; ++i) {
+    c->p[i] = s.params[first + i];
+    const int64_t numel = c->p[i].numel;
+    c->first_unit[i + 1] = c->first_unit[i] + (numel + plan.unit - 1) / plan.unit;
+    c->first_block[i + 1] = c->first_block[i] + (numel + s.block_size - 1) / s.block_size;
+  }
+}
+
+int grid_for(int64_t work, int per_block, const Plan& plan) {
+  const int64_t wanted = (work + per_block - 1) / per_block;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(plan.sm_count) * 8)));
+}
+
+const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
+  if (s.n == 0) return nullptr;
+  Plan plan;
+  if (const char* err = make_plan(s, stream, &plan)) return err;
+  Args& a = plan.args;
+  Scalars sc{s.config, s.lr, s.lr_is_double, s.grad_sumsq, s.max_grad_norm, s.grad_scale, s.lamb_norms, s.seed,
+             lamb_out == nullptr};
+  const bool lamb_pass = s.config.rule == Rule::LAMB && (lamb_out != nullptr || s.lamb_norms == nullptr);
+  if (lamb_out) sc.lamb_norms = nullptr;
+  Chunk chunk;
+  for (int64_t first = 0; first < s.n; first += kChunk) {
+    fill_chunk(s, plan, first, &chunk);
+    prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    if (lamb_pass) {
+      const int grid = grid_for(chunk.first_block[chunk.count], 2 * kThreads / 32, plan);
+      switch (s.param_type) {
+        case ElemType::F32: e = launch_lamb_sums<float>(chunk, a, plan.family, grid, stream); break;
+        case ElemType::BF16: e = launch_lamb_sums<bf16_t>(chunk, a, plan.family, grid, stream); break;
+        case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, grid, stream); break;
+      }
+      if (e != cudaSuccess) return cudaGetErrorString(e);
+      lamb_trust_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, a.block_sums, s.found_inf, a.scalars,
+                                                                      lamb_out);
+      e = cudaGetLastError();
+      if (e != cudaSuccess) return cudaGetErrorString(e);
+    }
+    if (lamb_out) continue;
+    const int grid = grid_for(chunk.first_unit[chunk.count], kThreads / plan.warp, plan);
+    e = launch_rule(s.config.rule, chunk, a, s.param_type, plan.family, plan.warp, grid, stream);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace gpu_step
+
+size_t gpu_step_scratch_bytes(const GpuStep& s) {
+  const size_t head = (sizeof(gpu_step::ParamScalars) * static_cast<size_t>(s.n) + 255) / 256 * 256;
+  int64_t blocks = 0;
+  if (s.config.rule == Rule::LAMB) {
+    // Per chunk, reused by the next: the most norm blocks any chunk holds.
+    for (int64_t first = 0; first < s.n; first += gpu_step::kChunk) {
+      int64_t b = 0;
+      for (int64_t i = first; i < std::min<int64_t>(s.n, first + gpu_step::kChunk); ++i)
+        b += (s.params[i].numel + s.block_size - 1) / s.block_size;
+      blocks = std::max(blocks, b);
+    }
+  }
+  return head + static_cast<size_t>(blocks) * 2 * sizeof(double) + 16;
+}
+
+const char* optim_step_gpu(const GpuStep& s, void* stream) {
+  return gpu_step::run(s, static_cast<cudaStream_t>(stream), nullptr);
+}
+
+const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream) {
+  if (s.config.rule != Rule::LAMB) return "lamb_norms_gpu needs the LAMB rule";
+  return gpu_step::run(s, static_cast<cudaStream_t>(stream), out);
+}
+
+}  // namespace kernels
+}  // namespace lowbit

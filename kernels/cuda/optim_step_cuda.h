@@ -1,0 +1,74 @@
+// Host launchers of the fused optimizer step and its gradient pre-pass on GPUs (CUDA, and HIP from
+// the same sources). Plain C++ header: no CUDA, HIP or torch types, so any binding can include it.
+// Pointers are device pointers on the current device unless said otherwise; `stream` is a
+// cudaStream_t (hipStream_t under HIP). Each launcher returns nullptr, or the error of the launch.
+// Nothing here allocates, uploads or reads back to the host, except the per-format tables, made
+// on a device's first step (so a CUDA graph can capture every step after the first).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../common/quantize_params.h"
+#include "../common/state_slots.h"
+#include "../common/step_config.h"
+
+namespace lowbit {
+namespace kernels {
+
+// One parameter (or a block-aligned range of one).
+struct GpuStepParam {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* slot[kMomentSlots] = {};       // F32 / BF16 values, or codes
+  float* absmax[kMomentSlots] = {};    // quantized slots
+  int64_t* counters = nullptr;         // [2]: steps taken, overflowed blocks
+  int64_t numel = 0;
+  int64_t offset = 0;                  // element of the whole parameter (stochastic-rounding index)
+  int64_t rng_key = 0;
+  ElemType grad_type = ElemType::F32;
+  int32_t aligned = 0;                 // every pointer allows 16-byte accesses
+};
+
+// One launch group: parameters of one dtype and one state layout.
+struct GpuStep {
+  StepConfig config;
+  SlotType slots[kMaxSlots];
+  int num_slots = 0;
+  int64_t block_size = 256;
+  ElemType param_type = ElemType::F32;
+  const void* lr = nullptr;            // [1], float64 (lr_is_double) or float32
+  bool lr_is_double = true;
+  const float* found_inf = nullptr;    // [1] or null: nonzero skips everything
+  const double* grad_sumsq = nullptr;  // [1] or null; clipping when max_grad_norm > 0
+  double max_grad_norm = 0.0;
+  const float* grad_scale = nullptr;   // [1] or null: the AMP loss scale
+  const double* lamb_norms = nullptr;  // [n][2] whole-parameter sums, or null (computed here)
+  uint64_t seed = 0;
+  bool stochastic_round = false;
+  const GpuStepParam* params = nullptr;  // host array of n
+  int64_t n = 0;
+  void* scratch = nullptr;             // gpu_step_scratch_bytes(*this) bytes of device memory
+};
+
+size_t gpu_step_scratch_bytes(const GpuStep& s);
+const char* optim_step_gpu(const GpuStep& s, void* stream);
+// LAMB's sums of p^2 and r^2 per parameter (kernels/cpu/optim_step_cpu.h's order) into out [n][2].
+const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream);
+
+// The gradient pre-pass (tensors/optim_ops.h: grad_check): found_inf (zeroed by the caller) set to
+// 1 when an element is Inf or NaN; with want_sumsq, sumsq[group] (zeroed) += each gradient's sum of
+// squares in kernels/cpu/grad_stats_cpu.h's order, gradients in order.
+struct GpuGrad {
+  const void* data = nullptr;
+  ElemType type = ElemType::F32;
+  int64_t numel = 0;
+  int64_t group = 0;
+  int32_t aligned = 0;
+};
+size_t grad_check_scratch_bytes(const GpuGrad* grads, int64_t n, bool want_sumsq);
+const char* grad_check_gpu(const GpuGrad* grads, int64_t n, bool want_sumsq, float* found_inf, double* sumsq,
+                           void* scratch, void* stream);
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,508 @@
+// The fused optimizer step on GPUs: kernels and their per-rule launch (optim_step_cuda.h is the API;
+// optim_step_cuda.cu drives a step; optim_step_<rule>.cu instantiate one rule each, so no file
+// compiles for long). CUDA, and HIP through portability.cuh.
+//
+// Multi-tensor apply: the parameters of a launch travel by value as kernel parameters (a chunk of
+// up to kChunk descriptors; a CUDA graph captures them with the launch), each cut into units, and
+// each warp takes one contiguous run of the launch's units. The step's per-parameter values
+// (kernels/common/step_config.h: Hyper, the rounding seed, the gradient multiplier) are derived by
+// a prologue kernel from the counters and lr on the device, into scratch memory.
+//
+// One pass per quantization block: a block of B elements is owned by B/8 lanes, 8 consecutive
+// elements each: decode with the old absmax, update with the rule of optim_rules.h, the block's new
+// absmax by shuffles within the group (no atomics, no second kernel), encode, store. Blocks larger
+// than 8 lanes' worth of a warp are owned by the whole warp, in two passes (the second recomputes
+// the update: bit for bit the same). Dense (FP32 / BF16) state has no blocks. The arithmetic is the
+// CPU kernel's, operation for operation (no contraction: --fmad=false; IEEE division and sqrt), so
+// the bits are the CPU's.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "../common/encode.h"
+#include "../common/optim_rules.h"
+#include "../common/stochastic_round.h"
+#include "gpu_tables.cuh"
+#include "optim_step_cuda.h"
+#include "vector_io.cuh"
+
+namespace lowbit {
+namespace kernels {
+namespace gpu_step {
+
+constexpr int kThreads = 256;
+// Parameter descriptors per launch: 32 KB of kernel parameters on CUDA 12.1+ (Volta and later);
+// HIP keeps within 4 KB.
+#if defined(__HIPCC__)
+constexpr int kChunk = 24;
+#else
+constexpr int kChunk = 200;
+#endif
+
+// How a launch's state is stored: every used slot the same way.
+enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
+
+// Slots each rule's kernels carry (its most, with every option on); unused ones are skipped.
+template <Rule R>
+struct RuleMaxSlots {
+  static constexpr int value = (R == Rule::SGD || R == Rule::Lion || R == Rule::Adagrad) ? 1 : (R == Rule::LAMB ? 2 : 3);
+};
+
+// The per-step values of one parameter, written by the prologue.
+struct ParamScalars {
+  Hyper hyper;
+  uint64_t seed;
+  float grad_mult;
+  int32_t pad;
+};
+
+struct Chunk {
+  GpuStepParam p[kChunk];
+  int64_t first_unit[kChunk + 1];   // units of the step kernel, prefix over the chunk
+  int64_t first_block[kChunk + 1];  // LAMB norm blocks, prefix over the chunk
+  int64_t first_param;              // index of p[0] in the whole launch group (scratch)
+  int count;
+};
+
+struct Args {
+  StepConfig config;
+  int64_t block_size;
+  int64_t unit;                       // elements per unit
+  int used_mask;                      // bit k: slot k is stored
+  int slot_signed_mask;               // bit k: slot k's format is signed
+  int format_of_slot[kMomentSlots];   // 0 or 1: which staged table a slot uses
+  const DeviceFormat* distinct[2];    // at most two formats per state layout
+  int num_distinct;
+  const float* found_inf;
+  ParamScalars* scalars;              // scratch: one per parameter of the group
+  double* block_sums;                 // scratch: LAMB
+  bool stochastic_round;
+};
+
+// ---- shared-memory tables -------------------------------------------------------------------------
+
+struct SharedFormat {
+  uint8_t starts[1 << kGpuKeyBits];
+  float thresholds[256 + kGpuMaxScan];
+  uint8_t sorted_codes[256];
+  float codebook[256];
+  int scan;
+  int identity;
+};
+
+__device__ __forceinline__ void stage_format(SharedFormat& sh, const DeviceFormat* d) {
+  stage(reinterpret_cast<uint4*>(sh.starts), reinterpret_cast<const uint4*>(d->starts), (1 << kGpuKeyBits) / 16);
+  stage(sh.thresholds, d->thresholds, 256 + kGpuMaxScan);
+  stage(sh.sorted_codes, d->sorted_codes, 256);
+  stage(sh.codebook, d->codebook, 256);
+  if (threadIdx.x == 0) {
+    sh.scan = d->scan;
+    sh.identity = d->identity;
+  }
+}
+
+// #{thresholds < x} by bucket, then the code (gpu_tables.cuh).
+__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x) {
+  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
+  int c = s;
+#pragma unroll
+  for (int k = 0; k < kGpuMaxScan; ++k) c += (k < sh.scan && sh.thresholds[s + k] < x) ? 1 : 0;
+  return sh.identity ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
+}
+
+// ---- element access -----------------------------------------------------------------------------
+
+__device__ __forceinline__ void load_grad8(const void* g, ElemType t, int64_t i, int64_t n, bool vec, float (&v)[8]) {
+  switch (t) {
+    case ElemType::F32: load8(static_cast<const float*>(g), i, n, vec, v); return;
+    case ElemType::BF16: load8(static_cast<const bf16_t*>(g), i, n, vec, v); return;
+    case ElemType::F16: load8(static_cast<const f16_t*>(g), i, n, vec, v); return;
+  }
+}
+
+// 8 codes at element i (8-bit: 8 bytes; 4-bit: 4 bytes, even element in the low nibble).
+template <int BITS>
+__device__ __forceinline__ void load_codes8(const uint8_t* codes, int64_t i, int64_t n, bool vec, uint8_t (&c)[8]) {
+  if (BITS == 8) {
+    if (vec && i + 8 <= n) {
+      const uint2 w = *reinterpret_cast<const uint2*>(codes + i);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        c[k] = static_cast<uint8_t>(w.x >> (8 * k));
+        c[4 + k] = static_cast<uint8_t>(w.y >> (8 * k));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) c[k] = i + k < n ? codes[i + k] : 0;
+    }
+  } else {
+    uint32_t w = 0;
+    if (vec && i + 8 <= n) {
+      w = *reinterpret_cast<const uint32_t*>(codes + i / 2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i + 2 * k < n) w |= static_cast<uint32_t>(codes[i / 2 + k]) << (8 * k);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c[k] = static_cast<uint8_t>((w >> (4 * k)) & 0xF);
+  }
+}
+
+template <int BITS>
+__device__ __forceinline__ void store_codes8(uint8_t* codes, int64_t i, int64_t n, bool vec, const uint8_t (&c)[8]) {
+  if (BITS == 8) {
+    if (vec && i + 8 <= n) {
+      uint2 w;
+      w.x = c[0] | (c[1] << 8) | (c[2] << 16) | (uint32_t(c[3]) << 24);
+      w.y = c[4] | (c[5] << 8) | (c[6] << 16) | (uint32_t(c[7]) << 24);
+      *reinterpret_cast<uint2*>(codes + i) = w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (i + k < n) codes[i + k] = c[k];
+    }
+  } else {
+    uint8_t b[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) b[k] = c[2 * k] | ((i + 2 * k + 1 < n ? c[2 * k + 1] : 0) << 4);
+    if (vec && i + 8 <= n) {
+      *reinterpret_cast<uint32_t*>(codes + i / 2) = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i + 2 * k < n) codes[i / 2 + k] = b[k];
+    }
+  }
+}
+
+// The parameter's new values, stored with the CPU kernel's conversions (bf16: nearest even or
+// stochastic with the hash of (seed, offset + index)).
+template <typename T>
+__device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool vec, const float (&v)[8], bool sr,
+                                             uint64_t seed, int64_t offset) {
+  if constexpr (sizeof(T) == 2 && std::is_same<T, bf16_t>::value) {
+    if (sr) {
+      uint16_t b[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) b[k] = bf16_stochastic(v[k], seed, static_cast<uint64_t>(offset + i + k)).bits;
+      if (vec && i + 8 <= n) {
+        *reinterpret_cast<uint4*>(p + i) = make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
+                                                      b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          if (i + k < n) p[i + k] = bf16_t{b[k]};
+      }
+      return;
+    }
+  }
+  store8(p, i, n, vec, v);
+}
+
+// Max of a BlockScan over `width` lanes (a power of two, aligned groups of the warp).
+template <int WARP>
+__device__ __forceinline__ void group_reduce(BlockScan& s, int width) {
+  int flags = (s.nonfinite ? 1 : 0) | (s.negative ? 2 : 0);
+  for (int off = width / 2; off > 0; off /= 2) {
+    const float other = LOWBIT_SHFL_XOR(s.amax, off, WARP);
+    s.amax = other > s.amax ? other : s.amax;
+    flags |= LOWBIT_SHFL_XOR(flags, off, WARP);
+  }
+  s.nonfinite = flags & 1;
+  s.negative = (flags & 2) != 0;
+}
+
+// ---- the per-lane work ------------------------------------------------------------------------------
+
+// 8 elements starting at element i of parameter P: load, decode, update in registers.
+template <Rule R, typename T, int FAMILY, int NS>
+struct Lane {
+  float p[8], s[NS][8];
+  int valid;  // elements of the 8 that exist
+
+  __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const ParamScalars& ps,
+                                              const SharedFormat* sh, int64_t i, bool vec) {
+    const int64_t n = P.numel;
+    valid = static_cast<int>(n - i < 8 ? (n - i > 0 ? n - i : 0) : 8);
+    load8(static_cast<const T*>(P.param), i, n, vec, p);
+    float g[8];
+    load_grad8(P.grad, P.grad_type, i, n, vec, g);
+#pragma unroll
+    for (int k = 0; k < NS; ++k) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s[k][e] = 0.0f;
+      if (!(a.used_mask & (1 << k))) continue;
+      if (FAMILY == kF32) {
+        load8(static_cast<const float*>(P.slot[k]), i, n, vec, s[k]);
+      } else if (FAMILY == kBF16) {
+        load8(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
+      } else if (i < n) {
+        uint8_t c[8];
+        load_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
+        const float amax = P.absmax[k][i / a.block_size];
+        const float* cb = sh[a.format_of_slot[k]].codebook;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[k][e] = decode_value(cb, c[e], amax);
+      }
+    }
+    const Hyper& h = ps.hyper;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (e >= valid) break;
+      float ge = ps.grad_mult != 1.0f ? g[e] * ps.grad_mult : g[e];
+      float st[NS];
+#pragma unroll
+      for (int k = 0; k < NS; ++k) st[k] = s[k][e];
+      float pe = p[e];
+      apply_rule<R>(h, ge, pe, st);
+      p[e] = pe;
+#pragma unroll
+      for (int k = 0; k < NS; ++k) s[k][e] = st[k];
+    }
+  }
+
+  __device__ __forceinline__ BlockScan scan(int k) const {
+    BlockScan sc;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < valid) scan_add(sc, s[k][e]);
+    return sc;
+  }
+
+  // Dense slots and the parameter.
+  __device__ __forceinline__ void store_dense(const GpuStepParam& P, const Args& a, const ParamScalars& ps, int64_t i,
+                                              bool vec) const {
+    const int64_t n = P.numel;
+    if (FAMILY == kF32 || FAMILY == kBF16) {
+#pragma unroll
+      for (int k = 0; k < NS; ++k) {
+        if (!(a.used_mask & (1 << k))) continue;
+        if (FAMILY == kF32) store8(static_cast<float*>(P.slot[k]), i, n, vec, s[k]);
+        else store8(static_cast<bf16_t*>(P.slot[k]), i, n, vec, s[k]);
+      }
+    }
+    store_param8(static_cast<T*>(P.param), i, n, vec, p, a.stochastic_round, ps.seed, P.offset);
+  }
+
+  __device__ __forceinline__ void encode_slot(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int k,
+                                              float amax, int64_t i, bool vec) const {
+    const Normalizer nz = make_normalizer(amax);
+    const SharedFormat& f = sh[a.format_of_slot[k]];
+    uint8_t c[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]));
+    store_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
+  }
+};
+
+// The parameter of unit u: the last j with first_unit[j] <= u (j only moves forward in a warp's run).
+__device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
+  while (j + 1 < c.count && c.first_unit[j + 1] <= u) ++j;
+  return j;
+}
+
+template <Rule R, typename T, int FAMILY, int WARP>
+__global__ void __launch_bounds__(kThreads) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
+  constexpr int NS = RuleMaxSlots<R>::value;
+  constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
+  if (kQuant) {
+    for (int d = 0; d < a.num_distinct; ++d) stage_format(sh[d], a.distinct[d]);
+    __syncthreads();
+  }
+  if (a.found_inf && *a.found_inf != 0.0f) return;
+  const int lane = threadIdx.x % WARP;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / WARP);
+  const int64_t warp = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP;
+  const int64_t units = chunk.first_unit[chunk.count];
+  const int64_t u0 = units * warp / warps, u1 = units * (warp + 1) / warps;
+  const int64_t B = a.block_size;
+  const bool big_blocks = kQuant && B > 8 * WARP;
+  const int group = kQuant && !big_blocks ? static_cast<int>(B / 8) : WARP;
+  int j = 0;
+  for (int64_t u = u0; u < u1; ++u) {
+    j = advance_param(chunk, j, u);
+    const GpuStepParam& P = chunk.p[j];
+    const ParamScalars& ps = a.scalars[chunk.first_param + j];
+    const int64_t base = (u - chunk.first_unit[j]) * a.unit;
+    const bool vec = P.aligned != 0;
+    Lane<R, T, FAMILY, NS> L;
+    if (!big_blocks) {
+      const int64_t i = base + int64_t(lane) * 8;
+      L.load_update(P, a, ps, sh, i, vec);
+      if (kQuant) {
+        bool bad = false;
+#pragma unroll
+        for (int k = 0; k < NS; ++k) {
+          if (!(a.used_mask & (1 << k))) continue;
+          BlockScan sc = L.scan(k);
+          group_reduce<WARP>(sc, group);
+          const float amax = block_absmax(sc, (a.slot_signed_mask >> k) & 1);
+          bad |= !(amax >= 0.0f);
+          if (i < P.numel) {
+            if (lane % group == 0) P.absmax[k][i / B] = amax;
+            L.encode_slot(P, a, sh, k, amax, i, vec);
+          }
+        }
+        if (bad && lane % group == 0 && i < P.numel)
+          atomicAdd(reinterpret_cast<unsigned long long*>(P.counters + 1), 1ull);
+      }
+      L.store_dense(P, a, ps, i, vec);
+    } else {
+      // One block per unit, the whole warp: pass 1 finds the new absmax, pass 2 recomputes and stores.
+      const int64_t block = base / B;
+      float amax_new[NS];
+      bool bad = false;
+      {
+        BlockScan sc[NS];
+        for (int64_t c = 0; c < B; c += 8 * WARP) {
+          L.load_update(P, a, ps, sh, base + c + int64_t(lane) * 8, vec);
+#pragma unroll
+          for (int k = 0; k < NS; ++k) scan_merge(sc[k], L.scan(k));
+        }
+#pragma unroll
+        for (int k = 0; k < NS; ++k) {
+          group_reduce<WARP>(sc[k], WARP);
+          amax_new[k] = block_absmax(sc[k], (a.slot_signed_mask >> k) & 1);
+          if (a.used_mask & (1 << k)) bad |= !(amax_new[k] >= 0.0f);
+        }
+      }
+      for (int64_t c = 0; c < B; c += 8 * WARP) {
+        const int64_t i = base + c + int64_t(lane) * 8;
+        L.load_update(P, a, ps, sh, i, vec);
+        if (i < P.numel) {
+#pragma unroll
+          for (int k = 0; k < NS; ++k)
+            if (a.used_mask & (1 << k)) L.encode_slot(P, a, sh, k, amax_new[k], i, vec);
+        }
+        L.store_dense(P, a, ps, i, vec);
+      }
+      // Every lane has read the old absmax (the shuffles above order it); now replace it.
+      LOWBIT_SYNCWARP();
+      if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < NS; ++k)
+          if (a.used_mask & (1 << k)) P.absmax[k][block] = amax_new[k];
+        if (bad) atomicAdd(reinterpret_cast<unsigned long long*>(P.counters + 1), 1ull);
+      }
+    }
+  }
+}
+
+// LAMB's first pass: half a warp... 16 lanes per norm block, lane j summing elements j, j + 16, ...
+// of the block in order (kernels/cpu: partial sum i mod 16), the 16 partials then added in order.
+template <typename T, int FAMILY>
+__global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
+                                                             const LOWBIT_GRID_CONSTANT Args a) {
+  constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
+  if (kQuant) {
+    for (int d = 0; d < a.num_distinct; ++d) stage_format(sh[d], a.distinct[d]);
+    __syncthreads();
+  }
+  if (a.found_inf && *a.found_inf != 0.0f) return;
+  // Each warp takes two norm blocks at a time, one per 16 lanes, so every lane of the warp reaches
+  // the shuffles at the end of each round.
+  const int64_t blocks = chunk.first_block[chunk.count];
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  const int j16 = threadIdx.x % 16;
+  for (int64_t pair = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; 2 * pair < blocks; pair += warps) {
+    const int64_t item = 2 * pair + (threadIdx.x / 16) % 2;
+    double pp = 0.0, rr = 0.0;
+    if (item < blocks) {
+      int j = 0;
+      while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
+      const GpuStepParam& P = chunk.p[j];
+      const ParamScalars& ps = a.scalars[chunk.first_param + j];
+      const Hyper& h = ps.hyper;
+      const int64_t B = a.block_size, b = item - chunk.first_block[j], begin = b * B;
+      const int64_t len = P.numel - begin < B ? P.numel - begin : B;
+      float amax[2] = {0.0f, 0.0f};
+      if (kQuant)
+        for (int k = 0; k < 2; ++k) amax[k] = P.absmax[k][b];
+      for (int64_t m = j16; m < len; m += 16) {
+        const int64_t e = begin + m;
+        const float p = to_f32(static_cast<const T*>(P.param)[e]);
+        float g = 0.0f;
+        switch (P.grad_type) {
+          case ElemType::F32: g = static_cast<const float*>(P.grad)[e]; break;
+          case ElemType::BF16: g = to_f32(static_cast<const bf16_t*>(P.grad)[e]); break;
+          case ElemType::F16: g = to_f32(static_cast<const f16_t*>(P.grad)[e]); break;
+        }
+        if (ps.grad_mult != 1.0f) g = g * ps.grad_mult;
+        if (h.maximize) g = -g;
+        float st[2];
+        for (int k = 0; k < 2; ++k) {
+          if (FAMILY == kF32) {
+            st[k] = static_cast<const float*>(P.slot[k])[e];
+          } else if (FAMILY == kBF16) {
+            st[k] = to_f32(static_cast<const bf16_t*>(P.slot[k])[e]);
+          } else {
+            const uint8_t* codes = static_cast<const uint8_t*>(P.slot[k]);
+            const uint8_t c = FAMILY == kCodes8 ? codes[e] : ((codes[e / 2] >> (4 * (e % 2))) & 0xF);
+            st[k] = decode_value(sh[a.format_of_slot[k]].codebook, c, amax[k]);
+          }
+        }
+        float mn, vn;
+        const float r = lamb_direction(h, g, p, st, &mn, &vn);
+        pp += static_cast<double>(p) * p;
+        rr += static_cast<double>(r) * r;
+      }
+    }
+    // Partials 0..15 added in order (every lane computes the same sums).
+    double sp = 0.0, sr = 0.0;
+    for (int q = 0; q < 16; ++q) {
+      sp += LOWBIT_SHFL(pp, q, 16);
+      sr += LOWBIT_SHFL(rr, q, 16);
+    }
+    if (j16 == 0 && item < blocks) {
+      a.block_sums[2 * item] = sp;
+      a.block_sums[2 * item + 1] = sr;
+    }
+  }
+}
+
+// ---- launch -----------------------------------------------------------------------------------
+
+// Kernels of rule R for one chunk (optim_step_<rule>.cu instantiate it).
+template <Rule R>
+cudaError_t launch_step(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, int grid,
+                        cudaStream_t stream);
+template <Rule R, typename T, int FAMILY, int WARP>
+cudaError_t launch_typed(const Chunk& chunk, const Args& a, int grid, cudaStream_t stream) {
+  step_kernel<R, T, FAMILY, WARP><<<grid, kThreads, 0, stream>>>(chunk, a);
+  return cudaGetLastError();
+}
+
+#define LOWBIT_STEP_LAUNCH_FAMILY(R, T, W)                                                      \
+  switch (family) {                                                                             \
+    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, grid, stream);                      \
+    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, grid, stream);                    \
+    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, grid, stream);                \
+    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, grid, stream);                \
+  }                                                                                             \
+  return cudaErrorInvalidValue;
+
+#define LOWBIT_STEP_LAUNCH_WARP(W)                                                              \
+  if (warp == W) {                                                                              \
+    switch (param_type) {                                                                       \
+      case ElemType::F32: { LOWBIT_STEP_LAUNCH_FAMILY(R, float, W) }                            \
+      case ElemType::BF16: { LOWBIT_STEP_LAUNCH_FAMILY(R, bf16_t, W) }                          \
+      case ElemType::F16: { LOWBIT_STEP_LAUNCH_FAMILY(R, f16_t, W) }                            \
+    }                                                                                           \
+  }
+
+#define LOWBIT_INSTANTIATE_STEP(RULE)                                                           \
+  template <>                                                                                   \
+  cudaError_t launch_step<RULE>(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, \
+                                int grid, cudaStream_t stream) {                                \
+    constexpr Rule R = RULE;                                                                    \
+    LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_STEP_LAUNCH_WARP)                                          \
+    return cudaErrorInvalidValue;                                                               \
+  }
+
+}  // namespace gpu_step
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,13 @@
+// The GPU step kernels of RMSprop and Adagrad (optim_step_kernels.cuh), in a file of their own to keep compile times short.
+#include "optim_step_kernels.cuh"
+
+namespace lowbit {
+namespace kernels {
+namespace gpu_step {
+
+LOWBIT_INSTANTIATE_STEP(Rule::RMSprop)
+LOWBIT_INSTANTIATE_STEP(Rule::Adagrad)
+
+}  // namespace gpu_step
+}  // namespace kernels
+}  // namespace lowbit

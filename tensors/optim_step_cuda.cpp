@@ -1,0 +1,222 @@
+// CUDA (and ROCm, under the CUDA key) kernels of lowbit::optim_step_, optim_lamb_norms and
+// grad_check (optim_ops.h): checks, device guard, current stream, scratch from the caching
+// allocator, then the launchers of kernels/cuda/optim_step_cuda.h. Nothing is read back to the
+// host: the step count, lr, the skip flag and the clipping norm are read by the kernels. A
+// parameter that is not contiguous takes the reference path (which does read back).
+#include <torch/library.h>
+
+#include <lowbit/kernels/cuda/optim_step_cuda.h>
+
+#include "blockwise_ops.h"
+#include "gpu_runtime.h"
+#include "optim_ops.h"
+#include "optim_step_boxed.h"
+
+namespace lowbit {
+namespace ops {
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check(const char* err, const char* op) { TORCH_CHECK(err == nullptr, op, ": ", err); }
+
+// The launch groups of a checked call: one per parameter dtype. Non-contiguous parameters are
+// stepped by the reference.
+struct GpuCall {
+  StepCall call;
+  std::vector<at::Tensor> grads;  // contiguous copies where needed, kept alive
+  std::vector<size_t> strided;
+  std::vector<std::vector<size_t>> groups;  // parameter indices per dtype
+  std::vector<at::ScalarType> dtypes;
+};
+
+kernels::GpuStep base_step(const StepCall& c) {
+  kernels::GpuStep s;
+  s.config = c.config;
+  for (int k = 0; k < kernels::kMaxSlots; ++k) s.slots[k] = c.slots[k];
+  s.num_slots = c.num_slots;
+  s.block_size = c.block_size;
+  s.lr = c.lr.data_ptr();
+  s.lr_is_double = c.lr.scalar_type() == at::kDouble;
+  s.found_inf = c.found_inf ? c.found_inf->data_ptr<float>() : nullptr;
+  s.grad_sumsq = c.grad_sumsq ? c.grad_sumsq->data_ptr<double>() : nullptr;
+  s.max_grad_norm = c.max_grad_norm;
+  s.grad_scale = c.grad_scale ? c.grad_scale->data_ptr<float>() : nullptr;
+  s.seed = c.seed;
+  s.stochastic_round = c.stochastic_round;
+  return s;
+}
+
+kernels::GpuStepParam gpu_param(const StepCall& c, const StepParam& p, const at::Tensor& grad) {
+  kernels::GpuStepParam g;
+  g.param = p.param.data_ptr();
+  g.grad = grad.data_ptr();
+  g.grad_type = elem_type(grad.scalar_type());
+  g.counters = p.counters.data_ptr<int64_t>();
+  g.numel = p.param.numel();
+  g.offset = p.offset;
+  g.rng_key = p.rng_key;
+  bool aligned = aligned16(g.param) && aligned16(g.grad);
+  for (int k = 0; k < c.num_slots && k < kernels::kMomentSlots; ++k) {
+    const kernels::SlotType& t = c.slots[k];
+    if (t.storage == kernels::SlotStorage::None) continue;
+    if (t.storage == kernels::SlotStorage::Quant) {
+      g.slot[k] = p.codes[k].data_ptr();
+      g.absmax[k] = p.absmax[k].data_ptr<float>();
+    } else {
+      g.slot[k] = p.values[k].data_ptr();
+    }
+    aligned &= aligned16(g.slot[k]);
+  }
+  g.aligned = aligned ? 1 : 0;
+  return g;
+}
+
+void prepare(GpuCall& gc) {
+  StepCall& c = gc.call;
+  gc.grads.resize(c.params.size());
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    const StepParam& p = c.params[i];
+    if (!p.param.is_contiguous()) {
+      gc.strided.push_back(i);
+      continue;
+    }
+    gc.grads[i] = p.grad.contiguous();
+    const at::ScalarType t = p.param.scalar_type();
+    size_t d = 0;
+    while (d < gc.dtypes.size() && gc.dtypes[d] != t) ++d;
+    if (d == gc.dtypes.size()) {
+      gc.dtypes.push_back(t);
+      gc.groups.emplace_back();
+    }
+    gc.groups[d].push_back(i);
+  }
+}
+
+// Runs fn(step, indices) for each dtype group, with scratch allocated.
+template <typename Fn>
+void each_group(GpuCall& gc, Fn fn) {
+  const StepCall& c = gc.call;
+  for (size_t d = 0; d < gc.groups.size(); ++d) {
+    const std::vector<size_t>& idx = gc.groups[d];
+    std::vector<kernels::GpuStepParam> params;
+    for (size_t i : idx) params.push_back(gpu_param(c, c.params[i], gc.grads[i]));
+    kernels::GpuStep s = base_step(c);
+    s.param_type = elem_type(gc.dtypes[d]);
+    s.params = params.data();
+    s.n = static_cast<int64_t>(params.size());
+    at::Tensor norms;
+    if (c.lamb_norms) {
+      norms = idx.size() == c.params.size()
+                  ? c.lamb_norms->contiguous()
+                  : c.lamb_norms->index_select(
+                        0, at::tensor(std::vector<int64_t>(idx.begin(), idx.end()), at::kLong).to(c.lamb_norms->device()));
+      s.lamb_norms = norms.data_ptr<double>();
+    }
+    const at::Tensor scratch = at::empty({static_cast<int64_t>(kernels::gpu_step_scratch_bytes(s))},
+                                         c.params[0].param.options().dtype(at::kByte));
+    s.scratch = scratch.data_ptr();
+    fn(s, idx);
+  }
+}
+
+void step_cuda(const StepArgs& args) {
+  const char* op = "lowbit::optim_step_";
+  GpuCall gc;
+  gc.call = check_step_call(args, op);
+  StepCall& c = gc.call;
+  if (c.params.empty()) return;
+  const GpuGuard guard(c.params[0].param.device());
+  prepare(gc);
+  each_group(gc, [&](const kernels::GpuStep& s, const std::vector<size_t>&) {
+    check(kernels::optim_step_gpu(s, current_gpu_stream()), op);
+  });
+  if (gc.strided.empty() || call_skipped(c)) return;
+  const float mult = call_grad_multiplier(c);
+  for (size_t i : gc.strided) {
+    StepParam& p = c.params[i];
+    const int64_t t = p.counters[0].item<int64_t>() + 1;
+    float trust = 1.0f;
+    if (c.config.rule == kernels::Rule::LAMB) {
+      const auto sums = c.lamb_norms ? std::array<double, 2>{(*c.lamb_norms)[i][0].item<double>(),
+                                                            (*c.lamb_norms)[i][1].item<double>()}
+                                     : reference_lamb_sums(c, p, t, mult);
+      trust = kernels::lamb_trust(sums[0], sums[1]);
+    }
+    const int64_t bad = reference_param_step(c, p, t, mult, trust);
+    p.counters.select(0, 0).fill_(t);
+    p.counters.select(0, 1).add_(bad);
+  }
+}
+
+at::Tensor lamb_norms_cuda(const StepArgs& args) {
+  const char* op = "lowbit::optim_lamb_norms";
+  GpuCall gc;
+  gc.call = check_step_call(args, op);
+  StepCall& c = gc.call;
+  const int64_t n = static_cast<int64_t>(c.params.size());
+  if (n == 0) return at::zeros({0, 2}, at::kDouble);
+  const GpuGuard guard(c.params[0].param.device());
+  at::Tensor out = at::zeros({n, 2}, c.params[0].param.options().dtype(at::kDouble));
+  prepare(gc);
+  TORCH_CHECK(gc.strided.empty(), op, ": parameters must be contiguous on the GPU");
+  c.lamb_norms.reset();
+  each_group(gc, [&](const kernels::GpuStep& s, const std::vector<size_t>& idx) {
+    at::Tensor part = idx.size() == static_cast<size_t>(n) ? out : at::zeros({s.n, 2}, out.options());
+    check(kernels::lamb_norms_gpu(s, part.data_ptr<double>(), current_gpu_stream()), op);
+    if (!part.is_same(out))
+      out.index_copy_(0, at::tensor(std::vector<int64_t>(idx.begin(), idx.end()), at::kLong).to(out.device()), part);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> grad_check_cuda(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
+                                                   bool want_sumsq) {
+  const char* op = "lowbit::grad_check";
+  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
+              " gradients");
+  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
+  TORCH_CHECK(!grads.empty(), op, ": no gradients");
+  const at::Device device = grads[0].device();
+  const GpuGuard guard(device);
+  std::vector<at::Tensor> keep;
+  std::vector<kernels::GpuGrad> refs;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    TORCH_CHECK(grads[i].device() == device, op, ": gradient ", i, " is on ", grads[i].device(), ", gradient 0 on ",
+                device);
+    const auto t = grads[i].scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": gradient ", i, " has dtype ", t,
+                "; supported: float32, bfloat16, float16");
+    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
+                num_groups, ")");
+    keep.push_back(grads[i].contiguous());
+    kernels::GpuGrad g;
+    g.data = keep.back().data_ptr();
+    g.type = elem_type(t);
+    g.numel = keep.back().numel();
+    g.group = groups[i];
+    g.aligned = aligned16(g.data) ? 1 : 0;
+    refs.push_back(g);
+  }
+  const auto opts = grads[0].options();
+  at::Tensor found_inf = at::zeros({1}, opts.dtype(at::kFloat));
+  at::Tensor sumsq = at::zeros({num_groups}, opts.dtype(at::kDouble));
+  const int64_t n = static_cast<int64_t>(refs.size());
+  const at::Tensor scratch =
+      at::empty({static_cast<int64_t>(kernels::grad_check_scratch_bytes(refs.data(), n, want_sumsq))}, opts.dtype(at::kByte));
+  check(kernels::grad_check_gpu(refs.data(), n, want_sumsq, found_inf.data_ptr<float>(), sumsq.data_ptr<double>(),
+                                scratch.data_ptr(), current_gpu_stream()),
+        op);
+  return {found_inf, sumsq};
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace lowbit
+
+TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
+  using namespace lowbit::ops;
+  m.impl("optim_step_", torch::CppFunction::makeFromBoxedFunction<&boxed_step<&step_cuda>>());
+  m.impl("optim_lamb_norms", torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_cuda>>());
+  m.impl("grad_check", &grad_check_cuda);
+}

@@ -1,0 +1,282 @@
+// The fused step on CUDA (kernels/cuda/optim_step_kernels.cuh) against the CPU kernel, bit for bit:
+// every rule x state format x parameter dtype, odd sizes, tensors smaller than a block, empty
+// ones, thousands of tiny ones, large blocks, clipping; no host synchronization inside a step;
+// CUDA graph capture; parameters on two devices; checkpoints across devices. Skipped without a GPU.
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <sstream>
+
+#include <lowbit/optim/step_testing.h>
+
+#include "rule_cases.h"
+#include "test_util.h"
+
+using lowbit::StateFormat;
+namespace lo = lowbit::optim;
+
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+const StateFormat kAllFormats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4,
+                                   StateFormat::FP8};
+
+// Sizes: below min_quant_numel (FP32 state), empty, a few blocks and a ragged end, 2-D.
+std::vector<at::Tensor> make_params(at::ScalarType dt) {
+  return {at::randn({3000}).to(dt), at::randn({0}).to(dt), at::randn({70001}).to(dt), at::randn({129, 65}).to(dt),
+          at::randn({4097}).to(dt)};
+}
+
+std::vector<at::Tensor> to_cuda(const std::vector<at::Tensor>& v) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : v) out.push_back(t.cuda());
+  return out;
+}
+
+// Steps a CPU and a CUDA optimizer made by `make` with the same gradients; returns a description of
+// the first difference in parameters or state ("" if none).
+template <typename Make>
+std::string compare_cpu_cuda(Make make, std::vector<at::Tensor> pc, int steps, bool reference_too = false) {
+  std::vector<at::Tensor> pg = to_cuda(pc), pr = to_cuda(pc);
+  auto a = make(pc);
+  auto b = make(pg);
+  auto r = make(pr);
+  if (reference_too) lo::StepTesting::use_reference_step(*r, true);
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < pc.size(); ++i) {
+      const at::Tensor g = (at::randn(pc[i].sizes()) * 0.1).to(pc[i].scalar_type());
+      pc[i].mutable_grad() = g;
+      pg[i].mutable_grad() = g.cuda();
+      pr[i].mutable_grad() = g.cuda();
+    }
+    a->step();
+    b->step();
+    if (reference_too) r->step();
+  }
+  std::ostringstream why;
+  for (size_t i = 0; i < pc.size(); ++i) {
+    if (!lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) why << "param " << i << " differs; ";
+    if (reference_too && !lowbit_test::bitwise_equal(pr[i].cpu(), pg[i].cpu())) why << "reference param " << i << " differs; ";
+    const lo::ParamState* sa = a->state_of(pc[i]);
+    const lo::ParamState* sb = b->state_of(pg[i]);
+    if (!sa || !sb) continue;
+    if (sa->step() != sb->step()) why << "param " << i << " step " << sa->step() << " vs " << sb->step() << "; ";
+    for (size_t k = 0; k < sa->slots.size(); ++k) {
+      const lo::StateSlot &x = sa->slots[k], &y = sb->slots[k];
+      if (x.type != y.type) why << "param " << i << " slot " << k << " type; ";
+      if (x.type.storage == lowbit::kernels::SlotStorage::Quant) {
+        if (!lowbit_test::bitwise_equal(x.quantized.codes(), y.quantized.codes().cpu()))
+          why << "param " << i << " slot " << k << " codes; ";
+        if (!lowbit_test::bitwise_equal(x.quantized.absmax(), y.quantized.absmax().cpu()))
+          why << "param " << i << " slot " << k << " absmax; ";
+      } else if (x.defined() && !lowbit_test::bitwise_equal(x.dense, y.dense.cpu())) {
+        why << "param " << i << " slot " << k << " values; ";
+      }
+    }
+  }
+  return why.str();
+}
+
+}  // namespace
+
+TEST(OptimCuda, EveryRuleFormatAndDtypeEqualsTheCpuKernel) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto& rc : lowbit_test::rule_cases()) {
+    for (StateFormat f : kAllFormats) {
+      for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        for (bool sr : {false, true}) {
+          if (sr && dt != at::kBFloat16) continue;
+          SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f) + " " + c10::toString(dt) +
+                       (sr ? " SR" : ""));
+          const bool with_reference = dt == at::kFloat && !sr;  // the ATen reference on CUDA, once per case
+          EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return rc.make(p, f, sr); }, make_params(dt), 3, with_reference), "");
+        }
+      }
+    }
+  }
+}
+
+TEST(OptimCuda, ClippingMaximizeAndAmsgradEqualTheCpuKernel) {
+  SKIP_WITHOUT_CUDA();
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).max_grad_norm(0.5).maximize(true).amsgrad(true).state_format(f)); },
+                               make_params(at::kFloat), 3), "");
+    EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).max_grad_norm(0.5).state_format(f)); },
+                               make_params(at::kBFloat16), 3), "");
+  }
+}
+
+TEST(OptimCuda, BlockSizesFromSmallToLargerThanAWarpHolds) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t block : {32, 64, 512, 4096}) {
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4}) {
+      SCOPED_TRACE(std::to_string(block) + " " + lowbit::state_format_name(f));
+      EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).block_size(block).state_format(f)); },
+                                 make_params(at::kFloat), 3), "");
+      EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).block_size(block).state_format(f)); },
+                                 make_params(at::kFloat), 2), "");
+    }
+  }
+}
+
+TEST(OptimCuda, ThousandsOfTinyTensorsInOneGroup) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<at::Tensor> params;
+  for (int i = 0; i < 3000; ++i) params.push_back(at::randn({1 + (i * 37) % 300}));
+  for (int i = 0; i < 5; ++i) params.push_back(at::randn({5000 + 123 * i}));
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).max_grad_norm(1.0).state_format(f)); },
+                               params, 2), "");
+  }
+}
+
+// No step after the first reads anything back to the host: libtorch's sync debug mode, set to
+// error, throws on any synchronizing call.
+TEST(OptimCuda, StepsNeverSynchronizeWithTheHost) {
+  SKIP_WITHOUT_CUDA();
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
+    std::vector<at::Tensor> p = to_cuda(make_params(at::kFloat));
+    lo::LAMB lamb(p, lo::LAMBOptions(1e-2).max_grad_norm(1.0).state_format(f));
+    std::vector<at::Tensor> q = to_cuda(make_params(at::kBFloat16));
+    lo::AdamW adamw(q, lo::AdamWOptions(1e-2).bf16_stochastic_round(true).state_format(f));
+    const auto grads = [](std::vector<at::Tensor>& ps) {
+      for (auto& t : ps) t.mutable_grad() = at::randn_like(t) * 0.1;
+    };
+    grads(p);
+    grads(q);
+    lamb.step();  // the first step creates state and tables
+    adamw.step();
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    std::string err;
+    try {
+      for (int s = 0; s < 3; ++s) {
+        lamb.step();
+        adamw.step();
+      }
+    } catch (const c10::Error& e) {
+      err = e.what_without_backtrace();
+    }
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    EXPECT_EQ(err, "") << lowbit::state_format_name(f);
+    EXPECT_EQ(lamb.state_of(p[2])->step(), 4);
+  }
+}
+
+// One captured step, replayed with lr changed by a scheduler between replays, equals eager steps.
+TEST(OptimCuda, CapturedStepsReplayLikeEagerSteps) {
+  SKIP_WITHOUT_CUDA();
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    const std::vector<at::Tensor> init = make_params(at::kFloat);
+    std::vector<at::Tensor> pe = to_cuda(init), pg = to_cuda(init);
+    lo::AdamW eager(pe, lo::AdamWOptions(1e-2).max_grad_norm(1.0).state_format(f));
+    lo::AdamW graphed(pg, lo::AdamWOptions(1e-2).max_grad_norm(1.0).state_format(f));
+    torch::optim::StepLR se(eager, 1, 0.7), sg(graphed, 1, 0.7);
+    std::vector<at::Tensor> grads;
+    for (auto& t : pg) grads.push_back(at::zeros_like(t));
+    for (size_t i = 0; i < pg.size(); ++i) pg[i].mutable_grad() = grads[i];  // static gradient buffers
+    const auto fill = [&](int s) {
+      for (size_t i = 0; i < pg.size(); ++i) {
+        const at::Tensor g = at::randn(init[i].sizes(), at::TensorOptions().dtype(at::kFloat)) * (0.1 + 0.01 * s);
+        grads[i].copy_(g.cuda());
+        pe[i].mutable_grad() = g.cuda();
+      }
+    };
+    // Warm-up step, eager on both (tables and state created), then capture one step.
+    fill(0);
+    eager.step();
+    graphed.step();
+    at::cuda::CUDAGraph graph;
+    {
+      c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+      c10::cuda::CUDAStreamGuard guard(stream);
+      graph.capture_begin();
+      graphed.step();
+      graph.capture_end();
+    }
+    for (int s = 1; s <= 4; ++s) {
+      se.step();
+      sg.step();
+      fill(s);
+      graphed.refresh_lr();
+      graph.replay();
+      eager.step();
+    }
+    torch::cuda::synchronize();
+    for (size_t i = 0; i < pe.size(); ++i) EXPECT_TRUE(lowbit_test::bitwise_equal(pe[i].cpu(), pg[i].cpu())) << i;
+    EXPECT_EQ(graphed.state_of(pg[2])->step(), 5);  // warm-up + the capture's own step is not run: 1 + 4
+  }
+}
+
+// A group holding CPU and CUDA parameters steps each on its device, as if apart.
+TEST(OptimCuda, ParametersOnSeveralDevicesInOneGroup) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<at::Tensor> cpu = make_params(at::kFloat);
+  std::vector<at::Tensor> mixed = {cpu[0].clone(), cpu[1].clone().cuda(), cpu[2].clone(), cpu[3].clone().cuda(),
+                                   cpu[4].clone()};
+  if (torch::cuda::device_count() > 1) mixed[4] = mixed[4].to(at::Device(at::kCUDA, 1));
+  lo::AdamW a(cpu, lo::AdamWOptions(1e-2).max_grad_norm(1.0).state_format(StateFormat::Q8));
+  lo::AdamW b(mixed, lo::AdamWOptions(1e-2).max_grad_norm(1.0).state_format(StateFormat::Q8));
+  for (int s = 0; s < 3; ++s) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const at::Tensor g = at::randn(cpu[i].sizes()) * 0.1;
+      cpu[i].mutable_grad() = g;
+      mixed[i].mutable_grad() = g.to(mixed[i].device());
+    }
+    a.step();
+    b.step();
+  }
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(lowbit_test::bitwise_equal(cpu[i], mixed[i].cpu())) << i;
+}
+
+// A checkpoint written over CUDA parameters resumes on CPU parameters (and back), bit-exact.
+TEST(OptimCuda, CheckpointsMoveBetweenDevices) {
+  SKIP_WITHOUT_CUDA();
+  for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::BF16}) {
+    const std::vector<at::Tensor> init = make_params(at::kFloat);
+    std::vector<at::Tensor> pg = to_cuda(init), pc;
+    lo::AdamW g(pg, lo::AdamWOptions(1e-2).state_format(f));
+    const auto grads = [](int s, const at::Tensor& like) {
+      return at::ones(like.sizes()) * std::sin(1.0 + s + like.numel() % 7);
+    };
+    for (int s = 0; s < 2; ++s) {
+      for (auto& t : pg) t.mutable_grad() = grads(s, t).cuda();
+      g.step();
+    }
+    std::stringstream buf;
+    torch::save(g, buf);
+    for (const auto& t : pg) pc.push_back(t.cpu());
+    lo::AdamW c(pc, lo::AdamWOptions(1e-2).state_format(f));
+    torch::load(c, buf);
+    for (int s = 2; s < 4; ++s) {
+      for (size_t i = 0; i < pg.size(); ++i) {
+        pg[i].mutable_grad() = grads(s, pg[i]).cuda();
+        pc[i].mutable_grad() = grads(s, pc[i]);
+      }
+      g.step();
+      c.step();
+    }
+    for (size_t i = 0; i < pg.size(); ++i)
+      EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << lowbit::state_format_name(f) << " " << i;
+  }
+}
+
+// A non-finite gradient on the GPU skips the step there too, and is counted when asked.
+TEST(OptimCuda, NonFiniteGradientsSkipOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<at::Tensor> p = to_cuda(make_params(at::kFloat));
+  const std::vector<at::Tensor> before = {p[2].clone()};
+  lo::AdamW opt(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  for (auto& t : p) t.mutable_grad() = at::randn_like(t);
+  p[3].mutable_grad()[5][7] = std::numeric_limits<float>::infinity();
+  opt.step();
+  EXPECT_TRUE(lowbit_test::bitwise_equal(p[2].cpu(), before[0].cpu()));
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  EXPECT_EQ(opt.state_of(p[2])->step(), 0);
+}

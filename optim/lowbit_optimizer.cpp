@@ -191,30 +191,35 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     at::Tensor found_inf, sumsq;
   };
   std::vector<DeviceGrads> devices;
-  bool want_sumsq = false;
+  bool want_sumsq = false, any_grad = false;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
-    want_sumsq |= common(param_groups_[gi].options()).max_grad_norm > 0;
+    const CommonOptions c = common(param_groups_[gi].options());
+    want_sumsq |= c.max_grad_norm > 0;
+    const bool prepass = c.skip_nonfinite || c.max_grad_norm > 0;
     const auto& params = param_groups_[gi].params();
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& g = params[i].grad();
       if (!g.defined()) continue;
       check_grad(params[i], g, gi, i);
+      any_grad = true;
+      if (!prepass) continue;
       auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == g.device(); });
       if (d == devices.end()) d = devices.insert(devices.end(), DeviceGrads{g.device(), {}, {}, {}, {}});
       d->grads.push_back(g);
       d->groups.push_back(static_cast<int64_t>(gi));
     }
   }
-  if (devices.empty()) return loss;
+  if (!any_grad) return loss;
   ++steps_called_;
 
   // ---- pre-pass: one read of every gradient, on its device: is anything non-finite (then the
-  // whole step is skipped), and each group's squared norm for clipping.
+  // step is skipped for every group that skips), and each group's squared norm for clipping.
   const int64_t ngroups = static_cast<int64_t>(param_groups_.size());
   for (DeviceGrads& d : devices)
     std::tie(d.found_inf, d.sumsq) = ops::grad_check(d.grads, d.groups, ngroups, want_sumsq);
   if (devices.size() > 1) {
-    // Parameters on several devices: the skip and the norms cover all of them (cross-device copies).
+    // Parameters on several devices: the skip and the norms cover all of them (cross-device copies;
+    // the norm adds the devices' partial sums, so clipping may differ from one device in the last bit).
     at::Tensor found = devices[0].found_inf, sumsq = devices[0].sumsq;
     for (size_t k = 1; k < devices.size(); ++k) {
       found = at::maximum(found, devices[k].found_inf.to(found.device()));
@@ -226,15 +231,15 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     }
   }
   const bool all_cpu = std::all_of(devices.begin(), devices.end(), [](const DeviceGrads& d) { return d.device.is_cpu(); });
-  if (!skipped_.defined()) skipped_ = at::zeros({1}, devices[0].found_inf.options().dtype(at::kLong));
-  if (all_cpu) {
-    // Nothing to wait for on the CPU: decide here and leave the state untouched (not even created).
-    if (devices[0].found_inf.data_ptr<float>()[0] != 0.0f) {
-      skipped_ += 1;
-      return loss;
+  bool cpu_found = false;  // on the CPU the skip is decided here: skipped groups' state is not even created
+  if (!devices.empty()) {
+    if (!skipped_.defined()) skipped_ = at::zeros({1}, devices[0].found_inf.options().dtype(at::kLong));
+    if (all_cpu) {
+      cpu_found = devices[0].found_inf.data_ptr<float>()[0] != 0.0f;
+      if (cpu_found) skipped_ += 1;
+    } else {
+      skipped_.add_(devices[0].found_inf.to(skipped_.device()).to(at::kLong));
     }
-  } else {
-    skipped_.add_(devices[0].found_inf.to(skipped_.device()).to(at::kLong));
   }
 
   // ---- build the calls: per group, one per (device, state layout).
@@ -243,6 +248,7 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     const auto& options = group.options();
     const CommonOptions c = common(options);
     const kernels::StepConfig cfg = config(options);
+    if (c.skip_nonfinite && cpu_found) continue;
     std::vector<CallBucket> buckets;
     for (size_t i = 0; i < group.params().size(); ++i) {
       at::Tensor& p = group.params()[i];
@@ -256,17 +262,17 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
       if (b == buckets.end()) {
         b = buckets.insert(buckets.end(), CallBucket{p.device(), slots, st.block_size, {}, {}});
         ops::StepArgs& a = b->args;
-        const DeviceGrads& d = *std::find_if(devices.begin(), devices.end(),
-                                             [&](const DeviceGrads& x) { return x.device == p.device(); });
+        const auto d = std::find_if(devices.begin(), devices.end(),
+                                    [&](const DeviceGrads& x) { return x.device == p.device(); });
         a.config = cfg;
         a.slots = slots;
         a.block_size = st.block_size;
         a.lr = lr_tensor(gi, p.device());
         a.seed = seed_;
         a.stochastic_round = c.bf16_stochastic_round;
-        a.found_inf = d.found_inf;
+        if (c.skip_nonfinite) a.found_inf = d->found_inf;
         if (c.max_grad_norm > 0) {
-          a.grad_sumsq = d.sumsq.narrow(0, static_cast<int64_t>(gi), 1);
+          a.grad_sumsq = d->sumsq.narrow(0, static_cast<int64_t>(gi), 1);
           a.max_grad_norm = c.max_grad_norm;
         }
         a.scalar_loop = path_ == StepPath::ScalarLoop;

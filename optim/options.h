@@ -18,6 +18,10 @@ namespace optim {
 //                          parameter's numel, so sharding never changes it)
 //   bf16_stochastic_round  round bf16 parameters stochastically (seeded, reproducible)
 //   max_grad_norm          clip the group's gradients to this global L2 norm first (0 = off)
+//   skip_nonfinite         read every gradient before the step and skip the step (parameters and
+//                          state untouched, skipped_steps() counts it) if any holds Inf or NaN;
+//                          false saves that read (4 bytes per fp32 parameter) where the caller
+//                          guarantees finite gradients (or checks them itself, e.g. AMP's scaler)
 //   fp8_second_moment      FP8 state: format of the unsigned states (second moments). E4M3 (the
 //                          default) measured better than E5M2 in the Fashion-MNIST demo (89.02 % vs
 //                          88.61 %, FP32 89.02 %); E5M2 keeps more range.
@@ -27,6 +31,7 @@ namespace optim {
   TORCH_ARG(int64_t, min_quant_numel) = 4096;                        \
   TORCH_ARG(bool, bf16_stochastic_round) = false;                    \
   TORCH_ARG(double, max_grad_norm) = 0.0;                            \
+  TORCH_ARG(bool, skip_nonfinite) = true;                            \
   TORCH_ARG(::lowbit::QuantFormat, fp8_second_moment) = ::lowbit::QuantFormat::FP8E4M3; \
                                                                      \
  public:                                                             \
@@ -40,12 +45,13 @@ struct CommonOptions {
   bool bf16_stochastic_round;
   double max_grad_norm;
   QuantFormat fp8_second_moment;
+  bool skip_nonfinite;
 };
 
 template <typename Options>
 CommonOptions common_options(const Options& o) {
   return {o.state_format(),  o.block_size(),    o.min_quant_numel(), o.bf16_stochastic_round(),
-          o.max_grad_norm(), o.fp8_second_moment()};
+          o.max_grad_norm(), o.fp8_second_moment(), o.skip_nonfinite()};
 }
 
 struct AdamOptions : public torch::optim::OptimizerCloneableOptions<AdamOptions> {

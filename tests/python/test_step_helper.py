@@ -2,11 +2,13 @@
 equal the C++ optimizer's bit for bit, and the op traces under torch.compile(fullgraph=True)."""
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
 
-import lowbit
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import lowbit  # noqa: E402  (python/lowbit, from the source tree)
 
 LIB = os.environ.get("LOWBIT_LIBRARY")
 if not LIB:

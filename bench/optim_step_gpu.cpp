@@ -1,0 +1,170 @@
+// bench/optim_step_gpu: one optimizer step on the GPU, ms per step (median of CUDA-event timings),
+// for every lowbit rule and state format, ATen's fused AdamW (at::_fused_adamw_: fp32 state; bf16
+// params with bf16 state), and a device copy of the bytes the Q8 AdamW step moves, in one run.
+// "GB/s" and "% copy" count the bytes a row must move (each input read once, each output written
+// once; the non-finite check reads the gradient once more). "x fused" divides by ATen's fused fp32
+// AdamW of the same run.
+//   optim_step_gpu [tensors=64] [rows=4096] [cols=4096] [reps=20]
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <lowbit/lowbit.h>
+
+namespace lo = lowbit::optim;
+using lowbit::StateFormat;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double time_ms(const std::function<void()>& fn, int reps) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    start.record();
+    fn();
+    stop.record();
+    stop.synchronize();
+    ms.push_back(start.elapsed_time(stop));
+  }
+  return median(ms);
+}
+
+struct Row {
+  std::string name;
+  double ms, bytes_per_param, state_bytes_per_param;
+};
+
+int64_t g_tensors, g_rows, g_cols, g_reps;
+double g_copy_gbs = 0, g_fused_ms = 0;
+std::vector<Row> g_table;
+
+void report(const Row& r, int64_t numel) {
+  const double gbs = r.bytes_per_param * numel / (r.ms * 1e6);
+  g_table.push_back(r);
+  std::printf("%-34s %9.3f ms %8.1f GB/s %6.1f %% copy %6.2f x fused  %5.2f B/param state\n", r.name.c_str(), r.ms, gbs,
+              g_copy_gbs > 0 ? 100.0 * gbs / g_copy_gbs : 0.0, g_fused_ms > 0 ? r.ms / g_fused_ms : 0.0,
+              r.state_bytes_per_param);
+  std::fflush(stdout);
+}
+
+std::vector<at::Tensor> make(int64_t tensors, int64_t rows, int64_t cols, at::ScalarType dt, double scale) {
+  std::vector<at::Tensor> v;
+  for (int64_t i = 0; i < tensors; ++i) v.push_back((at::randn({rows, cols}, at::device(at::kCUDA)) * scale).to(dt));
+  return v;
+}
+
+// Bytes a step moves per parameter: p read + written, g read (+ once more for the check), each
+// state slot read + written.
+double step_bytes(at::ScalarType pt, int slots, double slot_bytes, bool check) {
+  const double p = pt == at::kFloat ? 4 : 2;
+  return 2 * p + p * (check ? 2 : 1) + 2 * slots * slot_bytes;
+}
+
+template <typename Opt, typename Options>
+void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int slots, double slot_bytes, bool check,
+                int64_t tensors, int64_t rows, int64_t cols) {
+  std::vector<at::Tensor> p = make(tensors, rows, cols, pt, 1.0);
+  for (auto& t : p) t.mutable_grad() = (at::randn_like(t, at::kFloat) * 1e-2).to(pt);
+  Opt opt(p, opts);
+  const double ms = time_ms([&] { opt.step(); }, static_cast<int>(g_reps));
+  const int64_t numel = tensors * rows * cols;
+  report({name, ms, step_bytes(pt, slots, slot_bytes, check), double(opt.state_bytes()) / numel}, numel);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_tensors = argc > 1 ? std::stoll(argv[1]) : 64;
+  g_rows = argc > 2 ? std::stoll(argv[2]) : 4096;
+  g_cols = argc > 3 ? std::stoll(argv[3]) : 4096;
+  g_reps = argc > 4 ? std::stoll(argv[4]) : 20;
+  const int64_t n = g_tensors * g_rows * g_cols;
+  std::printf("GPU %s, %lld tensors of %lld x %lld = %.3f B params, median of %lld steps\n",
+              at::cuda::getCurrentDeviceProperties()->name, (long long)g_tensors, (long long)g_rows, (long long)g_cols,
+              n / 1e9, (long long)g_reps);
+  torch::NoGradGuard no_grad;
+  {
+    // A device copy of 8 bytes/param: 16 bytes moved (the Q8 AdamW step without the check).
+    at::Tensor src = at::randn({n * 2}, at::device(at::kCUDA)), dst = at::empty_like(src);
+    const double ms = time_ms([&] { dst.copy_(src); }, static_cast<int>(g_reps));
+    g_copy_gbs = 16.0 * n / (ms * 1e6);
+    report({"device copy (16 B/param)", ms, 16, 0}, n);
+  }
+  {
+    std::vector<at::Tensor> p = make(g_tensors, g_rows, g_cols, at::kFloat, 1.0), g, m, v, steps;
+    for (auto& t : p) {
+      g.push_back(at::randn_like(t) * 1e-2);
+      m.push_back(at::zeros_like(t));
+      v.push_back(at::zeros_like(t));
+      steps.push_back(at::zeros({}, t.options()));
+    }
+    const double ms = time_ms([&] {
+      for (auto& s : steps) s.add_(1);
+      at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+    }, static_cast<int>(g_reps));
+    g_fused_ms = ms;
+    report({"ATen _fused_adamw_ fp32", ms, 28, 8}, n);
+  }
+  {
+    std::vector<at::Tensor> p = make(g_tensors, g_rows, g_cols, at::kBFloat16, 1.0), g, m, v, steps;
+    for (auto& t : p) {
+      g.push_back((at::randn_like(t, at::kFloat) * 1e-2).to(at::kBFloat16));
+      m.push_back(at::zeros_like(t));
+      v.push_back(at::zeros_like(t));
+      steps.push_back(at::zeros({}, t.options().dtype(at::kFloat)));
+    }
+    const double ms = time_ms([&] {
+      for (auto& s : steps) s.add_(1);
+      at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+    }, static_cast<int>(g_reps));
+    report({"ATen _fused_adamw_ bf16 p+state", ms, 14, 4}, n);
+  }
+  const auto T = g_tensors, R = g_rows, C = g_cols;
+  const auto F = at::kFloat, BF = at::kBFloat16;
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), F, 2, 1, false, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q4", lo::AdamWOptions(1e-3).state_format(StateFormat::Q4), F, 2, 0.5, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW FP8", lo::AdamWOptions(1e-3).state_format(StateFormat::FP8), F, 2, 1, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW BF16", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), F, 2, 2, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW FP32", lo::AdamWOptions(1e-3).state_format(StateFormat::FP32), F, 2, 4, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params SR", lo::AdamWOptions(1e-3).bf16_stochastic_round(true).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW BF16, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), BF, 2, 2, true, T, R, C);
+  lowbit_row<lo::Adam>("lowbit Adam Q8", lo::AdamOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
+  lowbit_row<lo::SGD>("lowbit SGD momentum Q8", lo::SGDOptions(1e-2).momentum(0.9).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
+  lowbit_row<lo::Lion>("lowbit Lion Q8", lo::LionOptions(1e-4).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
+  lowbit_row<lo::RMSprop>("lowbit RMSprop Q8", lo::RMSpropOptions(1e-3).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
+  lowbit_row<lo::Adagrad>("lowbit Adagrad Q8", lo::AdagradOptions(1e-2).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
+  lowbit_row<lo::AdEMAMix>("lowbit AdEMAMix Q8", lo::AdEMAMixOptions(1e-3).state_format(StateFormat::Q8), F, 3, 1, true, T, R, C);
+  // LAMB reads p, g and the state once more for its norms.
+  lowbit_row<lo::LAMB>("lowbit LAMB Q8 (counted 1 pass)", lo::LAMBOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
+  // The same parameters as 4096 tensors of 256 x 1024 (when the default shape is used).
+  if (T * R * C % (256 * 1024) == 0) {
+    const int64_t many = T * R * C / (256 * 1024);
+    lowbit_row<lo::AdamW>("lowbit AdamW Q8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, many, 256, 1024);
+    std::vector<at::Tensor> p = make(many, 256, 1024, at::kFloat, 1.0), g, m, v, steps;
+    for (auto& t : p) {
+      g.push_back(at::randn_like(t) * 1e-2);
+      m.push_back(at::zeros_like(t));
+      v.push_back(at::zeros_like(t));
+      steps.push_back(at::zeros({}, t.options()));
+    }
+    const double ms = time_ms([&] {
+      at::_foreach_add_(steps, 1);
+      at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+    }, static_cast<int>(g_reps));
+    report({"ATen _fused_adamw_ fp32, small tensors", ms, 28, 8}, n);
+  }
+  return 0;
+}

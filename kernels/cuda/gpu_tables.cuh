@@ -74,7 +74,7 @@ inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
 // Everything a fused optimizer step needs of one format, in one device allocation: the encode
 // bucket starts, thresholds and code order, and the codebook. Made once per device and format by
 // the first step that uses it (a step captured in a CUDA graph must not be that first one).
-struct DeviceFormat {
+struct alignas(16) DeviceFormat {
   uint8_t starts[1 << kGpuKeyBits];
   float thresholds[256 + kGpuMaxScan];
   uint8_t sorted_codes[256];

@@ -82,7 +82,7 @@ struct Args {
 
 // ---- shared-memory tables -------------------------------------------------------------------------
 
-struct SharedFormat {
+struct alignas(16) SharedFormat {
   uint8_t starts[1 << kGpuKeyBits];
   float thresholds[256 + kGpuMaxScan];
   uint8_t sorted_codes[256];

@@ -143,6 +143,8 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     if (found < 0) {
       if (a.num_distinct == 2) return "a GPU step takes at most two quantization formats";
       a.distinct[a.num_distinct] = df;
+      a.scan[a.num_distinct] = gpu_tables(t.format).scan;
+      a.identity[a.num_distinct] = gpu_tables(t.format).identity ? 1 : 0;
       found = a.num_distinct++;
     }
     a.format_of_slot[k] = found;

@@ -73,6 +73,8 @@ struct Args {
   int slot_signed_mask;               // bit k: slot k's format is signed
   int format_of_slot[kMomentSlots];   // 0 or 1: which staged table a slot uses
   const DeviceFormat* distinct[2];    // at most two formats per state layout
+  int scan[2];                        // their encode compares after the bucket lookup
+  int identity[2];                    // their codes are in value order
   int num_distinct;
   const float* found_inf;
   ParamScalars* scalars;              // scratch: one per parameter of the group
@@ -102,13 +104,17 @@ __device__ __forceinline__ void stage_format(SharedFormat& sh, const DeviceForma
   }
 }
 
-// #{thresholds < x} by bucket, then the code (gpu_tables.cuh).
-__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x) {
+// #{thresholds < x} by bucket, then the code (gpu_tables.cuh). scan and identity are the format's,
+// the same for every lane: the loop ends without a shared-memory load past the format's scan.
+__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x, int scan, bool identity) {
   const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
   int c = s;
 #pragma unroll
-  for (int k = 0; k < kGpuMaxScan; ++k) c += (k < sh.scan && sh.thresholds[s + k] < x) ? 1 : 0;
-  return sh.identity ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
+  for (int k = 0; k < kGpuMaxScan; ++k) {
+    if (k >= scan) break;
+    c += sh.thresholds[s + k] < x ? 1 : 0;
+  }
+  return identity ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
 }
 
 // ---- element access -----------------------------------------------------------------------------
@@ -289,10 +295,13 @@ struct Lane {
   __device__ __forceinline__ void encode_slot(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int k,
                                               float amax, int64_t i, bool vec) const {
     const Normalizer nz = make_normalizer(amax);
-    const SharedFormat& f = sh[a.format_of_slot[k]];
+    const int d = a.format_of_slot[k];
+    const SharedFormat& f = sh[d];
+    const int scan = a.scan[d];
+    const bool identity = a.identity[d] != 0;
     uint8_t c[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]));
+    for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), scan, identity);
     store_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
   }
 };

@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "float_convert.h"
 #include "host_device.h"
 
 namespace lowbit {
@@ -76,6 +77,17 @@ LOWBIT_HD float block_absmax(const BlockScan& s, bool format_signed) {
   if (s.nonfinite) return __builtin_nanf("");
   if (s.negative && !format_signed) return -(s.amax > FLT_MIN ? s.amax : FLT_MIN);
   return s.amax;
+}
+
+// The same from a scan kept as bit patterns, as the vector loops keep it: the largest |x| bit
+// pattern (at or above Inf's exactly when something is Inf or NaN) and whether a value was negative
+// (some raw bit pattern above 0x80000000; -0.0 is not negative).
+LOWBIT_HD float block_absmax_from_bits(uint32_t max_abs_bits, uint32_t negative, bool format_signed) {
+  BlockScan scan;
+  scan.nonfinite = max_abs_bits >= 0x7F800000u;
+  scan.negative = negative != 0;
+  scan.amax = scan.nonfinite ? 0.0f : f32_from_bits(max_abs_bits);
+  return block_absmax(scan, format_signed);
 }
 
 }  // namespace kernels

@@ -44,14 +44,5 @@ inline void prefetch_range(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
 }
 
-// The absmax (with the in-band flags of encode.h) from a scan's result.
-inline float block_absmax_from_bits(uint32_t max_bits, uint32_t negative, bool format_signed) {
-  BlockScan scan;
-  scan.nonfinite = max_bits >= 0x7F800000u;
-  scan.negative = negative != 0;
-  scan.amax = scan.nonfinite ? 0.0f : f32_from_bits(max_bits);
-  return block_absmax(scan, format_signed);
-}
-
 }  // namespace kernels
 }  // namespace lowbit

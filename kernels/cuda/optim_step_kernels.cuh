@@ -207,17 +207,30 @@ __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool ve
   store8(p, i, n, vec, v);
 }
 
-// Max of a BlockScan over `width` lanes (a power of two, aligned groups of the warp).
+// A block's scan as bit patterns (encode.h: block_absmax_from_bits): the largest |x| bits and the
+// largest raw bits (above 0x80000000 exactly when some value is negative).
+struct BitScan {
+  uint32_t max_abs = 0, max_raw = 0;
+};
+
+__device__ __forceinline__ void merge(BitScan& a, const BitScan& b) {
+  a.max_abs = a.max_abs > b.max_abs ? a.max_abs : b.max_abs;
+  a.max_raw = a.max_raw > b.max_raw ? a.max_raw : b.max_raw;
+}
+
+// The maximum over `width` lanes (a power of two, aligned groups of the warp); the raw bits only
+// where the format is unsigned (a signed one takes negative values).
 template <int WARP>
-__device__ __forceinline__ void group_reduce(BlockScan& s, int width) {
-  int flags = (s.nonfinite ? 1 : 0) | (s.negative ? 2 : 0);
+__device__ __forceinline__ float group_absmax(BitScan s, int width, bool is_signed) {
   for (int off = width / 2; off > 0; off /= 2) {
-    const float other = LOWBIT_SHFL_XOR(s.amax, off, WARP);
-    s.amax = other > s.amax ? other : s.amax;
-    flags |= LOWBIT_SHFL_XOR(flags, off, WARP);
+    const uint32_t a = LOWBIT_SHFL_XOR(s.max_abs, off, WARP);
+    s.max_abs = a > s.max_abs ? a : s.max_abs;
+    if (!is_signed) {
+      const uint32_t r = LOWBIT_SHFL_XOR(s.max_raw, off, WARP);
+      s.max_raw = r > s.max_raw ? r : s.max_raw;
+    }
   }
-  s.nonfinite = flags & 1;
-  s.negative = (flags & 2) != 0;
+  return block_absmax_from_bits(s.max_abs, s.max_raw > 0x80000000u ? 1u : 0u, is_signed);
 }
 
 // ---- the per-lane work ------------------------------------------------------------------------------
@@ -225,13 +238,13 @@ __device__ __forceinline__ void group_reduce(BlockScan& s, int width) {
 // 8 elements starting at element i of parameter P: load, decode, update in registers.
 template <Rule R, typename T, int FAMILY, int NS>
 struct Lane {
+  // Elements past the parameter's end load as 0 (p, g and state) and update to 0: they change no
+  // block's absmax and are never stored, so every loop runs all 8 without a bound.
   float p[8], s[NS][8];
-  int valid;  // elements of the 8 that exist
 
   __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const ParamScalars& ps,
                                               const SharedFormat* sh, int64_t i, bool vec) {
     const int64_t n = P.numel;
-    valid = static_cast<int>(n - i < 8 ? (n - i > 0 ? n - i : 0) : 8);
     load8(static_cast<const T*>(P.param), i, n, vec, p);
     float g[8];
     load_grad8(P.grad, P.grad_type, i, n, vec, g);
@@ -256,7 +269,6 @@ struct Lane {
     const Hyper& h = ps.hyper;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      if (e >= valid) break;
       float ge = ps.grad_mult != 1.0f ? g[e] * ps.grad_mult : g[e];
       float st[NS];
 #pragma unroll
@@ -269,11 +281,15 @@ struct Lane {
     }
   }
 
-  __device__ __forceinline__ BlockScan scan(int k) const {
-    BlockScan sc;
+  __device__ __forceinline__ BitScan scan(int k) const {
+    BitScan sc;
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-      if (e < valid) scan_add(sc, s[k][e]);
+    for (int e = 0; e < 8; ++e) {
+      const uint32_t u = __float_as_uint(s[k][e]);
+      const uint32_t a = u & 0x7FFFFFFFu;
+      sc.max_abs = a > sc.max_abs ? a : sc.max_abs;
+      sc.max_raw = u > sc.max_raw ? u : sc.max_raw;
+    }
     return sc;
   }
 
@@ -312,8 +328,14 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
   return j;
 }
 
+// Blocks per SM the register allocation must allow. The kernel is bound by latency: with 2 blocks
+// of 96 registers the schedulers idled half the time (ncu on an H100); 3 forces spills. Measured
+// both ways in bench/RESULTS.md; a build can choose with -DLOWBIT_STEP_MIN_BLOCKS=N.
+#ifndef LOWBIT_STEP_MIN_BLOCKS
+#define LOWBIT_STEP_MIN_BLOCKS 2
+#endif
 template <Rule R, typename T, int FAMILY, int WARP>
-__global__ void __launch_bounds__(kThreads) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
+__global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
   constexpr int NS = RuleMaxSlots<R>::value;
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
@@ -346,9 +368,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(const LOWBIT_GRID_CONSTA
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
           if (!(a.used_mask & (1 << k))) continue;
-          BlockScan sc = L.scan(k);
-          group_reduce<WARP>(sc, group);
-          const float amax = block_absmax(sc, (a.slot_signed_mask >> k) & 1);
+          const float amax = group_absmax<WARP>(L.scan(k), group, (a.slot_signed_mask >> k) & 1);
           bad |= !(amax >= 0.0f);
           if (i < P.numel) {
             if (lane % group == 0) P.absmax[k][i / B] = amax;
@@ -365,16 +385,15 @@ __global__ void __launch_bounds__(kThreads) step_kernel(const LOWBIT_GRID_CONSTA
       float amax_new[NS];
       bool bad = false;
       {
-        BlockScan sc[NS];
+        BitScan sc[NS];
         for (int64_t c = 0; c < B; c += 8 * WARP) {
           L.load_update(P, a, ps, sh, base + c + int64_t(lane) * 8, vec);
 #pragma unroll
-          for (int k = 0; k < NS; ++k) scan_merge(sc[k], L.scan(k));
+          for (int k = 0; k < NS; ++k) merge(sc[k], L.scan(k));
         }
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
-          group_reduce<WARP>(sc[k], WARP);
-          amax_new[k] = block_absmax(sc[k], (a.slot_signed_mask >> k) & 1);
+          amax_new[k] = group_absmax<WARP>(sc[k], WARP, (a.slot_signed_mask >> k) & 1);
           if (a.used_mask & (1 << k)) bad |= !(amax_new[k] >= 0.0f);
         }
       }

@@ -263,7 +263,7 @@ struct Lane {
         const float amax = P.absmax[k][i / a.block_size];
         const float* cb = sh[a.format_of_slot[k]].codebook;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s[k][e] = decode_value(cb, c[e], amax);
+        for (int e = 0; e < 8; ++e) s[k][e] = i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
       }
     }
     const Hyper& h = ps.hyper;
@@ -329,10 +329,11 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
 }
 
 // Blocks per SM the register allocation must allow. The kernel is bound by latency: with 2 blocks
-// of 96 registers the schedulers idled half the time (ncu on an H100); 3 forces spills. Measured
-// both ways in bench/RESULTS.md; a build can choose with -DLOWBIT_STEP_MIN_BLOCKS=N.
+// of 96 registers the schedulers idled half the time (ncu on an H100). 3 spills 100-200 bytes per
+// thread to L1 and still runs the Q8 AdamW step 13 % faster (bench/RESULTS.md); a build can
+// choose with -DLOWBIT_STEP_MIN_BLOCKS=N.
 #ifndef LOWBIT_STEP_MIN_BLOCKS
-#define LOWBIT_STEP_MIN_BLOCKS 2
+#define LOWBIT_STEP_MIN_BLOCKS 3
 #endif
 template <Rule R, typename T, int FAMILY, int WARP>
 __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {

@@ -1,0 +1,147 @@
+// Per-element and per-group math of integer fake quantization (QAT), shared by the CPU loops, the
+// CUDA/HIP kernels and (formula for formula) the ATen reference in tensors/fake_quant_reference.cpp.
+//
+// Conventions, each matching torch.ao / torchao so users' numbers carry over:
+//  * Everything is computed in float32, whatever the input dtype (torchao QAT's default
+//    scale_precision=torch.float32); the output is rounded once, to the input dtype, at the end.
+//  * Ranges: intN  -> [-2^(N-1), 2^(N-1)-1], uintN -> [0, 2^N-1], N in 2..8
+//    (torchao quant_primitives._DTYPE_TO_QVALUE_BOUNDS).
+//  * qparams from (min, max) of a group, torchao `choose_qparams_affine` (MappingType.SYMMETRIC /
+//    ASYMMETRIC, preserve_zero=True, ZeroPointDomain.INT) and torch.ao
+//    `ObserverBase._calculate_qparams`:
+//      min_neg = min(min, 0), max_pos = max(max, 0)
+//      symmetric:  scale = max(-min_neg, max_pos) / ((qmax - qmin) / 2); scale = max(scale, eps)
+//                  zero_point = (qmin + qmax + 1) / 2 in integer division: 0 for intN, 2^(N-1)
+//                  for uintN (torchao: int((quant_max + quant_min + 1) / 2); torch.ao: 128 for quint8)
+//      asymmetric: scale = (max_pos - min_neg) / (qmax - qmin); scale = max(scale, eps)
+//                  zero_point = clamp(qmin - round(min_neg / scale), qmin, qmax)
+//    The divisions are true float32 divisions (never a multiply by a reciprocal), so every backend
+//    rounds them the same way. eps defaults to FLT_EPSILON (torch.finfo(torch.float32).eps, the
+//    torchao default): an all-zero group gets scale = eps and quantizes to exactly 0, never NaN.
+//  * Fake quantization, torchao `_fake_quantize_affine` = quantize_affine + dequantize_affine, and
+//    torch.ao `fake_quantize_per_tensor_affine_cachemask`:
+//      q    = round_half_even(x * (1 / scale)) + zero_point     (note: x * inv, not x / scale)
+//      mask = qmin <= q <= qmax                                 (before the clamp)
+//      y    = (clamp(q, qmin, qmax) - zero_point) * scale
+//  * Backward: straight-through inside the clamp range, zero outside (clipped STE):
+//      dx = mask ? dy : 0                         (torchao _GenericFakeQuantize.backward)
+//  * Learnable step size (LSQ, Esser et al. 2019) with LSQ+ offset (Bhalgat et al. 2020), the
+//    zero point taken as a float: per element, with g the gradient scale the caller chooses
+//    (LSQ: 1 / sqrt(group_numel * qmax)):
+//      d scale      = g * dy * (inside ? round(x * inv) - x * inv : clamp(q) - zero_point)
+//      d zero_point = g * dy * (inside ? 0 : -scale)
+//    (inside the range y = round(x * inv) * scale; outside it y = (qbound - zp) * scale.)
+//  * Non-finite input: a NaN gives NaN out and a zero gradient (mask 0). With dynamic qparams a
+//    NaN or an Inf in a group makes that group's scale non-finite and the whole group's output NaN
+//    (min/max propagate NaN like torch.amin/amax). With static qparams, +-Inf clamps to the range
+//    end (mask 0). Every backend does exactly this; tests pin it.
+#pragma once
+
+#include <cstdint>
+
+#include "host_device.h"
+
+#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#include <cmath>
+#endif
+
+namespace lowbit {
+namespace kernels {
+
+struct FakeQuantRange {
+  float qmin, qmax;
+};
+
+// qmin / qmax of intN (is_signed) or uintN. The binding checks 2 <= bits <= 8.
+LOWBIT_HD FakeQuantRange fq_range(int bits, bool is_signed) {
+  if (is_signed) return {-static_cast<float>(1 << (bits - 1)), static_cast<float>((1 << (bits - 1)) - 1)};
+  return {0.0f, static_cast<float>((1 << bits) - 1)};
+}
+
+LOWBIT_HD bool fq_isnan(float v) { return v != v; }
+
+// min / max that propagate NaN from either side, like at::minimum / at::maximum and torch.amin.
+LOWBIT_HD float fq_min(float a, float b) { return (a < b || fq_isnan(a)) ? a : b; }
+LOWBIT_HD float fq_max(float a, float b) { return (a > b || fq_isnan(a)) ? a : b; }
+
+// Like at::clamp: NaN stays NaN.
+LOWBIT_HD float fq_clamp(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Round half to even, like torch.round (default floating-point environment).
+LOWBIT_HD float fq_round(float v) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return rintf(v);
+#else
+  return std::nearbyint(v);
+#endif
+}
+
+struct AffineQParams {
+  float scale, zero_point;
+};
+
+// scale and zero point of a group whose smallest / largest values are mn / mx (see the header).
+LOWBIT_HD AffineQParams fq_qparams(float mn, float mx, FakeQuantRange r, bool symmetric, float eps) {
+  const float min_neg = fq_min(mn, 0.0f);
+  const float max_pos = fq_max(mx, 0.0f);
+  AffineQParams p;
+  if (symmetric) {
+    const float amax = fq_max(-min_neg, max_pos);
+    p.scale = fq_max(amax / ((r.qmax - r.qmin) / 2.0f), eps);
+    p.zero_point = static_cast<float>((static_cast<int>(r.qmin) + static_cast<int>(r.qmax) + 1) / 2);
+  } else {
+    p.scale = fq_max((max_pos - min_neg) / (r.qmax - r.qmin), eps);
+    p.zero_point = fq_clamp(r.qmin - fq_round(min_neg / p.scale), r.qmin, r.qmax);
+  }
+  return p;
+}
+
+// 1 / scale, the factor every backend multiplies by (torchao: input * (1.0 / scale)).
+LOWBIT_HD float fq_inv_scale(float scale) { return 1.0f / scale; }
+
+// The unclamped integer value q = round(x * inv) + zero_point.
+LOWBIT_HD float fq_unclamped(float x, float inv_scale, float zero_point) { return fq_round(x * inv_scale) + zero_point; }
+
+LOWBIT_HD bool fq_inside(float q, FakeQuantRange r) { return q >= r.qmin && q <= r.qmax; }
+
+// Fake-quantized value of x; *inside receives the STE mask bit.
+LOWBIT_HD float fq_apply(float x, float scale, float inv_scale, float zero_point, FakeQuantRange r, bool* inside) {
+  const float q = fq_unclamped(x, inv_scale, zero_point);
+  *inside = fq_inside(q, r);
+  return (fq_clamp(q, r.qmin, r.qmax) - zero_point) * scale;
+}
+
+// Integer code of x, stored offset by qmin so every format fits an unsigned byte: code = q - qmin.
+LOWBIT_HD uint8_t fq_code(float x, float inv_scale, float zero_point, FakeQuantRange r) {
+  const float q = fq_clamp(fq_unclamped(x, inv_scale, zero_point), r.qmin, r.qmax);
+  return static_cast<uint8_t>(static_cast<int>(q - r.qmin));
+}
+
+// Dequantized value of a code: exactly fq_apply's result for the x that produced it.
+LOWBIT_HD float fq_decode(uint8_t code, float scale, float zero_point, FakeQuantRange r) {
+  return ((static_cast<float>(code) + r.qmin) - zero_point) * scale;
+}
+
+// LSQ / LSQ+ per-element contributions to d scale and d zero_point (before the gradient scale).
+struct LsqGrad {
+  float dx, dscale, dzero;
+};
+
+LOWBIT_HD LsqGrad fq_lsq_grad(float dy, float x, float scale, float inv_scale, float zero_point, FakeQuantRange r) {
+  const float xs = x * inv_scale;
+  const float q = fq_round(xs) + zero_point;
+  LsqGrad g;
+  if (fq_inside(q, r)) {
+    g.dx = dy;
+    g.dscale = dy * (fq_round(xs) - xs);
+    g.dzero = 0.0f;
+  } else {
+    g.dx = 0.0f;
+    g.dscale = dy * (fq_clamp(q, r.qmin, r.qmax) - zero_point);
+    g.dzero = dy * -scale;
+  }
+  return g;
+}
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,142 @@
+// Fake quantization on the CPU: one fused pass per tile of groups (min/max scan, qparams, quantize,
+// mask bits) while the tile is in cache. Results do not depend on the thread count: each group's
+// qparams come from its own elements only, and the per-element math is kernels/common's.
+#include "fake_quant_cpu.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "../common/fake_quant_math.h"
+#include "../common/float_convert.h"
+
+namespace lowbit {
+namespace kernels {
+namespace {
+
+constexpr int64_t kTileElems = 8192;  // about what stays in L1/L2 between the scan and the quantize
+
+// Groups per tile: a whole number of groups whose element count is a multiple of 8, so a tile owns
+// whole mask bytes and tiles run in parallel without sharing a byte.
+int64_t groups_per_tile(int64_t group_size) {
+  int64_t t = 1;
+  while ((t * group_size) % 8 != 0) ++t;  // at most 8
+  const int64_t mult = std::max<int64_t>(1, kTileElems / (t * group_size));
+  return t * mult;
+}
+
+template <typename T>
+void fake_quant_impl(const FakeQuantParams& p) {
+  const T* x = static_cast<const T*>(p.input);
+  T* y = static_cast<T*>(p.output);
+  const FakeQuantRange r = fq_range(p.bits, p.is_signed);
+  const int64_t G = p.group_size;
+  const int64_t ngroups = p.n / G;
+  const int64_t per_tile = groups_per_tile(G);
+  const int64_t ntiles = (ngroups + per_tile - 1) / per_tile;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    const int64_t g_end = std::min(ngroups, (t + 1) * per_tile);
+    uint32_t bits = 0;
+    for (int64_t g = t * per_tile; g < g_end; ++g) {
+      const T* xg = x + g * G;
+      if (p.dynamic) {
+        float mn = to_f32(xg[0]), mx = mn;
+        for (int64_t i = 1; i < G; ++i) {
+          const float v = to_f32(xg[i]);
+          mn = fq_min(mn, v);
+          mx = fq_max(mx, v);
+        }
+        const AffineQParams qp = fq_qparams(mn, mx, r, p.symmetric, p.eps);
+        p.scale[g] = qp.scale;
+        p.zero_point[g] = qp.zero_point;
+      }
+      const float scale = p.scale[g], zp = p.zero_point[g];
+      const float inv = fq_inv_scale(scale);
+      for (int64_t i = 0; i < G; ++i) {
+        const int64_t e = g * G + i;
+        bool inside;
+        y[e] = from_f32<T>(fq_apply(to_f32(xg[i]), scale, inv, zp, r, &inside));
+        bits |= uint32_t(inside) << (e & 7);
+        if ((e & 7) == 7) {
+          p.mask[e >> 3] = static_cast<uint8_t>(bits);
+          bits = 0;
+        }
+      }
+    }
+    const int64_t last = g_end * G;  // a partial byte only at the very end of the tensor
+    if (last % 8 != 0) p.mask[last >> 3] = static_cast<uint8_t>(bits);
+  }
+}
+
+template <typename T>
+void backward_impl(const FakeQuantBackwardParams& p) {
+  const T* dy = static_cast<const T*>(p.grad);
+  T* dx = static_cast<T*>(p.grad_input);
+  const T zero = from_f32<T>(0.0f);
+  const int64_t nbytes = (p.n + 7) / 8;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < nbytes; ++b) {
+    const uint32_t m = p.mask[b];
+    const int64_t end = std::min<int64_t>(8, p.n - b * 8);
+    for (int64_t k = 0; k < end; ++k) dx[b * 8 + k] = (m >> k) & 1u ? dy[b * 8 + k] : zero;
+  }
+}
+
+template <typename T>
+void lsq_backward_impl(const LsqBackwardParams& p) {
+  const T* dy = static_cast<const T*>(p.grad);
+  const T* x = static_cast<const T*>(p.input);
+  T* dx = static_cast<T*>(p.grad_input);
+  const FakeQuantRange r = fq_range(p.bits, p.is_signed);
+  const int64_t G = p.group_size;
+  const int64_t ngroups = p.n / G;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < ngroups; ++g) {
+    const float scale = p.scale[g], zp = p.zero_point[g];
+    const float inv = fq_inv_scale(scale);
+    // Summed in double: the result is a reduction, compared with the reference to a tolerance.
+    double ds = 0.0, dz = 0.0;
+    for (int64_t i = g * G; i < (g + 1) * G; ++i) {
+      const LsqGrad lg = fq_lsq_grad(to_f32(dy[i]), to_f32(x[i]), scale, inv, zp, r);
+      dx[i] = from_f32<T>(lg.dx);
+      ds += lg.dscale;
+      dz += lg.dzero;
+    }
+    p.grad_scale[g] = static_cast<float>(ds) * p.grad_factor;
+    p.grad_zero_point[g] = static_cast<float>(dz) * p.grad_factor;
+  }
+}
+
+template <template <typename> class F, typename P>
+void by_type(ElemType t, const P& p) {
+  switch (t) {
+    case ElemType::F32: return F<float>::run(p);
+    case ElemType::BF16: return F<bf16_t>::run(p);
+    case ElemType::F16: return F<f16_t>::run(p);
+  }
+}
+
+template <typename T> struct Forward { static void run(const FakeQuantParams& p) { fake_quant_impl<T>(p); } };
+template <typename T> struct Backward { static void run(const FakeQuantBackwardParams& p) { backward_impl<T>(p); } };
+template <typename T> struct Lsq { static void run(const LsqBackwardParams& p) { lsq_backward_impl<T>(p); } };
+
+}  // namespace
+
+void fake_quant_cpu(const FakeQuantParams& p) {
+  if (p.n == 0) return;
+  by_type<Forward>(p.type, p);
+}
+
+void fake_quant_backward_cpu(const FakeQuantBackwardParams& p) {
+  if (p.n == 0) return;
+  by_type<Backward>(p.type, p);
+}
+
+void fake_quant_lsq_backward_cpu(const LsqBackwardParams& p) {
+  if (p.n == 0) return;
+  by_type<Lsq>(p.type, p);
+}
+
+}  // namespace kernels
+}  // namespace lowbit

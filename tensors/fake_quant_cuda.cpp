@@ -1,0 +1,113 @@
+// CUDA (and ROCm: libtorch's HIP build uses the CUDA key) kernels of the fake-quant ops: checks,
+// device guard, current stream, then the launchers of kernels/cuda.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <lowbit/kernels/cuda/fake_quant_cuda.h>
+
+#include "blockwise_ops.h"  // elem_type
+#include "fake_quant_ops.h"
+
+namespace lowbit {
+namespace ops {
+namespace {
+
+void check_launch(const char* err, const char* op) { TORCH_CHECK(err == nullptr, op, ": CUDA launch failed: ", err); }
+
+void* current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dynamic_cuda(const at::Tensor& input, int64_t group_size,
+                                                                        int64_t bits, bool is_signed, bool symmetric,
+                                                                        double eps) {
+  const char* op = "lowbit::fake_quant_dynamic";
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
+  check_eps(eps, op);
+  const c10::cuda::CUDAGuard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+  at::Tensor zp = at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+  kernels::FakeQuantParams p = fake_quant_params(a, out, mask, scale, zp);
+  p.dynamic = true;
+  p.symmetric = symmetric;
+  p.eps = static_cast<float>(eps);
+  check_launch(kernels::fake_quant_gpu(p, current_stream()), op);
+  return {out, mask, scale, zp};
+}
+
+std::tuple<at::Tensor, at::Tensor> static_cuda(const at::Tensor& input, const at::Tensor& scale,
+                                               const at::Tensor& zero_point, int64_t group_size, int64_t bits,
+                                               bool is_signed) {
+  const char* op = "lowbit::fake_quant_static";
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
+  auto [s, z] = check_qparams(a, scale, zero_point, op);
+  const c10::cuda::CUDAGuard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+  kernels::FakeQuantParams p = fake_quant_params(a, out, mask, s, z);
+  p.dynamic = false;
+  check_launch(kernels::fake_quant_gpu(p, current_stream()), op);
+  return {out, mask};
+}
+
+at::Tensor backward_cuda(const at::Tensor& grad, const at::Tensor& mask) {
+  const char* op = "lowbit::fake_quant_backward";
+  const at::Tensor m = check_mask(grad, mask, op);
+  const c10::cuda::CUDAGuard guard(grad.device());
+  const at::Tensor g = grad.contiguous();
+  at::Tensor dx = at::empty_like(g);
+  kernels::FakeQuantBackwardParams p;
+  p.grad = g.data_ptr();
+  p.type = elem_type(g.scalar_type());
+  p.n = g.numel();
+  p.mask = m.data_ptr<uint8_t>();
+  p.grad_input = dx.data_ptr();
+  check_launch(kernels::fake_quant_backward_gpu(p, current_stream()), op);
+  return dx;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_cuda(const at::Tensor& grad, const at::Tensor& input,
+                                                                 const at::Tensor& scale, const at::Tensor& zero_point,
+                                                                 int64_t group_size, int64_t bits, bool is_signed,
+                                                                 double grad_factor) {
+  const char* op = "lowbit::fake_quant_lsq_backward";
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
+  auto [s, z] = check_qparams(a, scale, zero_point, op);
+  TORCH_CHECK(grad.sizes() == input.sizes() && grad.scalar_type() == input.scalar_type() &&
+                  grad.device() == input.device(),
+              op, ": grad (", grad.sizes(), ", ", grad.scalar_type(), ", ", grad.device(), ") must match input (",
+              input.sizes(), ", ", input.scalar_type(), ", ", input.device(), ")");
+  const c10::cuda::CUDAGuard guard(a.input.device());
+  const at::Tensor g = grad.contiguous();
+  at::Tensor dx = at::empty_like(a.input);
+  at::Tensor gs = at::empty({a.ngroups}, s.options());
+  at::Tensor gz = at::empty({a.ngroups}, s.options());
+  kernels::LsqBackwardParams p;
+  p.grad = g.data_ptr();
+  p.input = a.input.data_ptr();
+  p.type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.group_size = a.group_size;
+  p.bits = a.bits;
+  p.is_signed = a.is_signed;
+  p.scale = s.data_ptr<float>();
+  p.zero_point = z.data_ptr<float>();
+  p.grad_factor = static_cast<float>(grad_factor);
+  p.grad_input = dx.data_ptr();
+  p.grad_scale = gs.data_ptr<float>();
+  p.grad_zero_point = gz.data_ptr<float>();
+  check_launch(kernels::fake_quant_lsq_backward_gpu(p, current_stream()), op);
+  return {dx, gs, gz};
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace lowbit
+
+TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
+  m.impl("fake_quant_dynamic", &lowbit::ops::dynamic_cuda);
+  m.impl("fake_quant_static", &lowbit::ops::static_cuda);
+  m.impl("fake_quant_backward", &lowbit::ops::backward_cuda);
+  m.impl("fake_quant_lsq_backward", &lowbit::ops::lsq_backward_cuda);
+}

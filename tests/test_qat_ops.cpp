@@ -1,0 +1,264 @@
+// The fake-quant ops on the CPU: bit-identical to the ATen reference for every integer config,
+// dtype and odd shape; the torchao / torch.ao conventions pinned on hand-made cases and on an
+// independent scalar loop; edge values; layouts; thread counts; refusals of bad arguments.
+#include <omp.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "test_qat_util.h"
+
+using namespace lowbit_qat_test;
+using lowbit_test::bitwise_equal;
+namespace ops = lowbit::ops;
+
+namespace {
+
+const at::ScalarType kDtypes[] = {at::kFloat, at::kBFloat16, at::kHalf};
+
+void expect_dynamic_matches(const Tensor& x, int64_t g, const IntCfg& c, const std::string& what) {
+  auto [y, m, s, z] = op_dynamic(x, g, c.bits, c.is_signed, c.symmetric);
+  auto [ry, rm, rs, rz] = ops::fake_quant_dynamic_reference(x, g, c.bits, c.is_signed, c.symmetric, FLT_EPSILON);
+  ASSERT_TRUE(bitwise_equal(s, rs)) << what << ": scale";
+  ASSERT_TRUE(bitwise_equal(z, rz)) << what << ": zero_point";
+  ASSERT_TRUE(bitwise_equal(y, ry)) << what << ": output";
+  ASSERT_TRUE(bitwise_equal(m, rm)) << what << ": mask";
+  // Backward from that mask, on a fresh gradient.
+  const Tensor dy = at::randn(x.sizes()).to(x.scalar_type());
+  ASSERT_TRUE(bitwise_equal(op_backward(dy, m), ops::fake_quant_backward_reference(dy, rm))) << what << ": backward";
+}
+
+// The conventions written out once more as a plain scalar loop (double-checked against the header's
+// comment, not its code): torchao choose_qparams_affine + quantize_affine / dequantize_affine.
+void scalar_fake_quant(const std::vector<float>& x, int bits, bool is_signed, bool sym, std::vector<float>* y,
+                       float* scale_out, float* zp_out) {
+  const float qmin = is_signed ? -float(1 << (bits - 1)) : 0.0f;
+  const float qmax = is_signed ? float((1 << (bits - 1)) - 1) : float((1 << bits) - 1);
+  float mn = x[0], mx = x[0];
+  for (float v : x) mn = std::min(mn, v), mx = std::max(mx, v);
+  mn = std::min(mn, 0.0f);
+  mx = std::max(mx, 0.0f);
+  float scale, zp;
+  if (sym) {
+    scale = std::max(std::max(-mn, mx) / ((qmax - qmin) / 2), FLT_EPSILON);
+    zp = float((int(qmin) + int(qmax) + 1) / 2);
+  } else {
+    scale = std::max((mx - mn) / (qmax - qmin), FLT_EPSILON);
+    zp = std::min(std::max(qmin - std::nearbyint(mn / scale), qmin), qmax);
+  }
+  y->clear();
+  for (float v : x) {
+    const float q = std::min(std::max(std::nearbyint(v * (1.0f / scale)) + zp, qmin), qmax);
+    y->push_back((q - zp) * scale);
+  }
+  *scale_out = scale;
+  *zp_out = zp;
+}
+
+}  // namespace
+
+TEST(QatOps, DynamicMatchesReferenceEveryConfigDtypeAndShape) {
+  for (const IntCfg& c : all_int_configs()) {
+    for (auto dt : kDtypes) {
+      for (auto [n, g] : shapes()) {
+        expect_dynamic_matches(random_groups(n, g, dt), g, c,
+                               name(c) + " " + c10::toString(dt) + " n=" + std::to_string(n) + " g=" + std::to_string(g));
+      }
+    }
+  }
+}
+
+TEST(QatOps, StaticMatchesReferenceEveryConfigDtypeAndShape) {
+  for (const IntCfg& c : all_int_configs()) {
+    for (auto dt : kDtypes) {
+      for (auto [n, g] : shapes()) {
+        const Tensor x = random_groups(n, g, dt);
+        auto [s, z] = random_qparams(x, g, c);
+        auto [y, m] = op_static(x, s, z, g, c.bits, c.is_signed);
+        auto [ry, rm] = ops::fake_quant_static_reference(x, s, z, g, c.bits, c.is_signed);
+        ASSERT_TRUE(bitwise_equal(y, ry)) << name(c) << " " << dt << " n=" << n;
+        ASSERT_TRUE(bitwise_equal(m, rm)) << name(c) << " " << dt << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(QatOps, LsqBackwardMatchesReference) {
+  for (const IntCfg& c : all_int_configs()) {
+    for (auto dt : kDtypes) {
+      for (auto [n, g] : shapes()) {
+        const Tensor x = random_groups(n, g, dt);
+        auto [s, z] = random_qparams(x, g, c);
+        const Tensor dy = at::randn({n}).to(dt);
+        const double factor = 1.0 / std::sqrt(double(g) * ((1 << (c.bits - 1)) - 1 + 1));
+        auto [dx, gs, gz] = op_lsq(dy, x, s, z, g, c.bits, c.is_signed, factor);
+        auto [rdx, rgs, rgz] = ops::fake_quant_lsq_backward_reference(dy, x, s, z, g, c.bits, c.is_signed, factor);
+        ASSERT_TRUE(bitwise_equal(dx, rdx)) << name(c) << " " << dt << " n=" << n;
+        // Reductions: both sum in double, in different orders; then one float rounding.
+        ASSERT_TRUE(at::allclose(gs, rgs, 1e-5, 1e-6)) << name(c) << " " << dt << " n=" << n;
+        ASSERT_TRUE(at::allclose(gz, rgz, 1e-5, 1e-6)) << name(c) << " " << dt << " n=" << n;
+        // The STE part of LSQ is the plain fake-quant backward.
+        auto [y, m] = op_static(x, s, z, g, c.bits, c.is_signed);
+        ASSERT_TRUE(bitwise_equal(dx, op_backward(dy, m)));
+      }
+    }
+  }
+}
+
+TEST(QatOps, ConventionsMatchTheTorchaoFormulasOnAScalarLoop) {
+  for (const IntCfg& c : all_int_configs()) {
+    for (int rep = 0; rep < 20; ++rep) {
+      const int64_t g = 1 + rep * 7;
+      const Tensor x = random_groups(g, g, at::kFloat);
+      std::vector<float> xv(x.data_ptr<float>(), x.data_ptr<float>() + g), want;
+      float ws, wz;
+      scalar_fake_quant(xv, int(c.bits), c.is_signed, c.symmetric, &want, &ws, &wz);
+      auto [y, m, s, z] = op_dynamic(x, g, c.bits, c.is_signed, c.symmetric);
+      ASSERT_EQ(s.item<float>(), ws) << name(c);
+      ASSERT_EQ(z.item<float>(), wz) << name(c);
+      for (int64_t i = 0; i < g; ++i) ASSERT_EQ(y[i].item<float>(), want[i]) << name(c) << " i=" << i;
+    }
+  }
+}
+
+TEST(QatOps, PinnedCases) {
+  // Round half to even: scale 1, zero point 0.
+  const Tensor x = at::tensor({0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 3.5f});
+  auto [y, m] = op_static(x, at::ones({1}), at::zeros({1}), 6, 8, true);
+  EXPECT_TRUE(at::equal(y, at::tensor({0.0f, 2.0f, 2.0f, -0.0f, -2.0f, 4.0f})));
+  // Symmetric zero points: 0 for intN, 2^(N-1) for uintN.
+  EXPECT_EQ(std::get<3>(op_dynamic(at::randn({8}), 8, 4, true, true)).item<float>(), 0.0f);
+  EXPECT_EQ(std::get<3>(op_dynamic(at::randn({8}), 8, 4, false, true)).item<float>(), 8.0f);
+  EXPECT_EQ(std::get<3>(op_dynamic(at::randn({8}), 8, 8, false, true)).item<float>(), 128.0f);
+  // Asymmetric, all negative, int8: scale = 3/255, zero point = -128 - round(-3 / scale) = 127.
+  auto [yn, mn, sn, zn] = op_dynamic(at::tensor({-3.0f, -1.0f}), 2, 8, true, false);
+  EXPECT_EQ(sn.item<float>(), 3.0f / 255.0f);
+  EXPECT_EQ(zn.item<float>(), 127.0f);
+  // The symmetric int4 scale: amax / 7.5.
+  EXPECT_EQ(std::get<2>(op_dynamic(at::tensor({-3.0f, 1.0f}), 2, 4, true, true)).item<float>(), 3.0f / 7.5f);
+  // Clipped STE: the mask marks what the clamp left alone.
+  auto [yc, mc] = op_static(at::tensor({-200.0f, -128.0f, 127.0f, 127.6f, 0.0f}), at::ones({1}), at::zeros({1}), 5, 8, true);
+  EXPECT_TRUE(at::equal(yc, at::tensor({-128.0f, -128.0f, 127.0f, 127.0f, 0.0f})));
+  EXPECT_EQ(mc.item<uint8_t>(), 0b10110);
+}
+
+TEST(QatOps, ExtremeValuesAllZeroRowsAndNonFinite) {
+  for (const IntCfg& c : all_int_configs()) {
+    // All-zero groups: scale = eps, output exactly 0, every mask bit set, never NaN.
+    auto [y0, m0, s0, z0] = op_dynamic(at::zeros({4, 16}), 16, c.bits, c.is_signed, c.symmetric);
+    EXPECT_TRUE(at::equal(s0, at::full({4}, FLT_EPSILON))) << name(c);
+    EXPECT_TRUE(at::equal(y0, at::zeros({4, 16}))) << name(c);
+    EXPECT_TRUE(at::equal(m0, at::full({8}, 255, at::kByte))) << name(c);
+    // Huge and tiny magnitudes (float32 range ends, subnormals) stay finite and match the reference.
+    for (float mag : {1e37f, 1e-30f, 1e-41f}) {
+      const Tensor x = at::randn({5, 24}) * mag;
+      expect_dynamic_matches(x, 24, c, name(c) + " magnitude " + std::to_string(mag));
+      EXPECT_TRUE(at::isfinite(std::get<0>(op_dynamic(x, 24, c.bits, c.is_signed, c.symmetric))).all().item<bool>());
+    }
+    // NaN / Inf, dynamic: the group holding one turns NaN (its scale is NaN / Inf), others are untouched.
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      Tensor x = at::randn({3, 10});
+      x[1][4] = bad;
+      expect_dynamic_matches(x, 10, c, name(c) + " non-finite");
+      auto [y, m, s, z] = op_dynamic(x, 10, c.bits, c.is_signed, c.symmetric);
+      EXPECT_TRUE(at::isnan(y[1]).all().item<bool>()) << name(c) << " " << bad;
+      EXPECT_TRUE(at::isfinite(y[0]).all().item<bool>() && at::isfinite(y[2]).all().item<bool>());
+    }
+  }
+  // Static: +-Inf clamps to the range ends with mask 0; NaN stays NaN with mask 0.
+  auto [y, m] = op_static(at::tensor({INFINITY, -INFINITY, NAN, 1.0f}), at::ones({1}), at::zeros({1}), 4, 8, true);
+  EXPECT_EQ(y[0].item<float>(), 127.0f);
+  EXPECT_EQ(y[1].item<float>(), -128.0f);
+  EXPECT_TRUE(std::isnan(y[2].item<float>()));
+  EXPECT_EQ(m.item<uint8_t>(), 0b1000);
+  auto [ry, rm] = ops::fake_quant_static_reference(at::tensor({INFINITY, -INFINITY, NAN, 1.0f}), at::ones({1}),
+                                                   at::zeros({1}), 4, 8, true);
+  EXPECT_TRUE(bitwise_equal(y, ry));
+  EXPECT_TRUE(bitwise_equal(m, rm));
+}
+
+TEST(QatOps, EmptyTensors) {
+  for (auto dt : kDtypes) {
+    const Tensor x = at::empty({0, 32}, dt);
+    auto [y, m, s, z] = op_dynamic(x, 32, 4, true, true);
+    EXPECT_EQ(y.sizes(), x.sizes());
+    EXPECT_EQ(y.scalar_type(), dt);
+    EXPECT_EQ(m.numel(), 0);
+    EXPECT_EQ(s.numel(), 0);
+    auto [ys, ms] = op_static(x, at::empty({0}), at::empty({0}), 32, 4, true);
+    EXPECT_EQ(ys.sizes(), x.sizes());
+    EXPECT_EQ(op_backward(x, ms).sizes(), x.sizes());
+    auto [dx, gs, gz] = op_lsq(x, x, at::empty({0}), at::empty({0}), 32, 4, true, 1.0);
+    EXPECT_EQ(dx.sizes(), x.sizes());
+    EXPECT_EQ(gs.numel(), 0);
+  }
+}
+
+TEST(QatOps, NonContiguousInputsReadInLogicalOrder) {
+  const Tensor base = at::randn({40, 36});
+  for (const Tensor& x : {base.t(), base.slice(1, 0, 36, 2), base.select(1, 3), base.to(at::kHalf).t()}) {
+    ASSERT_FALSE(x.is_contiguous());
+    const int64_t g = x.size(-1);
+    auto [y1, m1, s1, z1] = op_dynamic(x, g, 4, true, false);
+    auto [y2, m2, s2, z2] = op_dynamic(x.contiguous(), g, 4, true, false);
+    EXPECT_TRUE(bitwise_equal(y1, y2));
+    EXPECT_TRUE(bitwise_equal(m1, m2));
+    EXPECT_EQ(y1.sizes(), x.sizes());
+    const Tensor dy = at::randn(x.sizes()).to(x.scalar_type());
+    EXPECT_TRUE(bitwise_equal(op_backward(dy.t().contiguous().t(), m1), op_backward(dy, m1)));
+  }
+}
+
+TEST(QatOps, ResultsDoNotDependOnThreadCount) {
+  const Tensor x = random_groups(257 * 33, 33, at::kFloat);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto [y1, m1, s1, z1] = op_dynamic(x, 33, 4, true, true);
+  omp_set_num_threads(std::max(2, saved));
+  auto [y2, m2, s2, z2] = op_dynamic(x, 33, 4, true, true);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(bitwise_equal(y1, y2));
+  EXPECT_TRUE(bitwise_equal(m1, m2));
+}
+
+TEST(QatOps, RefusesBadArgumentsNamingTheValue) {
+  auto throws_with = [](auto&& f, const std::string& text) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "no error; expected one containing '" << text << "'";
+  };
+  const Tensor x = at::randn({4, 10});
+  throws_with([&] { op_dynamic(x, 7, 4, true, true); }, "group_size 7 does not divide the input's 40 elements");
+  throws_with([&] { op_dynamic(x, 10, 9, true, true); }, "bits must be in [2, 8], got 9");
+  throws_with([&] { op_dynamic(x, 10, 1, true, true); }, "bits must be in [2, 8], got 1");
+  throws_with([&] { op_dynamic(x.to(at::kInt), 10, 4, true, true); }, "input must be float32, bfloat16 or float16, got Int");
+  throws_with([&] { op_dynamic(x, 10, 4, true, true, 0.0); }, "eps must be finite and > 0, got 0");
+  throws_with([&] { op_dynamic(x, 0, 4, true, true); }, "group_size must be >= 1, got 0");
+  throws_with([&] { op_static(x, at::ones({3}), at::zeros({4}), 10, 4, true); }, "scale must have one value per group (4 groups of 10), got 3");
+  throws_with([&] { op_static(x, at::ones({4}, at::kDouble), at::zeros({4}), 10, 4, true); }, "scale must be float32, got Double");
+  throws_with([&] { op_backward(x, at::zeros({4}, at::kByte)); }, "mask of 40 elements needs 5 bytes, got 4");
+  // The reference refuses the same way.
+  throws_with([&] { ops::fake_quant_dynamic_reference(x, 7, 4, true, true, FLT_EPSILON); }, "group_size 7 does not divide");
+}
+
+TEST(QatOps, PackAndCodesRoundTripToTheFakeQuantOutput) {
+  for (const IntCfg& c : all_int_configs()) {
+    const Tensor w = random_groups(24 * 40, 40, at::kFloat).view({24, 40});
+    auto [y, m, s, z] = op_dynamic(w, 40, c.bits, c.is_signed, c.symmetric);
+    const Tensor codes = ops::quantize_codes_reference(w, s, z, 40, c.bits, c.is_signed);
+    const Tensor packed = ops::pack_codes_reference(codes, c.bits);
+    EXPECT_EQ(packed.numel(), c.bits <= 4 ? w.numel() / 2 : w.numel()) << name(c);
+    const Tensor back = ops::unpack_codes_reference(packed, c.bits, w.numel()).view(w.sizes());
+    EXPECT_TRUE(at::equal(back, codes)) << name(c);
+    EXPECT_LE(codes.max().item<int>(), (1 << c.bits) - 1);
+    const Tensor deq = ops::dequantize_codes_reference(back, s, z, 40, c.bits, c.is_signed, at::kFloat);
+    EXPECT_TRUE(bitwise_equal(deq, y)) << name(c);
+  }
+  // Odd count with 4-bit codes: the tail nibble is zero.
+  const Tensor odd = ops::pack_codes_reference(at::full({3}, 15, at::kByte), 4);
+  EXPECT_TRUE(at::equal(odd, at::tensor({255, 15}, at::kByte)));
+}

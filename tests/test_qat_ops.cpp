@@ -19,9 +19,9 @@ const at::ScalarType kDtypes[] = {at::kFloat, at::kBFloat16, at::kHalf};
 void expect_dynamic_matches(const Tensor& x, int64_t g, const IntCfg& c, const std::string& what) {
   auto [y, m, s, z] = op_dynamic(x, g, c.bits, c.is_signed, c.symmetric);
   auto [ry, rm, rs, rz] = ops::fake_quant_dynamic_reference(x, g, c.bits, c.is_signed, c.symmetric, FLT_EPSILON);
-  ASSERT_TRUE(bitwise_equal(s, rs)) << what << ": scale";
-  ASSERT_TRUE(bitwise_equal(z, rz)) << what << ": zero_point";
-  ASSERT_TRUE(bitwise_equal(y, ry)) << what << ": output";
+  ASSERT_TRUE(same_bits_or_both_nan(s, rs)) << what << ": scale";
+  ASSERT_TRUE(same_bits_or_both_nan(z, rz)) << what << ": zero_point";
+  ASSERT_TRUE(same_bits_or_both_nan(y, ry)) << what << ": output";
   ASSERT_TRUE(bitwise_equal(m, rm)) << what << ": mask";
   // Backward from that mask, on a fresh gradient.
   const Tensor dy = at::randn(x.sizes()).to(x.scalar_type());
@@ -173,7 +173,7 @@ TEST(QatOps, ExtremeValuesAllZeroRowsAndNonFinite) {
   EXPECT_EQ(m.item<uint8_t>(), 0b1000);
   auto [ry, rm] = ops::fake_quant_static_reference(at::tensor({INFINITY, -INFINITY, NAN, 1.0f}), at::ones({1}),
                                                    at::zeros({1}), 4, 8, true);
-  EXPECT_TRUE(bitwise_equal(y, ry));
+  EXPECT_TRUE(same_bits_or_both_nan(y, ry));
   EXPECT_TRUE(bitwise_equal(m, rm));
 }
 

@@ -45,6 +45,15 @@ inline T3 op_lsq(const Tensor& dy, const Tensor& x, const Tensor& s, const Tenso
   return op.call(dy, x, s, z, g, bits, is_signed, factor);
 }
 
+// Bit-identical, except that a NaN matches any NaN (IEEE leaves a NaN's sign and payload open, and
+// ATen's vectorized min / max and our scalar ones pick different ones).
+inline bool same_bits_or_both_nan(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  const Tensor an = at::isnan(a.cpu()), bn = at::isnan(b.cpu());
+  if (!at::equal(an, bn)) return false;
+  return lowbit_test::bitwise_equal(at::where(an, at::zeros_like(a.cpu()), a.cpu()), at::where(bn, at::zeros_like(b.cpu()), b.cpu()));
+}
+
 struct IntCfg {
   int64_t bits;
   bool is_signed, symmetric;

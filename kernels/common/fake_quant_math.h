@@ -34,7 +34,8 @@
 //  * Non-finite input: a NaN gives NaN out and a zero gradient (mask 0). With dynamic qparams a
 //    NaN or an Inf in a group makes that group's scale non-finite and the whole group's output NaN
 //    (min/max propagate NaN like torch.amin/amax). With static qparams, +-Inf clamps to the range
-//    end (mask 0). Every backend does exactly this; tests pin it.
+//    end (mask 0). Every backend does exactly this; tests pin it (a NaN's sign and payload are left
+//    open, as IEEE leaves them: ATen's vectorized max and a scalar max may return different NaNs).
 #pragma once
 
 #include <cstdint>

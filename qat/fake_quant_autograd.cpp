@@ -14,7 +14,7 @@ using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using T3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using T2 = std::tuple<at::Tensor, at::Tensor>;
 
-const c10::OperatorHandle& find_op(const char* name) {
+c10::OperatorHandle find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 

@@ -10,7 +10,7 @@ namespace lowbit {
 namespace qat {
 namespace {
 
-const c10::OperatorHandle& op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
+c10::OperatorHandle op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
 
 at::Tensor quantize_codes(const at::Tensor& x, const at::Tensor& s, const at::Tensor& z, int64_t g, const FakeQuantConfig& c) {
   static auto f = op("lowbit::quantize_codes")

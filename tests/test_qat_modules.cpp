@@ -82,6 +82,7 @@ TEST(QatModules, ClippedValuesHaveZeroGradientLikeFiniteDifferences) {
   qat::FakeQuantizer fq(FakeQuantConfig(4).granularity(Granularity::PerTensor).qparams(QParamsMode::MinMax));
   fq->train();
   fq(at::tensor({-1.0f, 1.0f}));  // observe the range [-1, 1]
+  fq->eval();                      // and stop observing
   const Tensor x = at::tensor({-5.0f, 3.0f, 0.3f}).requires_grad_();
   fq(x).sum().backward();
   const float h = 1e-2f;
@@ -181,7 +182,7 @@ TEST(QatModules, FakeQuantizedLinearAndEmbedding) {
 
   torch::nn::Embedding emb(50, 24);
   qat::FakeQuantizedEmbedding fe(emb, FakeQuantConfig(4).granularity(Granularity::PerGroup).group_size(8));
-  const Tensor idx = at::tensor({{3, 7, 3}, {49, 0, 7}}, at::kLong);
+  const Tensor idx = at::tensor({3, 7, 3, 49, 0, 7}, at::kLong).view({2, 3});
   const Tensor table = std::get<0>(op_dynamic(emb->weight.detach(), 8, 4, true, true));
   const Tensor out = fe(idx);
   EXPECT_EQ(out.sizes(), at::IntArrayRef({2, 3, 24}));
@@ -274,16 +275,16 @@ TEST(QatModules, ConvertedEmbeddingEqualsFakeQuantizedEmbedding) {
 
 TEST(QatModules, ConvertedModelSavesAndLoadsAndHoldsPackedBytes) {
   torch::manual_seed(1);
-  auto model = qat::convert(qat::prepare(mlp(64, 48, 10), qat::QatConfig::int8_dynamic_activation_int4_weight(32)));
+  auto model = qat::convert(qat::prepare(mlp(64, 64, 10), qat::QatConfig::int8_dynamic_activation_int4_weight(32)));
   auto q0 = model[0]->as<qat::QuantizedLinear>();
   ASSERT_TRUE(q0 != nullptr);
-  // int4: 48 x 64 codes in 48 * 32 bytes, plus one float scale and zero point per 32 weights.
-  EXPECT_EQ(q0->weight_bytes(), 48 * 32 + 2 * 4 * (48 * 64 / 32));
+  // int4: 64 x 64 codes in 64 * 32 bytes, plus one float scale and zero point per 32 weights.
+  EXPECT_EQ(q0->weight_bytes(), 64 * 32 + 2 * 4 * (64 * 64 / 32));
   EXPECT_EQ(q0->packed.scalar_type(), at::kByte);
   const std::string path = ::testing::TempDir() + "qat_converted.pt";
   torch::save(model, path);
   torch::manual_seed(2);  // a different initialisation, same architecture
-  auto other = qat::convert(qat::prepare(mlp(64, 48, 10), qat::QatConfig::int8_dynamic_activation_int4_weight(32)));
+  auto other = qat::convert(qat::prepare(mlp(64, 64, 10), qat::QatConfig::int8_dynamic_activation_int4_weight(32)));
   const Tensor x = at::randn({5, 64});
   EXPECT_FALSE(bitwise_equal(other->forward(x), model->forward(x)));
   torch::load(other, path);

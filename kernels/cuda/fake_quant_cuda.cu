@@ -1,8 +1,12 @@
 // Fake quantization on the GPU (CUDA; HIP compiles the same file through portability.cuh).
 //
-// Forward: dynamic qparams are one warp per group (min/max reduced with shuffles, then
-// kernels/common's formula); the quantize pass gives each thread 8 consecutive elements, i.e. one
-// byte of the bit-packed STE mask, so no two threads write the same byte and no atomics are needed.
+// Forward: every thread owns 8 consecutive elements, i.e. one byte of the bit-packed STE mask, so
+// no two threads write the same byte and no atomics are needed. Dynamic qparams, by group size:
+//  * G a multiple of 8 up to 8 * warp (weights' groups of 32..256): one pass; the G / 8 lanes of a
+//    group reduce min / max with shuffles, every lane derives the qparams and quantizes its 8 values.
+//  * G a larger multiple of 8 (per-token rows): one thread block per row; min / max reduced through
+//    shared memory, then the row is re-read (from L1 / L2) to quantize.
+//  * other G: a qparams kernel (one warp per group), then the quantize kernel.
 // Backward: the same 8-elements-per-thread shape reading one mask byte. LSQ backward: one warp per
 // group, its d scale / d zero sums reduced with shuffles (in double, like the CPU loop).
 #include <algorithm>
@@ -41,6 +45,100 @@ __global__ void __launch_bounds__(kThreads) qparams_kernel(const T* __restrict__
       scale[g] = qp.scale;
       zp[g] = qp.zero_point;
     }
+  }
+}
+
+// Lane-group min / max: LANES consecutive lanes (a power of two) share one group.
+template <int LANES, int WARP>
+__device__ __forceinline__ void group_minmax(float& mn, float& mx) {
+#pragma unroll
+  for (int off = LANES / 2; off > 0; off /= 2) {
+    mn = fq_min(mn, LOWBIT_SHFL_XOR(mn, off, WARP));
+    mx = fq_max(mx, LOWBIT_SHFL_XOR(mx, off, WARP));
+  }
+}
+
+// Quantizes 8 values of one group, stores them and their mask byte.
+template <typename T>
+__device__ __forceinline__ void quantize8(const float (&v)[8], int64_t i, int64_t n, bool vec, AffineQParams qp,
+                                          FakeQuantRange r, T* y, uint8_t* mask) {
+  const float inv = fq_inv_scale(qp.scale);
+  float out[8];
+  uint32_t bits = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    bool inside;
+    out[k] = fq_apply(v[k], qp.scale, inv, qp.zero_point, r, &inside);
+    bits |= uint32_t(inside) << k;
+  }
+  store8(y, i, n, vec, out);
+  mask[i / 8] = static_cast<uint8_t>(bits);
+}
+
+// Dynamic, G = 8 * LANES (LANES a power of two <= WARP): one pass, registers only.
+template <typename T, int LANES, int WARP>
+__global__ void __launch_bounds__(kThreads) fused_small_kernel(const T* __restrict__ x, int64_t n, FakeQuantRange r,
+                                                               bool symmetric, float eps, float* __restrict__ scale,
+                                                               float* __restrict__ zp, T* __restrict__ y,
+                                                               uint8_t* __restrict__ mask, bool vec) {
+  constexpr int64_t G = 8 * LANES;
+  const int lane = threadIdx.x % WARP;
+  const int64_t units = (n + 8 * WARP - 1) / (8 * WARP);
+  const int64_t warps_total = int64_t(gridDim.x) * (kThreads / WARP);
+  for (int64_t u = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP; u < units; u += warps_total) {
+    const int64_t i = (u * WARP + lane) * 8;
+    float v[8];
+    load8(x, i, n, vec, v);  // whole groups lie either inside or past n (n is a multiple of G)
+    float mn = v[0], mx = v[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) mn = fq_min(mn, v[k]), mx = fq_max(mx, v[k]);
+    group_minmax<LANES, WARP>(mn, mx);
+    if (i >= n) continue;
+    const AffineQParams qp = fq_qparams(mn, mx, r, symmetric, eps);
+    if (lane % LANES == 0) {
+      scale[i / G] = qp.scale;
+      zp[i / G] = qp.zero_point;
+    }
+    quantize8(v, i, n, vec, qp, r, y, mask);
+  }
+}
+
+// Dynamic, G a multiple of 8 larger than 8 * WARP: one block per group (row).
+template <typename T, int WARP>
+__global__ void __launch_bounds__(kThreads) fused_row_kernel(const T* __restrict__ x, int64_t ngroups, int64_t G,
+                                                             FakeQuantRange r, bool symmetric, float eps,
+                                                             float* __restrict__ scale, float* __restrict__ zp,
+                                                             T* __restrict__ y, uint8_t* __restrict__ mask, bool vec) {
+  __shared__ float s_min[kThreads / WARP], s_max[kThreads / WARP];
+  __shared__ AffineQParams s_qp;
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  constexpr int kWarps = kThreads / WARP;
+  for (int64_t g = blockIdx.x; g < ngroups; g += gridDim.x) {
+    const int64_t base = g * G, end = base + G;
+    float mn = to_f32(x[base]), mx = mn;
+    for (int64_t i = base + int64_t(threadIdx.x) * 8; i < end; i += int64_t(kThreads) * 8) {
+      float v[8];
+      load8(x, i, end, vec, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) mn = fq_min(mn, v[k]), mx = fq_max(mx, v[k]);
+    }
+    group_minmax<WARP, WARP>(mn, mx);
+    if (lane == 0) s_min[warp] = mn, s_max[warp] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kWarps; ++w) mn = fq_min(mn, s_min[w]), mx = fq_max(mx, s_max[w]);
+      s_qp = fq_qparams(mn, mx, r, symmetric, eps);
+      scale[g] = s_qp.scale;
+      zp[g] = s_qp.zero_point;
+    }
+    __syncthreads();
+    const AffineQParams qp = s_qp;
+    for (int64_t i = base + int64_t(threadIdx.x) * 8; i < end; i += int64_t(kThreads) * 8) {
+      float v[8];
+      load8(x, i, end, vec, v);
+      quantize8(v, i, end, vec, qp, r, y, mask);
+    }
+    __syncthreads();  // s_qp is rewritten for the next group
   }
 }
 
@@ -135,15 +233,36 @@ cudaError_t forward(const FakeQuantParams& p, const DeviceInfo& dev, cudaStream_
   const FakeQuantRange r = fq_range(p.bits, p.is_signed);
   const int64_t ngroups = p.n / p.group_size;
   const T* x = static_cast<const T*>(p.input);
+  const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.output) % 16 == 0;
+  T* y = static_cast<T*>(p.output);
+  if (p.dynamic && p.group_size % 8 == 0) {
+    const int64_t lanes = p.group_size / 8;
+    const int grid = grid_for((p.n + 8 * WARP - 1) / (8 * WARP), kThreads / WARP, dev);
+#define LOWBIT_SMALL_CASE(L)                                                                                   \
+  if (lanes == L && L <= WARP) {                                                                               \
+    fused_small_kernel<T, (L <= WARP ? L : WARP), WARP><<<grid, kThreads, 0, s>>>(x, p.n, r, p.symmetric, p.eps, \
+                                                                                  p.scale, p.zero_point, y,    \
+                                                                                  p.mask, vec);                \
+    return cudaGetLastError();                                                                                 \
+  }
+    LOWBIT_SMALL_CASE(1) LOWBIT_SMALL_CASE(2) LOWBIT_SMALL_CASE(4) LOWBIT_SMALL_CASE(8) LOWBIT_SMALL_CASE(16)
+    LOWBIT_SMALL_CASE(32) LOWBIT_SMALL_CASE(64)
+#undef LOWBIT_SMALL_CASE
+    if (lanes > WARP) {
+      const int rows = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ngroups, int64_t(dev.sm_count) * 16)));
+      fused_row_kernel<T, WARP><<<rows, kThreads, 0, s>>>(x, ngroups, p.group_size, r, p.symmetric, p.eps, p.scale,
+                                                          p.zero_point, y, p.mask, vec);
+      return cudaGetLastError();
+    }
+  }
   if (p.dynamic) {
     qparams_kernel<T, WARP><<<grid_for(ngroups, kThreads / WARP, dev), kThreads, 0, s>>>(
         x, ngroups, p.group_size, r, p.symmetric, p.eps, p.scale, p.zero_point);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.output) % 16 == 0;
-  apply_kernel<T><<<grid_for((p.n + 7) / 8, kThreads, dev), kThreads, 0, s>>>(
-      x, p.n, p.group_size, r, p.scale, p.zero_point, static_cast<T*>(p.output), p.mask, vec);
+  apply_kernel<T><<<grid_for((p.n + 7) / 8, kThreads, dev), kThreads, 0, s>>>(x, p.n, p.group_size, r, p.scale,
+                                                                              p.zero_point, y, p.mask, vec);
   return cudaGetLastError();
 }
 

@@ -68,12 +68,16 @@ LOWBIT_HD float fq_max(float a, float b) { return (a > b || fq_isnan(a)) ? a : b
 // Like at::clamp: NaN stays NaN.
 LOWBIT_HD float fq_clamp(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-// Round half to even, like torch.round (default floating-point environment).
+// Round half to even, like torch.round (default floating-point environment). On the host, the
+// 2^23 trick instead of nearbyint (a libm call on baseline x86-64) so CPU loops vectorize: below
+// 2^23, |v| + 2^23 rounds to an integer under round-to-nearest-even and subtracting 2^23 is exact;
+// from 2^23 up (and Inf, NaN) v is its own rounding. copysign keeps -0.0 for -0.5 < v <= -0.
 LOWBIT_HD float fq_round(float v) {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
   return rintf(v);
 #else
-  return std::nearbyint(v);
+  const float a = std::fabs(v);
+  return a < 0x1p23f ? std::copysign((a + 0x1p23f) - 0x1p23f, v) : v;
 #endif
 }
 

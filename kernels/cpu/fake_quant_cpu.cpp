@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "../common/fake_quant_math.h"
 #include "../common/float_convert.h"
@@ -34,38 +35,46 @@ void fake_quant_impl(const FakeQuantParams& p) {
   const int64_t ngroups = p.n / G;
   const int64_t per_tile = groups_per_tile(G);
   const int64_t ntiles = (ngroups + per_tile - 1) / per_tile;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < ntiles; ++t) {
-    const int64_t g_end = std::min(ngroups, (t + 1) * per_tile);
-    uint32_t bits = 0;
-    for (int64_t g = t * per_tile; g < g_end; ++g) {
-      const T* xg = x + g * G;
-      if (p.dynamic) {
-        float mn = to_f32(xg[0]), mx = mn;
-        for (int64_t i = 1; i < G; ++i) {
-          const float v = to_f32(xg[i]);
-          mn = fq_min(mn, v);
-          mx = fq_max(mx, v);
+#pragma omp parallel
+  {
+    // One byte per element of the tile, packed into mask bits after the tile's elementwise loops,
+    // so those loops carry no bit shuffling and vectorize.
+    std::vector<uint8_t> inside(per_tile * G);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t g_begin = t * per_tile, g_end = std::min(ngroups, (t + 1) * per_tile);
+      for (int64_t g = g_begin; g < g_end; ++g) {
+        const T* xg = x + g * G;
+        if (p.dynamic) {
+          float mn = to_f32(xg[0]), mx = mn;
+          for (int64_t i = 1; i < G; ++i) {
+            const float v = to_f32(xg[i]);
+            mn = fq_min(mn, v);
+            mx = fq_max(mx, v);
+          }
+          const AffineQParams qp = fq_qparams(mn, mx, r, p.symmetric, p.eps);
+          p.scale[g] = qp.scale;
+          p.zero_point[g] = qp.zero_point;
         }
-        const AffineQParams qp = fq_qparams(mn, mx, r, p.symmetric, p.eps);
-        p.scale[g] = qp.scale;
-        p.zero_point[g] = qp.zero_point;
+        const float scale = p.scale[g], zp = p.zero_point[g];
+        const float inv = fq_inv_scale(scale);
+        T* yg = y + g * G;
+        uint8_t* ins = inside.data() + (g - g_begin) * G;
+        for (int64_t i = 0; i < G; ++i) {
+          bool in;
+          yg[i] = from_f32<T>(fq_apply(to_f32(xg[i]), scale, inv, zp, r, &in));
+          ins[i] = in;
+        }
       }
-      const float scale = p.scale[g], zp = p.zero_point[g];
-      const float inv = fq_inv_scale(scale);
-      for (int64_t i = 0; i < G; ++i) {
-        const int64_t e = g * G + i;
-        bool inside;
-        y[e] = from_f32<T>(fq_apply(to_f32(xg[i]), scale, inv, zp, r, &inside));
-        bits |= uint32_t(inside) << (e & 7);
-        if ((e & 7) == 7) {
-          p.mask[e >> 3] = static_cast<uint8_t>(bits);
-          bits = 0;
-        }
+      // The tile starts on a mask byte (groups_per_tile); only the tensor's last byte can be partial.
+      const int64_t e_begin = g_begin * G, count = (g_end - g_begin) * G;
+      for (int64_t b = 0; b < (count + 7) / 8; ++b) {
+        uint32_t bits = 0;
+        const int64_t end = std::min<int64_t>(8, count - b * 8);
+        for (int64_t k = 0; k < end; ++k) bits |= uint32_t(inside[b * 8 + k]) << k;
+        p.mask[e_begin / 8 + b] = static_cast<uint8_t>(bits);
       }
     }
-    const int64_t last = g_end * G;  // a partial byte only at the very end of the tensor
-    if (last % 8 != 0) p.mask[last >> 3] = static_cast<uint8_t>(bits);
   }
 }
 

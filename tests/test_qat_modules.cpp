@@ -110,17 +110,18 @@ TEST(QatModules, LearnableScaleGradientMatchesFiniteDifferencesWhereClamped) {
     (fq(x) * w).sum().backward();
     const double g = 1.0 / std::sqrt(8.0 * 7.0);
     for (int64_t c = 0; c < 3; ++c) {
-      const float h = fq->scale[c].item<float>() * 1e-3f;
+      // y is linear in scale while everything stays clamped, so a large step loses nothing.
+      const float h = fq->scale[c].item<float>() * 0.05f;
       auto loss_at = [&](float delta) {
         torch::NoGradGuard ng;
         Tensor saved = fq->scale.detach().clone();
         fq->scale[c] += delta;
-        const float l = (fq(x) * w).sum().item<float>();
+        const double l = (fq(x).to(at::kDouble) * w.to(at::kDouble)).sum().item<double>();
         fq->scale.copy_(saved);
         return l;
       };
       const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
-      EXPECT_NEAR(fq->scale.grad()[c].item<float>(), g * fd, 2e-3 * std::abs(g * fd) + 1e-5) << "channel " << c;
+      EXPECT_NEAR(fq->scale.grad()[c].item<float>(), g * fd, 1e-4 * std::abs(g * fd) + 1e-6) << "channel " << c;
     }
     if (!sym) {
       ASSERT_TRUE(fq->zero_point.grad().defined());

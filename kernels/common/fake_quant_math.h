@@ -107,7 +107,8 @@ LOWBIT_HD float fq_inv_scale(float scale) { return 1.0f / scale; }
 // The unclamped integer value q = round(x * inv) + zero_point.
 LOWBIT_HD float fq_unclamped(float x, float inv_scale, float zero_point) { return fq_round(x * inv_scale) + zero_point; }
 
-LOWBIT_HD bool fq_inside(float q, FakeQuantRange r) { return q >= r.qmin && q <= r.qmax; }
+// `&`, not `&&`: no branch, so CPU loops vectorize.
+LOWBIT_HD bool fq_inside(float q, FakeQuantRange r) { return (q >= r.qmin) & (q <= r.qmax); }
 
 // Fake-quantized value of x; *inside receives the STE mask bit.
 LOWBIT_HD float fq_apply(float x, float scale, float inv_scale, float zero_point, FakeQuantRange r, bool* inside) {

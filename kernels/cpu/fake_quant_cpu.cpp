@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "../common/fake_quant_math.h"
@@ -46,12 +47,29 @@ void fake_quant_impl(const FakeQuantParams& p) {
       for (int64_t g = g_begin; g < g_end; ++g) {
         const T* xg = x + g * G;
         if (p.dynamic) {
-          float mn = to_f32(xg[0]), mx = mn;
-          for (int64_t i = 1; i < G; ++i) {
-            const float v = to_f32(xg[i]);
-            mn = fq_min(mn, v);
-            mx = fq_max(mx, v);
+          // Eight independent lanes of plain selects plus a NaN flag, so the scan vectorizes; the
+          // same min / max as fq_min / fq_max whenever the group holds no NaN, and NaN when it does.
+          float mn8[8], mx8[8];
+          bool nan = false;
+          for (int k = 0; k < 8; ++k) mn8[k] = mx8[k] = to_f32(xg[0]);
+          int64_t i = 0;
+          for (; i + 8 <= G; i += 8) {
+            for (int k = 0; k < 8; ++k) {
+              const float v = to_f32(xg[i + k]);
+              mn8[k] = v < mn8[k] ? v : mn8[k];
+              mx8[k] = v > mx8[k] ? v : mx8[k];
+              nan |= v != v;
+            }
           }
+          for (; i < G; ++i) {
+            const float v = to_f32(xg[i]);
+            mn8[0] = v < mn8[0] ? v : mn8[0];
+            mx8[0] = v > mx8[0] ? v : mx8[0];
+            nan |= v != v;
+          }
+          float mn = mn8[0], mx = mx8[0];
+          for (int k = 1; k < 8; ++k) mn = mn8[k] < mn ? mn8[k] : mn, mx = mx8[k] > mx ? mx8[k] : mx;
+          if (nan) mn = mx = std::numeric_limits<float>::quiet_NaN();
           const AffineQParams qp = fq_qparams(mn, mx, r, p.symmetric, p.eps);
           p.scale[g] = qp.scale;
           p.zero_point[g] = qp.zero_point;

@@ -12,6 +12,8 @@ namespace qat {
 // Fake-quant with qparams from x itself; gradient to x only (torchao treats the qparams as constants).
 at::Tensor fake_quant_dynamic(const at::Tensor& x, int64_t group_size, int64_t bits, bool is_signed, bool symmetric,
                               double eps);
+// Float8 (format "e4m3" or "e5m2") with one dynamic scale per group; gradient to x through the mask.
+at::Tensor fake_quant_float8(const at::Tensor& x, int64_t group_size, const std::string& format, double eps);
 // Fake-quant with given qparams (static observers); gradient to x only.
 at::Tensor fake_quant_static(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
                              int64_t group_size, int64_t bits, bool is_signed);

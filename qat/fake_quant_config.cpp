@@ -38,7 +38,13 @@ FakeQuantConfig FakeQuantConfig::int8_per_channel_symmetric() {
   return FakeQuantConfig(8, true).symmetric(true).granularity(Granularity::PerChannel).axis(0);
 }
 
+FakeQuantConfig FakeQuantConfig::float8_e4m3_per_row() {
+  return FakeQuantConfig().format(ValueFormat::Float8E4M3).granularity(Granularity::PerToken);
+}
+
 void FakeQuantConfig::validate(const std::string& who) const {
+  TORCH_CHECK(format_ == ValueFormat::Integer || qparams_ == QParamsMode::Dynamic, who,
+              ": float8 fake quantization supports Dynamic qparams only, got ", qparams_mode_name(qparams_));
   TORCH_CHECK(bits_ >= 2 && bits_ <= 8, who, ": bits must be in [2, 8], got ", bits_);
   TORCH_CHECK(granularity_ != Granularity::PerGroup || group_size_ >= 1, who, ": group_size must be >= 1, got ",
               group_size_);
@@ -53,8 +59,12 @@ void FakeQuantConfig::validate(const std::string& who) const {
 
 std::string FakeQuantConfig::describe() const {
   std::ostringstream s;
-  s << (is_signed_ ? "int" : "uint") << bits_ << " " << (symmetric_ ? "symmetric" : "asymmetric") << " "
-    << granularity_name(granularity_);
+  if (format_ == ValueFormat::Integer) {
+    s << (is_signed_ ? "int" : "uint") << bits_ << " " << (symmetric_ ? "symmetric" : "asymmetric") << " ";
+  } else {
+    s << (format_ == ValueFormat::Float8E4M3 ? "float8_e4m3fn " : "float8_e5m2 ");
+  }
+  s << granularity_name(granularity_);
   if (granularity_ == Granularity::PerGroup) s << " (" << group_size_ << ")";
   if (granularity_ == Granularity::PerChannel) s << " (axis " << axis_ << ")";
   s << " " << qparams_mode_name(qparams_);

@@ -28,6 +28,13 @@ enum class QParamsMode {
   Learnable,      // LSQ step size (+ LSQ+ offset when asymmetric), initialised from the first batch
 };
 
+// The values a tensor is rounded to.
+enum class ValueFormat {
+  Integer,     // intN / uintN with scale and zero point (bits, is_signed, symmetric)
+  Float8E4M3,  // float8_e4m3fn values times a float32 scale (bits, is_signed, symmetric unused)
+  Float8E5M2,  // float8_e5m2 values times a float32 scale
+};
+
 const char* granularity_name(Granularity g);
 const char* qparams_mode_name(QParamsMode m);
 
@@ -37,6 +44,7 @@ struct FakeQuantConfig {
   TORCH_ARG(int64_t, bits);
   TORCH_ARG(bool, is_signed);
   TORCH_ARG(bool, symmetric) = true;
+  TORCH_ARG(ValueFormat, format) = ValueFormat::Integer;
   TORCH_ARG(Granularity, granularity) = Granularity::PerToken;
   TORCH_ARG(int64_t, axis) = 0;         // PerChannel
   TORCH_ARG(int64_t, group_size) = 32;  // PerGroup
@@ -52,6 +60,8 @@ struct FakeQuantConfig {
   static FakeQuantConfig int4_per_group_symmetric(int64_t group_size = 32);
   // int8 symmetric per output channel.
   static FakeQuantConfig int8_per_channel_symmetric();
+  // float8 e4m3fn with one dynamic scale per row (torchao's float8 row-wise fake quant).
+  static FakeQuantConfig float8_e4m3_per_row();
 
   int64_t qmin() const { return is_signed_ ? -(int64_t(1) << (bits_ - 1)) : 0; }
   int64_t qmax() const { return is_signed_ ? (int64_t(1) << (bits_ - 1)) - 1 : (int64_t(1) << bits_) - 1; }

@@ -105,6 +105,10 @@ at::Tensor FakeQuantizerImpl::forward(const at::Tensor& x) {
   const GroupLayout l = to_groups(x, config_, who_);
   const FakeQuantConfig& c = config_;
   at::Tensor y;
+  if (c.format() != ValueFormat::Integer) {
+    const std::string fmt = c.format() == ValueFormat::Float8E4M3 ? "e4m3" : "e5m2";
+    return from_groups(fake_quant_float8(l.grouped, l.group_size, fmt, c.eps()), l);
+  }
   switch (c.qparams()) {
     case QParamsMode::Dynamic:
       y = fake_quant_dynamic(l.grouped, l.group_size, c.bits(), c.is_signed(), c.symmetric(), c.eps());

@@ -29,6 +29,8 @@ at::Tensor dequantize_codes(const at::Tensor& codes, const at::Tensor& s, const 
 // Elements per (scale, zero point) of a [rows, cols] weight, refusing layouts that are not row-major groups.
 int64_t weight_group_size(const FakeQuantConfig& c, int64_t rows, int64_t cols, const std::string& who) {
   c.validate(who);
+  TORCH_CHECK(c.format() == ValueFormat::Integer, who, ": convert() stores integer codes only; ", c.describe(),
+              " weights are not converted yet (keep the fake-quantized module)");
   switch (c.granularity()) {
     case Granularity::PerTensor: return std::max<int64_t>(rows * cols, 1);
     case Granularity::PerToken: return std::max<int64_t>(cols, 1);

@@ -38,6 +38,12 @@ void check_eps(double eps, const char* op) {
   TORCH_CHECK(std::isfinite(eps) && eps > 0, op, ": eps must be finite and > 0, got ", eps);
 }
 
+bool parse_float8_format(std::string_view format, const char* op) {
+  if (format == "e4m3") return true;
+  if (format == "e5m2") return false;
+  TORCH_CHECK(false, op, ": format must be \"e4m3\" (float8_e4m3fn) or \"e5m2\", got \"", std::string(format), "\"");
+}
+
 std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const at::Tensor& scale,
                                                  const at::Tensor& zero_point, const char* op) {
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"scale", scale}, {"zero_point", zero_point}}) {

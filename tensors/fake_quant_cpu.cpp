@@ -42,6 +42,29 @@ std::tuple<at::Tensor, at::Tensor> static_cpu(const at::Tensor& input, const at:
   return {out, mask};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cpu(const at::Tensor& input, int64_t group_size,
+                                                          std::string_view format, double eps) {
+  const char* op = "lowbit::fake_quant_float8";
+  const bool e4m3 = parse_float8_format(format, op);
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, 8, true, op);
+  check_eps(eps, op);
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+  kernels::Float8FakeQuantParams p;
+  p.input = a.input.data_ptr();
+  p.type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.group_size = a.group_size;
+  p.e4m3 = e4m3;
+  p.eps = static_cast<float>(eps);
+  p.scale = scale.data_ptr<float>();
+  p.output = out.data_ptr();
+  p.mask = mask.data_ptr<uint8_t>();
+  kernels::fake_quant_float8_cpu(p);
+  return {out, mask, scale};
+}
+
 at::Tensor backward_cpu(const at::Tensor& grad, const at::Tensor& mask) {
   const at::Tensor m = check_mask(grad, mask, "lowbit::fake_quant_backward");
   const at::Tensor g = grad.contiguous();
@@ -95,6 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_cpu(const at::Tensor
 TORCH_LIBRARY_IMPL(lowbit, CPU, m) {
   m.impl("fake_quant_dynamic", &lowbit::ops::dynamic_cpu);
   m.impl("fake_quant_static", &lowbit::ops::static_cpu);
+  m.impl("fake_quant_float8", &lowbit::ops::float8_cpu);
   m.impl("fake_quant_backward", &lowbit::ops::backward_cpu);
   m.impl("fake_quant_lsq_backward", &lowbit::ops::lsq_backward_cpu);
 }

@@ -51,6 +51,30 @@ std::tuple<at::Tensor, at::Tensor> static_cuda(const at::Tensor& input, const at
   return {out, mask};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cuda(const at::Tensor& input, int64_t group_size,
+                                                           std::string_view format, double eps) {
+  const char* op = "lowbit::fake_quant_float8";
+  const bool e4m3 = parse_float8_format(format, op);
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, 8, true, op);
+  check_eps(eps, op);
+  const c10::cuda::CUDAGuard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+  kernels::Float8FakeQuantParams p;
+  p.input = a.input.data_ptr();
+  p.type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.group_size = a.group_size;
+  p.e4m3 = e4m3;
+  p.eps = static_cast<float>(eps);
+  p.scale = scale.data_ptr<float>();
+  p.output = out.data_ptr();
+  p.mask = mask.data_ptr<uint8_t>();
+  check_launch(kernels::fake_quant_float8_gpu(p, current_stream()), op);
+  return {out, mask, scale};
+}
+
 at::Tensor backward_cuda(const at::Tensor& grad, const at::Tensor& mask) {
   const char* op = "lowbit::fake_quant_backward";
   const at::Tensor m = check_mask(grad, mask, op);
@@ -108,6 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_cuda(const at::Tenso
 TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
   m.impl("fake_quant_dynamic", &lowbit::ops::dynamic_cuda);
   m.impl("fake_quant_static", &lowbit::ops::static_cuda);
+  m.impl("fake_quant_float8", &lowbit::ops::float8_cuda);
   m.impl("fake_quant_backward", &lowbit::ops::backward_cuda);
   m.impl("fake_quant_lsq_backward", &lowbit::ops::lsq_backward_cuda);
 }

@@ -6,6 +6,8 @@
 //       -> (Tensor output, Tensor mask, Tensor scale, Tensor zero_point)      qparams from the input
 //   fake_quant_static(Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, bool is_signed)
 //       -> (Tensor output, Tensor mask)                                       qparams given
+//   fake_quant_float8(Tensor input, int group_size, str format, float eps)
+//       -> (Tensor output, Tensor mask, Tensor scale)       format "e4m3" (float8_e4m3fn) or "e5m2"
 //   fake_quant_backward(Tensor grad, Tensor mask) -> Tensor                  clipped STE
 //   fake_quant_lsq_backward(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, int group_size,
 //       int bits, bool is_signed, float grad_factor) -> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)
@@ -23,6 +25,7 @@
 
 #include <ATen/ATen.h>
 
+#include <string_view>
 #include <tuple>
 
 #include <lowbit/kernels/common/fake_quant_params.h>
@@ -42,6 +45,8 @@ struct FakeQuantArgs {
 FakeQuantArgs check_fake_quant_args(const at::Tensor& input, int64_t group_size, int64_t bits, bool is_signed,
                                     const char* op);
 void check_eps(double eps, const char* op);
+// "e4m3" -> true, "e5m2" -> false; anything else is refused naming the value.
+bool parse_float8_format(std::string_view format, const char* op);
 // scale / zero_point of a static call: float32, ngroups elements, input's device.
 std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const at::Tensor& scale,
                                                  const at::Tensor& zero_point, const char* op);
@@ -58,6 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_re
 std::tuple<at::Tensor, at::Tensor> fake_quant_static_reference(const at::Tensor& input, const at::Tensor& scale,
                                                                const at::Tensor& zero_point, int64_t group_size,
                                                                int64_t bits, bool is_signed);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_float8_reference(const at::Tensor& input, int64_t group_size,
+                                                                          std::string_view format, double eps);
 at::Tensor fake_quant_backward_reference(const at::Tensor& grad, const at::Tensor& mask);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_lsq_backward_reference(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,

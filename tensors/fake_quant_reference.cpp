@@ -102,6 +102,25 @@ std::tuple<at::Tensor, at::Tensor> fake_quant_static_reference(const at::Tensor&
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside)};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_float8_reference(const at::Tensor& input, int64_t group_size,
+                                                                          std::string_view format, double eps) {
+  const char* op = "lowbit::fake_quant_float8";
+  const bool e4m3 = parse_float8_format(format, op);
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, 8, true, op);
+  check_eps(eps, op);
+  const auto fopts = a.input.options().dtype(at::kFloat);
+  if (a.ngroups == 0) return {at::empty_like(a.input), at::zeros({0}, fopts.dtype(at::kByte)), at::empty({0}, fopts)};
+  const double fmax = e4m3 ? 448.0 : 57344.0;
+  const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);
+  const at::Tensor amax = xf.abs().amax(1);
+  const at::Tensor scale = at::maximum(amax / full_as(amax, fmax), full_as(amax, eps));
+  const at::Tensor xs = xf / scale.unsqueeze(1);
+  const at::Tensor inside = xs.abs() <= fmax;
+  const at::Tensor cast = at::clamp(xs, -fmax, fmax).to(e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2).to(at::kFloat);
+  const at::Tensor y = cast * scale.unsqueeze(1);
+  return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale};
+}
+
 at::Tensor fake_quant_backward_reference(const at::Tensor& grad, const at::Tensor& mask) {
   const at::Tensor m = check_mask(grad, mask, "lowbit::fake_quant_backward");
   if (grad.numel() == 0) return at::empty_like(grad, at::MemoryFormat::Contiguous);
@@ -196,6 +215,8 @@ TORCH_LIBRARY_IMPL(lowbit, CompositeExplicitAutograd, m) {
   using namespace lowbit::ops;
   m.impl("fake_quant_dynamic", &fake_quant_dynamic_reference);
   m.impl("fake_quant_static", &fake_quant_static_reference);
+  m.impl("fake_quant_float8", &fake_quant_float8_reference);
+  m.impl("fake_quant_float8_reference", &fake_quant_float8_reference);
   m.impl("fake_quant_backward", &fake_quant_backward_reference);
   m.impl("fake_quant_lsq_backward", &fake_quant_lsq_backward_reference);
   m.impl("fake_quant_qparams", &fake_quant_qparams_reference);

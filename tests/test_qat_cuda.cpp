@@ -88,3 +88,24 @@ TEST(QatCuda, ConvertedModelEqualsFakeQuantizedModelOnTheGpu) {
     EXPECT_TRUE(bitwise_equal(converted->forward(x), want)) << seed;
   }
 }
+
+TEST(QatCuda, Float8MatchesReferenceBitForBit) {
+  REQUIRE_QAT_CUDA();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lowbit::fake_quant_float8", "")
+                       .typed<T3(const Tensor&, int64_t, std::string_view, double)>();
+  std::vector<std::pair<int64_t, int64_t>> sizes = shapes();
+  sizes.push_back({4096 * 67, 4096});
+  for (const std::string fmt : {"e4m3", "e5m2"}) {
+    for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (auto [n, g] : sizes) {
+        const Tensor x = random_groups(n, g, dt);
+        auto [y, m, s] = op.call(x.cuda(), g, fmt, FLT_EPSILON);
+        auto [ry, rm, rs] = ops::fake_quant_float8_reference(x, g, fmt, FLT_EPSILON);
+        ASSERT_TRUE(bitwise_equal(s, rs)) << fmt << " " << dt << " n=" << n;
+        ASSERT_TRUE(bitwise_equal(y, ry)) << fmt << " " << dt << " n=" << n;
+        ASSERT_TRUE(bitwise_equal(m, rm)) << fmt << " " << dt << " n=" << n;
+      }
+    }
+  }
+}

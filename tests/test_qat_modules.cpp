@@ -292,3 +292,21 @@ TEST(QatModules, ConvertedModelSavesAndLoadsAndHoldsPackedBytes) {
   EXPECT_TRUE(bitwise_equal(other->forward(x), model->forward(x)));
   std::remove(path.c_str());
 }
+
+TEST(QatModules, Float8FakeQuantizerTrainsAndIsNotConverted) {
+  qat::FakeQuantizer fq(FakeQuantConfig::float8_e4m3_per_row());
+  const Tensor x = (at::randn({6, 40}) * 5).requires_grad_();
+  const Tensor y = fq(x);
+  auto [ry, rm, rs] = lowbit::ops::fake_quant_float8_reference(x.detach(), 40, "e4m3", FLT_EPSILON);
+  EXPECT_TRUE(bitwise_equal(y.detach(), ry));
+  const Tensor g = at::randn({6, 40});
+  y.backward(g);
+  EXPECT_TRUE(bitwise_equal(x.grad(), lowbit::ops::fake_quant_backward_reference(g, rm)));
+  qat::FakeQuantizer e5(FakeQuantConfig().format(qat::ValueFormat::Float8E5M2).granularity(Granularity::PerTensor));
+  EXPECT_TRUE(bitwise_equal(e5(x).detach(), std::get<0>(lowbit::ops::fake_quant_float8_reference(x.detach(), 240, "e5m2", FLT_EPSILON))));
+  auto model = qat::prepare(mlp(16, 8, 4), qat::QatConfig().weight(FakeQuantConfig::float8_e4m3_per_row()));
+  EXPECT_NO_THROW(model->forward(at::randn({3, 16})));
+  expect_error([&] { qat::convert(model); }, "0.weight: convert() stores integer codes only");
+  expect_error([&] { qat::FakeQuantizer(FakeQuantConfig::float8_e4m3_per_row().qparams(QParamsMode::Learnable).granularity(Granularity::PerTensor), "act"); },
+               "act: float8 fake quantization supports Dynamic qparams only");
+}

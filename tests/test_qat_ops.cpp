@@ -262,3 +262,66 @@ TEST(QatOps, PackAndCodesRoundTripToTheFakeQuantOutput) {
   const Tensor odd = ops::pack_codes_reference(at::full({3}, 15, at::kByte), 4);
   EXPECT_TRUE(at::equal(odd, at::tensor({255, 15}, at::kByte)));
 }
+
+// ---- float8 ----------------------------------------------------------------------------------------
+
+namespace {
+
+T3 op_float8(const Tensor& x, int64_t g, const std::string& format) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lowbit::fake_quant_float8", "")
+                       .typed<T3(const Tensor&, int64_t, std::string_view, double)>();
+  return op.call(x, g, format, FLT_EPSILON);
+}
+
+}  // namespace
+
+TEST(QatOps, Float8RoundingIsTorchsCast) {
+  // Every float8 value, the midpoints between neighbours (ties), and random values of every binade.
+  for (bool e4m3 : {true, false}) {
+    const auto f = lowbit::kernels::fq_float8_format(e4m3);
+    const auto dt = e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+    Tensor grid = at::arange(256, at::kInt).to(at::kByte).view(dt).to(at::kFloat);
+    grid = std::get<0>(at::sort(grid.masked_select(at::isfinite(grid) & (grid.abs() <= f.max_value))));
+    const Tensor mids = (grid.narrow(0, 0, grid.numel() - 1) + grid.narrow(0, 1, grid.numel() - 1)) / 2;
+    const Tensor rnd = (at::rand({200000}) * 2 - 1) * at::pow(2.0, at::randint(-30, 17, {200000}).to(at::kFloat));
+    const Tensor v = at::cat({grid, mids, rnd.clamp(-f.max_value, f.max_value)});
+    const Tensor want = v.to(dt).to(at::kFloat);
+    const float* pv = v.data_ptr<float>();
+    const float* pw = want.data_ptr<float>();
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      const float got = lowbit::kernels::fq_float8_round(pv[i], f);
+      ASSERT_EQ(lowbit::kernels::f32_bits(got), lowbit::kernels::f32_bits(pw[i])) << (e4m3 ? "e4m3 " : "e5m2 ") << pv[i];
+    }
+  }
+}
+
+TEST(QatOps, Float8MatchesReferenceEveryFormatDtypeAndShape) {
+  for (const std::string fmt : {"e4m3", "e5m2"}) {
+    for (auto dt : kDtypes) {
+      for (auto [n, g] : shapes()) {
+        const Tensor x = random_groups(n, g, dt);
+        auto [y, m, s] = op_float8(x, g, fmt);
+        auto [ry, rm, rs] = ops::fake_quant_float8_reference(x, g, fmt, FLT_EPSILON);
+        ASSERT_TRUE(bitwise_equal(s, rs)) << fmt << " " << dt << " n=" << n;
+        ASSERT_TRUE(bitwise_equal(y, ry)) << fmt << " " << dt << " n=" << n;
+        ASSERT_TRUE(bitwise_equal(m, rm)) << fmt << " " << dt << " n=" << n;
+      }
+    }
+    // All-zero rows stay 0 with scale eps; the scale is amax / fmax; NaN / Inf rows turn NaN.
+    Tensor x = at::randn({4, 16});
+    x[1].zero_();
+    x[2][3] = NAN;
+    x[3][5] = INFINITY;
+    auto [y, m, s] = op_float8(x, 16, fmt);
+    auto [ry, rm, rs] = ops::fake_quant_float8_reference(x, 16, fmt, FLT_EPSILON);
+    EXPECT_TRUE(same_bits_or_both_nan(y, ry)) << fmt;
+    EXPECT_TRUE(same_bits_or_both_nan(s, rs)) << fmt;
+    EXPECT_TRUE(bitwise_equal(m, rm)) << fmt;
+    EXPECT_EQ(s[1].item<float>(), FLT_EPSILON);
+    EXPECT_TRUE(at::equal(y[1], at::zeros({16})));
+    EXPECT_EQ(s[0].item<float>(), x[0].abs().max().item<float>() / (fmt == "e4m3" ? 448.0f : 57344.0f));
+    EXPECT_TRUE(at::isnan(y[2]).all().item<bool>() && at::isnan(y[3]).all().item<bool>());
+  }
+  EXPECT_THROW(op_float8(at::randn({8}), 8, "e3m4"), c10::Error);
+}

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <lowbit/kernels/common/fake_quant_math.h>
 #include <lowbit/tensors/fake_quant_ops.h>
 
 #include "test_util.h"

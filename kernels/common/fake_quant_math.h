@@ -40,6 +40,7 @@
 
 #include <cstdint>
 
+#include "float_convert.h"  // f32_bits, f32_from_bits
 #include "host_device.h"
 
 #if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
@@ -147,6 +148,43 @@ LOWBIT_HD LsqGrad fq_lsq_grad(float dy, float x, float scale, float inv_scale, f
     g.dzero = dy * -scale;
   }
   return g;
+}
+
+// ---- float8 (e4m3fn, e5m2), per tensor or per row ------------------------------------------------
+// torchao `choose_qparams_affine_float8` / `_quantize_affine_float8` / `_dequantize_affine_float8`:
+//   scale = max(amax / fmax, eps)        (fmax: 448 for e4m3fn, 57344 for e5m2; true division;
+//                                         the eps floor is ours: an all-zero row gives 0, not NaN)
+//   xs    = x / scale                    (true division, as torchao writes it for float8)
+//   y     = float8_round(clamp(xs, -fmax, fmax)) * scale,  mask = |xs| <= fmax
+// float8_round is the cast to the float8 type, round to nearest even (torch's .to(float8_e4m3fn)).
+
+struct Float8Format {
+  int mantissa_bits;  // 3 (e4m3fn) or 2 (e5m2)
+  int min_exponent;   // exponent of the smallest normal: -6 or -14
+  float max_value;    // 448 or 57344
+};
+
+LOWBIT_HD Float8Format fq_float8_format(bool e4m3) {
+  return e4m3 ? Float8Format{3, -6, 448.0f} : Float8Format{2, -14, 57344.0f};
+}
+
+// Nearest float8 value of v (|v| <= max_value or NaN), ties to even: v rounded at the spacing of its
+// binade (or of the smallest normal binade, for subnormals). Power-of-two scalings are exact.
+LOWBIT_HD float fq_float8_round(float v, Float8Format f) {
+  const float a = v < 0 ? -v : v;
+  int e = static_cast<int>((f32_bits(a) >> 23) & 0xFFu) - 127;
+  e = e < f.min_exponent ? f.min_exponent : e;
+  const float quantum = f32_from_bits(static_cast<uint32_t>(e - f.mantissa_bits + 127) << 23);
+  const float r = fq_round(a / quantum) * quantum;
+  return v < 0 ? -r : r;
+}
+
+LOWBIT_HD float fq_float8_scale(float amax, Float8Format f, float eps) { return fq_max(amax / f.max_value, eps); }
+
+LOWBIT_HD float fq_float8_apply(float x, float scale, Float8Format f, bool* inside) {
+  const float xs = x / scale;
+  *inside = (xs >= -f.max_value) & (xs <= f.max_value);
+  return fq_float8_round(fq_clamp(xs, -f.max_value, f.max_value), f) * scale;
 }
 
 }  // namespace kernels

@@ -37,6 +37,19 @@ struct FakeQuantBackwardParams {
   void* grad_input = nullptr;   // n elements of type
 };
 
+// Dynamic float8 fake quantization (e4m3fn or e5m2), one scale per group (fake_quant_math.h).
+struct Float8FakeQuantParams {
+  const void* input = nullptr;  // n elements of type
+  ElemType type = ElemType::F32;
+  int64_t n = 0;
+  int64_t group_size = 1;       // divides n
+  bool e4m3 = true;             // else e5m2
+  float eps = 1.1920929e-07f;
+  float* scale = nullptr;       // n / group_size floats (written)
+  void* output = nullptr;       // n elements of type
+  uint8_t* mask = nullptr;      // (n + 7) / 8 bytes
+};
+
 // Learnable scale / zero point (LSQ, LSQ+): elementwise dx plus per-group sums of d scale, d zero.
 struct LsqBackwardParams {
   const void* grad = nullptr;   // n elements of type

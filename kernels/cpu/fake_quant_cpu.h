@@ -7,6 +7,7 @@ namespace lowbit {
 namespace kernels {
 
 void fake_quant_cpu(const FakeQuantParams& p);
+void fake_quant_float8_cpu(const Float8FakeQuantParams& p);
 void fake_quant_backward_cpu(const FakeQuantBackwardParams& p);
 void fake_quant_lsq_backward_cpu(const LsqBackwardParams& p);
 

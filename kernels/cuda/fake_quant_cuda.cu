@@ -223,6 +223,45 @@ __global__ void __launch_bounds__(kThreads) lsq_kernel(const T* __restrict__ dy,
   }
 }
 
+// Float8: one warp per group for the absmax and scale, then 8 elements (one mask byte) per thread.
+template <typename T, int WARP>
+__global__ void __launch_bounds__(kThreads) float8_scale_kernel(const T* __restrict__ x, int64_t ngroups, int64_t G,
+                                                                Float8Format f, float eps, float* __restrict__ scale) {
+  const int lane = threadIdx.x % WARP;
+  const int64_t warps_total = int64_t(gridDim.x) * (kThreads / WARP);
+  for (int64_t g = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP; g < ngroups; g += warps_total) {
+    float amax = 0.0f;
+    for (int64_t i = lane; i < G; i += WARP) amax = fq_max(amax, fabsf(to_f32(x[g * G + i])));
+#pragma unroll
+    for (int off = WARP / 2; off > 0; off /= 2) amax = fq_max(amax, LOWBIT_SHFL_XOR(amax, off, WARP));
+    if (lane == 0) scale[g] = fq_float8_scale(amax, f, eps);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) float8_apply_kernel(const T* __restrict__ x, int64_t n, int64_t G,
+                                                                Float8Format f, const float* __restrict__ scale,
+                                                                T* __restrict__ y, uint8_t* __restrict__ mask, bool vec) {
+  const int64_t nbytes = (n + 7) / 8;
+  for (int64_t b = int64_t(blockIdx.x) * kThreads + threadIdx.x; b < nbytes; b += int64_t(gridDim.x) * kThreads) {
+    const int64_t i = b * 8;
+    float v[8], out[8];
+    load8(x, i, n, vec, v);
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      out[k] = 0.0f;
+      if (i + k < n) {
+        bool inside;
+        out[k] = fq_float8_apply(v[k], scale[(i + k) / G], f, &inside);
+        bits |= uint32_t(inside) << k;
+      }
+    }
+    store8(y, i, n, vec, out);
+    mask[b] = static_cast<uint8_t>(bits);
+  }
+}
+
 int grid_for(int64_t work_items, int per_block, const DeviceInfo& dev) {
   const int64_t wanted = (work_items + per_block - 1) / per_block;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 16)));
@@ -267,6 +306,21 @@ cudaError_t forward(const FakeQuantParams& p, const DeviceInfo& dev, cudaStream_
 }
 
 template <typename T, int WARP>
+cudaError_t float8(const Float8FakeQuantParams& p, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t ngroups = p.n / p.group_size;
+  const Float8Format f = fq_float8_format(p.e4m3);
+  const T* x = static_cast<const T*>(p.input);
+  float8_scale_kernel<T, WARP><<<grid_for(ngroups, kThreads / WARP, dev), kThreads, 0, s>>>(x, ngroups, p.group_size,
+                                                                                          f, p.eps, p.scale);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.output) % 16 == 0;
+  float8_apply_kernel<T><<<grid_for((p.n + 7) / 8, kThreads, dev), kThreads, 0, s>>>(
+      x, p.n, p.group_size, f, p.scale, static_cast<T*>(p.output), p.mask, vec);
+  return cudaGetLastError();
+}
+
+template <typename T, int WARP>
 cudaError_t backward(const FakeQuantBackwardParams& p, const DeviceInfo& dev, cudaStream_t s) {
   const bool vec = reinterpret_cast<uintptr_t>(p.grad) % 16 == 0 && reinterpret_cast<uintptr_t>(p.grad_input) % 16 == 0;
   backward_kernel<T><<<grid_for((p.n + 7) / 8, kThreads, dev), kThreads, 0, s>>>(
@@ -286,6 +340,11 @@ cudaError_t lsq(const LsqBackwardParams& p, const DeviceInfo& dev, cudaStream_t 
 
 template <typename T, int WARP> struct Forward {
   static cudaError_t run(const FakeQuantParams& p, const DeviceInfo& d, cudaStream_t s) { return forward<T, WARP>(p, d, s); }
+};
+template <typename T, int WARP> struct Float8 {
+  static cudaError_t run(const Float8FakeQuantParams& p, const DeviceInfo& d, cudaStream_t s) {
+    return float8<T, WARP>(p, d, s);
+  }
 };
 template <typename T, int WARP> struct Backward {
   static cudaError_t run(const FakeQuantBackwardParams& p, const DeviceInfo& d, cudaStream_t s) {
@@ -324,6 +383,8 @@ const char* launch(const P& p, ElemType type, void* stream) {
 }  // namespace
 
 const char* fake_quant_gpu(const FakeQuantParams& p, void* stream) { return launch<Forward>(p, p.type, stream); }
+
+const char* fake_quant_float8_gpu(const Float8FakeQuantParams& p, void* stream) { return launch<Float8>(p, p.type, stream); }
 
 const char* fake_quant_backward_gpu(const FakeQuantBackwardParams& p, void* stream) {
   return launch<Backward>(p, p.type, stream);

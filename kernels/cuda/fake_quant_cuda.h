@@ -10,6 +10,7 @@ namespace kernels {
 // `stream` is a cudaStream_t (hipStream_t under HIP). Returns nullptr on success, else the runtime's
 // error string. Pointers are device pointers on the current device.
 const char* fake_quant_gpu(const FakeQuantParams& p, void* stream);
+const char* fake_quant_float8_gpu(const Float8FakeQuantParams& p, void* stream);
 const char* fake_quant_backward_gpu(const FakeQuantBackwardParams& p, void* stream);
 const char* fake_quant_lsq_backward_gpu(const LsqBackwardParams& p, void* stream);
 

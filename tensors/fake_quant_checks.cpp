@@ -44,6 +44,44 @@ bool parse_float8_format(std::string_view format, const char* op) {
   TORCH_CHECK(false, op, ": format must be \"e4m3\" (float8_e4m3fn) or \"e5m2\", got \"", std::string(format), "\"");
 }
 
+BlockFloatFormat parse_block_float_format(std::string_view format, const char* op) {
+  if (format == "mxfp4") return {32, 1, 0, 6.0f, false, 2};
+  if (format == "mxfp8_e4m3") return {32, 3, -6, 448.0f, false, 8};
+  if (format == "mxfp8_e5m2") return {32, 2, -14, 57344.0f, false, 15};
+  if (format == "nvfp4") return {16, 1, 0, 6.0f, true, 0};
+  TORCH_CHECK(false, op, ": format must be \"mxfp4\", \"mxfp8_e4m3\", \"mxfp8_e5m2\" or \"nvfp4\", got \"",
+              std::string(format), "\"");
+}
+
+FakeQuantArgs check_block_float_args(const at::Tensor& input, const BlockFloatFormat& f, double eps, const char* op) {
+  TORCH_CHECK(input.defined(), op, ": input is an undefined tensor");
+  TORCH_CHECK(input.numel() % f.block == 0, op, ": the format's blocks of ", f.block, " do not divide the input's ",
+              input.numel(), " elements (shape ", input.sizes(), ")");
+  check_eps(eps, op);
+  return check_fake_quant_args(input, f.block, 8, true, op);
+}
+
+kernels::BlockFloatParams block_float_params(const FakeQuantArgs& a, const BlockFloatFormat& f, double eps,
+                                             const at::Tensor& tensor_amax, at::Tensor& out, at::Tensor& mask,
+                                             at::Tensor& scale) {
+  kernels::BlockFloatParams p;
+  p.input = a.input.data_ptr();
+  p.type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.block = f.block;
+  p.elem_mantissa_bits = f.mantissa_bits;
+  p.elem_min_exponent = f.min_exponent;
+  p.elem_max = f.max;
+  p.nvfp4 = f.nvfp4;
+  p.mx_emax = f.mx_emax;
+  p.eps = static_cast<float>(eps);
+  p.tensor_amax = f.nvfp4 ? tensor_amax.data_ptr<float>() : nullptr;
+  p.scale = scale.data_ptr<float>();
+  p.output = out.data_ptr();
+  p.mask = mask.data_ptr<uint8_t>();
+  return p;
+}
+
 std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const at::Tensor& scale,
                                                  const at::Tensor& zero_point, const char* op) {
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"scale", scale}, {"zero_point", zero_point}}) {

@@ -65,6 +65,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cpu(const at::Tensor& inpu
   return {out, mask, scale};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_float_cpu(const at::Tensor& input, std::string_view format,
+                                                               double eps) {
+  const char* op = "lowbit::fake_quant_block_float";
+  const BlockFloatFormat f = parse_block_float_format(format, op);
+  const FakeQuantArgs a = check_block_float_args(input, f, eps, op);
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+  // NVFP4's tensor amax: ATen's amax (exact, and NaN-propagating like the block scan).
+  const at::Tensor tamax = f.nvfp4 && a.ngroups > 0 ? a.input.abs().amax().to(at::kFloat).contiguous() : at::Tensor();
+  kernels::BlockFloatParams p = block_float_params(a, f, eps, tamax, out, mask, scale);
+  kernels::fake_quant_block_float_cpu(p);
+  return {out, mask, scale};
+}
+
 at::Tensor backward_cpu(const at::Tensor& grad, const at::Tensor& mask) {
   const at::Tensor m = check_mask(grad, mask, "lowbit::fake_quant_backward");
   const at::Tensor g = grad.contiguous();
@@ -119,6 +134,7 @@ TORCH_LIBRARY_IMPL(lowbit, CPU, m) {
   m.impl("fake_quant_dynamic", &lowbit::ops::dynamic_cpu);
   m.impl("fake_quant_static", &lowbit::ops::static_cpu);
   m.impl("fake_quant_float8", &lowbit::ops::float8_cpu);
+  m.impl("fake_quant_block_float", &lowbit::ops::block_float_cpu);
   m.impl("fake_quant_backward", &lowbit::ops::backward_cpu);
   m.impl("fake_quant_lsq_backward", &lowbit::ops::lsq_backward_cpu);
 }

@@ -75,6 +75,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cuda(const at::Tensor& inp
   return {out, mask, scale};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_float_cuda(const at::Tensor& input, std::string_view format,
+                                                                double eps) {
+  const char* op = "lowbit::fake_quant_block_float";
+  const BlockFloatFormat f = parse_block_float_format(format, op);
+  const FakeQuantArgs a = check_block_float_args(input, f, eps, op);
+  const c10::cuda::CUDAGuard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+  // NVFP4's tensor amax stays on the device (no host sync); the kernel reads it.
+  const at::Tensor tamax = f.nvfp4 && a.ngroups > 0 ? a.input.abs().amax().to(at::kFloat).contiguous() : at::Tensor();
+  kernels::BlockFloatParams p = block_float_params(a, f, eps, tamax, out, mask, scale);
+  check_launch(kernels::fake_quant_block_float_gpu(p, current_stream()), op);
+  return {out, mask, scale};
+}
+
 at::Tensor backward_cuda(const at::Tensor& grad, const at::Tensor& mask) {
   const char* op = "lowbit::fake_quant_backward";
   const at::Tensor m = check_mask(grad, mask, op);
@@ -133,6 +149,7 @@ TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
   m.impl("fake_quant_dynamic", &lowbit::ops::dynamic_cuda);
   m.impl("fake_quant_static", &lowbit::ops::static_cuda);
   m.impl("fake_quant_float8", &lowbit::ops::float8_cuda);
+  m.impl("fake_quant_block_float", &lowbit::ops::block_float_cuda);
   m.impl("fake_quant_backward", &lowbit::ops::backward_cuda);
   m.impl("fake_quant_lsq_backward", &lowbit::ops::lsq_backward_cuda);
 }

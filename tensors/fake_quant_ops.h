@@ -8,6 +8,9 @@
 //       -> (Tensor output, Tensor mask)                                       qparams given
 //   fake_quant_float8(Tensor input, int group_size, str format, float eps)
 //       -> (Tensor output, Tensor mask, Tensor scale)       format "e4m3" (float8_e4m3fn) or "e5m2"
+//   fake_quant_block_float(Tensor input, str format, float eps) -> (Tensor output, Tensor mask, Tensor scale)
+//       format "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2" (blocks of 32, power-of-two scales) or "nvfp4"
+//       (blocks of 16, e4m3 scales times a float32 tensor scale); scale: each block's (total) scale
 //   fake_quant_backward(Tensor grad, Tensor mask) -> Tensor                  clipped STE
 //   fake_quant_lsq_backward(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, int group_size,
 //       int bits, bool is_signed, float grad_factor) -> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)
@@ -47,6 +50,20 @@ FakeQuantArgs check_fake_quant_args(const at::Tensor& input, int64_t group_size,
 void check_eps(double eps, const char* op);
 // "e4m3" -> true, "e5m2" -> false; anything else is refused naming the value.
 bool parse_float8_format(std::string_view format, const char* op);
+
+struct BlockFloatFormat {
+  int64_t block;
+  int mantissa_bits, min_exponent;
+  float max;
+  bool nvfp4;
+  int mx_emax;
+};
+BlockFloatFormat parse_block_float_format(std::string_view format, const char* op);
+// Checks for fake_quant_block_float; numel must be a multiple of the format's block.
+FakeQuantArgs check_block_float_args(const at::Tensor& input, const BlockFloatFormat& f, double eps, const char* op);
+kernels::BlockFloatParams block_float_params(const FakeQuantArgs& a, const BlockFloatFormat& f, double eps,
+                                             const at::Tensor& tensor_amax, at::Tensor& out, at::Tensor& mask,
+                                             at::Tensor& scale);
 // scale / zero_point of a static call: float32, ngroups elements, input's device.
 std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const at::Tensor& scale,
                                                  const at::Tensor& zero_point, const char* op);
@@ -65,6 +82,8 @@ std::tuple<at::Tensor, at::Tensor> fake_quant_static_reference(const at::Tensor&
                                                                int64_t bits, bool is_signed);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_float8_reference(const at::Tensor& input, int64_t group_size,
                                                                           std::string_view format, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_block_float_reference(const at::Tensor& input,
+                                                                               std::string_view format, double eps);
 at::Tensor fake_quant_backward_reference(const at::Tensor& grad, const at::Tensor& mask);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_lsq_backward_reference(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,

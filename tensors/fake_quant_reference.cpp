@@ -121,6 +121,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_float8_reference(const
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale};
 }
 
+namespace {
+
+// Nearest value of a small float format (mantissa bits m, smallest normal exponent emin), ties to
+// even, for |v| <= its max: v rounded at the spacing of its binade (fake_quant_math.h).
+at::Tensor round_minifloat(const at::Tensor& v, int m, int emin) {
+  const at::Tensor a = v.abs();
+  at::Tensor e = at::bitwise_and(at::bitwise_right_shift(a.view(at::kInt), 23), 0xFF) - 127;
+  e = at::clamp_min(e, emin);
+  const at::Tensor quantum = at::bitwise_left_shift(e - m + 127, 23).to(at::kInt).view(at::kFloat);
+  const at::Tensor r = at::round(a / quantum) * quantum;
+  return at::where(at::signbit(v), -r, r);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_block_float_reference(const at::Tensor& input,
+                                                                               std::string_view format, double eps) {
+  const char* op = "lowbit::fake_quant_block_float";
+  const BlockFloatFormat f = parse_block_float_format(format, op);
+  const FakeQuantArgs a = check_block_float_args(input, f, eps, op);
+  const auto fopts = a.input.options().dtype(at::kFloat);
+  if (a.ngroups == 0) return {at::empty_like(a.input), at::zeros({0}, fopts.dtype(at::kByte)), at::empty({0}, fopts)};
+  const at::Tensor xf = a.input.reshape({a.ngroups, f.block}).to(at::kFloat);
+  const at::Tensor amax = xf.abs().amax(1);
+  at::Tensor scale;
+  if (f.nvfp4) {
+    const at::Tensor tamax = xf.abs().amax().reshape({1});
+    const at::Tensor ts = at::maximum(tamax / full_as(tamax, 448.0 * 6.0), full_as(tamax, eps));
+    const at::Tensor b = at::clamp((amax / full_as(amax, 6.0)) / ts, 0.015625, 448.0);
+    scale = ts * b.to(at::kFloat8_e4m3fn).to(at::kFloat);
+  } else {
+    at::Tensor e = at::bitwise_and(at::bitwise_right_shift(amax.view(at::kInt), 23), 0xFF) - 127 - f.mx_emax;
+    e = at::clamp(e, -127, 127);
+    const at::Tensor pow2 = at::where(e >= -126, at::bitwise_left_shift(at::clamp_min(e, -126) + 127, 23).to(at::kInt),
+                                      at::full_like(e, 0x00400000)).view(at::kFloat);
+    scale = at::where(at::isfinite(amax), pow2, at::full_like(amax, NAN));
+  }
+  const at::Tensor xs = xf / scale.unsqueeze(1);
+  const at::Tensor inside = at::logical_and(xs >= -f.max, xs <= f.max);
+  const at::Tensor c = at::clamp(xs, -f.max, f.max);
+  const at::Tensor r = f.mantissa_bits == 1 ? round_minifloat(c, f.mantissa_bits, f.min_exponent)
+                                             : c.to(f.mantissa_bits == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2).to(at::kFloat);
+  const at::Tensor y = r * scale.unsqueeze(1);
+  return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale};
+}
+
 at::Tensor fake_quant_backward_reference(const at::Tensor& grad, const at::Tensor& mask) {
   const at::Tensor m = check_mask(grad, mask, "lowbit::fake_quant_backward");
   if (grad.numel() == 0) return at::empty_like(grad, at::MemoryFormat::Contiguous);
@@ -217,6 +263,8 @@ TORCH_LIBRARY_IMPL(lowbit, CompositeExplicitAutograd, m) {
   m.impl("fake_quant_static", &fake_quant_static_reference);
   m.impl("fake_quant_float8", &fake_quant_float8_reference);
   m.impl("fake_quant_float8_reference", &fake_quant_float8_reference);
+  m.impl("fake_quant_block_float", &fake_quant_block_float_reference);
+  m.impl("fake_quant_block_float_reference", &fake_quant_block_float_reference);
   m.impl("fake_quant_backward", &fake_quant_backward_reference);
   m.impl("fake_quant_lsq_backward", &fake_quant_lsq_backward_reference);
   m.impl("fake_quant_qparams", &fake_quant_qparams_reference);

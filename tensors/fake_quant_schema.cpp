@@ -11,6 +11,8 @@ TORCH_LIBRARY_FRAGMENT(lowbit, m) {
   m.def(
       "fake_quant_float8(Tensor input, int group_size, str format, float eps) "
       "-> (Tensor output, Tensor mask, Tensor scale)");
+  m.def(
+      "fake_quant_block_float(Tensor input, str format, float eps) -> (Tensor output, Tensor mask, Tensor scale)");
   m.def("fake_quant_backward(Tensor grad, Tensor mask) -> Tensor");
   m.def(
       "fake_quant_lsq_backward(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, "
@@ -35,6 +37,9 @@ TORCH_LIBRARY_FRAGMENT(lowbit, m) {
       "bool is_signed) -> (Tensor output, Tensor mask)");
   m.def(
       "fake_quant_float8_reference(Tensor input, int group_size, str format, float eps) "
+      "-> (Tensor output, Tensor mask, Tensor scale)");
+  m.def(
+      "fake_quant_block_float_reference(Tensor input, str format, float eps) "
       "-> (Tensor output, Tensor mask, Tensor scale)");
   m.def("fake_quant_backward_reference(Tensor grad, Tensor mask) -> Tensor");
   m.def(

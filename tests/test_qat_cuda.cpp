@@ -109,3 +109,22 @@ TEST(QatCuda, Float8MatchesReferenceBitForBit) {
     }
   }
 }
+
+TEST(QatCuda, BlockFloatMatchesReferenceBitForBit) {
+  REQUIRE_QAT_CUDA();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lowbit::fake_quant_block_float", "")
+                       .typed<T3(const Tensor&, std::string_view, double)>();
+  for (const std::string fmt : {"mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4"}) {
+    for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {37, 96}, {1031, 4096}}) {
+        const Tensor x = random_groups(rows * cols, cols, dt).view({rows, cols});
+        auto [y, m, s] = op.call(x.cuda(), fmt, FLT_EPSILON);
+        auto [ry, rm, rs] = ops::fake_quant_block_float_reference(x, fmt, FLT_EPSILON);
+        ASSERT_TRUE(bitwise_equal(s, rs)) << fmt << " " << dt << " " << rows << "x" << cols;
+        ASSERT_TRUE(bitwise_equal(y, ry)) << fmt << " " << dt << " " << rows << "x" << cols;
+        ASSERT_TRUE(bitwise_equal(m, rm)) << fmt << " " << dt << " " << rows << "x" << cols;
+      }
+    }
+  }
+}

@@ -325,3 +325,82 @@ TEST(QatOps, Float8MatchesReferenceEveryFormatDtypeAndShape) {
   }
   EXPECT_THROW(op_float8(at::randn({8}), 8, "e3m4"), c10::Error);
 }
+
+// ---- block-scaled floats (MXFP4 / MXFP8, NVFP4) ----------------------------------------------------
+
+namespace {
+
+T3 op_block_float(const Tensor& x, const std::string& format) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lowbit::fake_quant_block_float", "")
+                       .typed<T3(const Tensor&, std::string_view, double)>();
+  return op.call(x, format, FLT_EPSILON);
+}
+
+}  // namespace
+
+TEST(QatOps, BlockFloatMatchesReferenceEveryFormatDtypeAndShape) {
+  for (const std::string fmt : {"mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4"}) {
+    for (auto dt : kDtypes) {
+      for (int64_t rows : {1, 3, 37}) {
+        for (int64_t cols : {32, 64, 96 * 5}) {
+          const Tensor x = random_groups(rows * cols, cols, dt).view({rows, cols});
+          auto [y, m, s] = op_block_float(x, fmt);
+          auto [ry, rm, rs] = ops::fake_quant_block_float_reference(x, fmt, FLT_EPSILON);
+          ASSERT_TRUE(bitwise_equal(s, rs)) << fmt << " " << dt << " " << rows << "x" << cols;
+          ASSERT_TRUE(bitwise_equal(y, ry)) << fmt << " " << dt << " " << rows << "x" << cols;
+          ASSERT_TRUE(bitwise_equal(m, rm)) << fmt << " " << dt << " " << rows << "x" << cols;
+        }
+      }
+    }
+    // Edge rows: all zero, NaN, Inf, huge, tiny (subnormal).
+    Tensor x = at::randn({6, 32});
+    x[1].zero_();
+    x[2][7] = NAN;
+    x[3][9] = INFINITY;
+    x[4] *= 1e30;
+    x[5] *= 1e-40;
+    auto [y, m, s] = op_block_float(x, fmt);
+    auto [ry, rm, rs] = ops::fake_quant_block_float_reference(x, fmt, FLT_EPSILON);
+    EXPECT_TRUE(same_bits_or_both_nan(y, ry)) << fmt;
+    EXPECT_TRUE(same_bits_or_both_nan(s, rs)) << fmt;
+    EXPECT_TRUE(bitwise_equal(m, rm)) << fmt;
+    if (fmt != "nvfp4") {
+      EXPECT_TRUE(at::equal(y[1], at::zeros({32}))) << fmt;
+    } else {
+      // The tensor scale comes from the whole tensor: a NaN / Inf anywhere turns all of it NaN.
+      EXPECT_TRUE(at::isnan(y).all().item<bool>());
+      Tensor finite = x.clone();
+      finite[2][7] = 1.0f;
+      finite[3][9] = 1.0f;
+      EXPECT_TRUE(at::equal(std::get<0>(op_block_float(finite, fmt))[1], at::zeros({32})));
+    }
+  }
+}
+
+TEST(QatOps, BlockFloatPinnedValues) {
+  // MXFP4: amax 5 -> floor(log2 5) = 2 -> scale 2^(2-2) = 1; elements on the e2m1 grid, ties to even,
+  // 7 > 6 saturates (FLOOR scaling can exceed the element max) with mask 0.
+  Tensor x = at::zeros({32});
+  const float vals[] = {5.0f, 0.25f, 0.75f, 1.25f, 2.5f, 3.5f, 5.0f, -0.3f, 1.75f};
+  for (int i = 0; i < 9; ++i) x[i] = vals[i];
+  auto [y, m, s] = op_block_float(x, "mxfp4");
+  EXPECT_EQ(s.item<float>(), 1.0f);
+  const float want[] = {4.0f, 0.0f, 1.0f, 1.0f, 2.0f, 4.0f, 4.0f, -0.5f, 2.0f};
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(y[i].item<float>(), want[i]) << i;
+  x[0] = 7.0f;
+  auto [y2, m2, s2] = op_block_float(x, "mxfp4");
+  EXPECT_EQ(y2[0].item<float>(), 6.0f);
+  EXPECT_EQ(m2[0].item<uint8_t>() & 1, 0);
+  // NVFP4: the total scale is tensor_scale * e4m3(block_amax / 6 / tensor_scale).
+  const Tensor w = at::randn({4, 16}) * 3;
+  auto [yn, mn, sn] = op_block_float(w, "nvfp4");
+  const float ts = w.abs().max().item<float>() / 2688.0f;
+  for (int b = 0; b < 4; ++b) {
+    const float blk = (w[b].abs().max().item<float>() / 6.0f) / ts;
+    const float e4m3 = at::tensor({blk}).to(at::kFloat8_e4m3fn).to(at::kFloat).item<float>();
+    EXPECT_EQ(sn[b].item<float>(), ts * e4m3) << b;
+  }
+  EXPECT_THROW(op_block_float(at::randn({30}), "mxfp4"), c10::Error);
+  EXPECT_THROW(op_block_float(at::randn({32}), "fp4"), c10::Error);
+}

@@ -187,5 +187,43 @@ LOWBIT_HD float fq_float8_apply(float x, float scale, Float8Format f, bool* insi
   return fq_float8_round(fq_clamp(xs, -f.max_value, f.max_value), f) * scale;
 }
 
+// ---- block-scaled 4-bit floats (MXFP4, NVFP4) -----------------------------------------------------
+// Element values: float4 e2m1 {0, 0.5, 1, 1.5, 2, 3, 4, 6} and their negatives (fq_float8_round with
+// 1 mantissa bit, smallest normal exponent 0, max 6: the same nearest-even rounding).
+//  * MX (OCP Microscaling v1.0; torchao mx_formats `to_mx`, ScaleCalculationMode.FLOOR), blocks of
+//    32: shared exponent = floor(log2(amax)) - emax_elem (e2m1: 2; e4m3: 8; e5m2: 15), clamped to
+//    [-127, 127], scale = 2^that (an e8m0 value); xs = x / scale, y = round(clamp(xs, +-max)) * scale.
+//    amax = 0 (or subnormal) takes floor(log2) = -127, so an all-zero block gives 0.
+//  * NVFP4 (torchao nvfp4_tensor `nvfp4_quantize` with a per-tensor scale), blocks of 16:
+//    tensor_scale = max(amax_tensor / (448 * 6), eps); block = clamp((amax_block / 6) / tensor_scale,
+//    2^-6, 448) cast to e4m3fn; total = tensor_scale * block; xs = x / total;
+//    y = round_e2m1(clamp(xs, +-6)) * total.
+//  A NaN or Inf in a block makes its scale and the whole block's output NaN (as for the other formats);
+//  for NVFP4 one anywhere in the tensor makes the tensor scale, so the whole output, NaN.
+
+LOWBIT_HD Float8Format fq_e2m1_format() { return Float8Format{1, 0, 6.0f}; }
+
+// MX shared scale 2^(floor(log2(amax)) - emax) of a block (NaN for a NaN / Inf amax).
+LOWBIT_HD float fq_mx_scale(float amax, int emax) {
+  if (!(amax - amax == 0.0f)) return amax - amax;  // NaN or Inf: NaN
+  int e = static_cast<int>((f32_bits(amax) >> 23) & 0xFFu) - 127 - emax;
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  // 2^e for e in [-127, 127]; 2^-127 is a float32 subnormal.
+  return e >= -126 ? f32_from_bits(static_cast<uint32_t>(e + 127) << 23) : f32_from_bits(0x00400000u);
+}
+
+LOWBIT_HD float fq_nvfp4_tensor_scale(float amax, float eps) { return fq_max(amax / (448.0f * 6.0f), eps); }
+
+// NVFP4 total scale of a block: tensor_scale * (the block scale rounded to e4m3fn).
+LOWBIT_HD float fq_nvfp4_total_scale(float block_amax, float tensor_scale) {
+  const float b = fq_clamp((block_amax / 6.0f) / tensor_scale, 0.015625f, 448.0f);
+  return tensor_scale * fq_float8_round(b, fq_float8_format(true));
+}
+
+// Element of a block-scaled format: round(clamp(x / scale, +-max)) * scale, mask = |x / scale| <= max.
+LOWBIT_HD float fq_block_apply(float x, float scale, Float8Format elem, bool* inside) {
+  return fq_float8_apply(x, scale, elem, inside);
+}
+
 }  // namespace kernels
 }  // namespace lowbit

@@ -50,6 +50,25 @@ struct Float8FakeQuantParams {
   uint8_t* mask = nullptr;      // (n + 7) / 8 bytes
 };
 
+// Block-scaled floats: MX (power-of-two scale per block of 32) or NVFP4 (e4m3 scale per block of 16
+// times a float32 tensor scale), fake_quant_math.h.
+struct BlockFloatParams {
+  const void* input = nullptr;  // n elements of type
+  ElemType type = ElemType::F32;
+  int64_t n = 0;
+  int64_t block = 32;           // divides n
+  int elem_mantissa_bits = 1;   // the element format (fq_e2m1_format, fq_float8_format)
+  int elem_min_exponent = 0;
+  float elem_max = 6.0f;
+  bool nvfp4 = false;           // else MX
+  int mx_emax = 2;              // MX: exponent of the element format's largest power of two
+  float eps = 1.1920929e-07f;   // NVFP4: the tensor scale's floor
+  const float* tensor_amax = nullptr;  // NVFP4: max |x| over the tensor (one float, same device)
+  float* scale = nullptr;       // n / block floats: each block's scale (NVFP4: the total scale)
+  void* output = nullptr;
+  uint8_t* mask = nullptr;      // (n + 7) / 8 bytes
+};
+
 // Learnable scale / zero point (LSQ, LSQ+): elementwise dx plus per-group sums of d scale, d zero.
 struct LsqBackwardParams {
   const void* grad = nullptr;   // n elements of type

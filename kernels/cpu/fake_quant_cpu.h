@@ -8,6 +8,7 @@ namespace kernels {
 
 void fake_quant_cpu(const FakeQuantParams& p);
 void fake_quant_float8_cpu(const Float8FakeQuantParams& p);
+void fake_quant_block_float_cpu(const BlockFloatParams& p);
 void fake_quant_backward_cpu(const FakeQuantBackwardParams& p);
 void fake_quant_lsq_backward_cpu(const LsqBackwardParams& p);
 

@@ -262,6 +262,22 @@ __global__ void __launch_bounds__(kThreads) float8_apply_kernel(const T* __restr
   }
 }
 
+// Block-scaled floats: one warp per block for the absmax and scale, then 8 elements per thread.
+template <typename T, int WARP>
+__global__ void __launch_bounds__(kThreads) block_float_scale_kernel(const T* __restrict__ x, int64_t nblocks,
+                                                                     BlockFloatParams p) {
+  const int lane = threadIdx.x % WARP;
+  const int64_t warps_total = int64_t(gridDim.x) * (kThreads / WARP);
+  const float tensor_scale = p.nvfp4 ? fq_nvfp4_tensor_scale(*p.tensor_amax, p.eps) : 0.0f;
+  for (int64_t b = int64_t(blockIdx.x) * (kThreads / WARP) + threadIdx.x / WARP; b < nblocks; b += warps_total) {
+    float amax = 0.0f;
+    for (int64_t i = lane; i < p.block; i += WARP) amax = fq_max(amax, fabsf(to_f32(x[b * p.block + i])));
+#pragma unroll
+    for (int off = WARP / 2; off > 0; off /= 2) amax = fq_max(amax, LOWBIT_SHFL_XOR(amax, off, WARP));
+    if (lane == 0) p.scale[b] = p.nvfp4 ? fq_nvfp4_total_scale(amax, tensor_scale) : fq_mx_scale(amax, p.mx_emax);
+  }
+}
+
 int grid_for(int64_t work_items, int per_block, const DeviceInfo& dev) {
   const int64_t wanted = (work_items + per_block - 1) / per_block;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 16)));
@@ -321,6 +337,21 @@ cudaError_t float8(const Float8FakeQuantParams& p, const DeviceInfo& dev, cudaSt
 }
 
 template <typename T, int WARP>
+cudaError_t block_float(const BlockFloatParams& p, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t nblocks = p.n / p.block;
+  const T* x = static_cast<const T*>(p.input);
+  block_float_scale_kernel<T, WARP><<<grid_for(nblocks, kThreads / WARP, dev), kThreads, 0, s>>>(x, nblocks, p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  // The element step is float8_apply_kernel's: x / scale, clamp, round, times scale (the block is G).
+  const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.output) % 16 == 0;
+  const Float8Format elem{p.elem_mantissa_bits, p.elem_min_exponent, p.elem_max};
+  float8_apply_kernel<T><<<grid_for((p.n + 7) / 8, kThreads, dev), kThreads, 0, s>>>(
+      x, p.n, p.block, elem, p.scale, static_cast<T*>(p.output), p.mask, vec);
+  return cudaGetLastError();
+}
+
+template <typename T, int WARP>
 cudaError_t backward(const FakeQuantBackwardParams& p, const DeviceInfo& dev, cudaStream_t s) {
   const bool vec = reinterpret_cast<uintptr_t>(p.grad) % 16 == 0 && reinterpret_cast<uintptr_t>(p.grad_input) % 16 == 0;
   backward_kernel<T><<<grid_for((p.n + 7) / 8, kThreads, dev), kThreads, 0, s>>>(
@@ -344,6 +375,11 @@ template <typename T, int WARP> struct Forward {
 template <typename T, int WARP> struct Float8 {
   static cudaError_t run(const Float8FakeQuantParams& p, const DeviceInfo& d, cudaStream_t s) {
     return float8<T, WARP>(p, d, s);
+  }
+};
+template <typename T, int WARP> struct BlockFloat {
+  static cudaError_t run(const BlockFloatParams& p, const DeviceInfo& d, cudaStream_t s) {
+    return block_float<T, WARP>(p, d, s);
   }
 };
 template <typename T, int WARP> struct Backward {
@@ -385,6 +421,10 @@ const char* launch(const P& p, ElemType type, void* stream) {
 const char* fake_quant_gpu(const FakeQuantParams& p, void* stream) { return launch<Forward>(p, p.type, stream); }
 
 const char* fake_quant_float8_gpu(const Float8FakeQuantParams& p, void* stream) { return launch<Float8>(p, p.type, stream); }
+
+const char* fake_quant_block_float_gpu(const BlockFloatParams& p, void* stream) {
+  return launch<BlockFloat>(p, p.type, stream);
+}
 
 const char* fake_quant_backward_gpu(const FakeQuantBackwardParams& p, void* stream) {
   return launch<Backward>(p, p.type, stream);

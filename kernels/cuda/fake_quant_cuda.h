@@ -11,6 +11,7 @@ namespace kernels {
 // error string. Pointers are device pointers on the current device.
 const char* fake_quant_gpu(const FakeQuantParams& p, void* stream);
 const char* fake_quant_float8_gpu(const Float8FakeQuantParams& p, void* stream);
+const char* fake_quant_block_float_gpu(const BlockFloatParams& p, void* stream);
 const char* fake_quant_backward_gpu(const FakeQuantBackwardParams& p, void* stream);
 const char* fake_quant_lsq_backward_gpu(const LsqBackwardParams& p, void* stream);
 

@@ -79,6 +79,20 @@ struct Float8Fn : torch::autograd::Function<Float8Fn> {
   }
 };
 
+struct BlockFloatFn : torch::autograd::Function<BlockFloatFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& format, double eps) {
+    static auto op = find_op("lowbit::fake_quant_block_float").typed<T3(const at::Tensor&, std::string_view, double)>();
+    auto [y, mask, s] = op.call(x, format, eps);
+    ctx->save_for_backward({mask});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    refuse_double_backward();
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    return {call_backward(grads[0], mask), at::Tensor(), at::Tensor()};
+  }
+};
+
 struct StaticFn : torch::autograd::Function<StaticFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& s, const at::Tensor& z,
                             int64_t g, int64_t bits, bool is_signed) {
@@ -124,6 +138,10 @@ at::Tensor fake_quant_dynamic(const at::Tensor& x, int64_t group_size, int64_t b
 
 at::Tensor fake_quant_float8(const at::Tensor& x, int64_t group_size, const std::string& format, double eps) {
   return Float8Fn::apply(x, group_size, format, eps);
+}
+
+at::Tensor fake_quant_block_float(const at::Tensor& x, const std::string& format, double eps) {
+  return BlockFloatFn::apply(x, format, eps);
 }
 
 at::Tensor fake_quant_static(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,

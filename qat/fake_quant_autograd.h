@@ -14,6 +14,8 @@ at::Tensor fake_quant_dynamic(const at::Tensor& x, int64_t group_size, int64_t b
                               double eps);
 // Float8 (format "e4m3" or "e5m2") with one dynamic scale per group; gradient to x through the mask.
 at::Tensor fake_quant_float8(const at::Tensor& x, int64_t group_size, const std::string& format, double eps);
+// Block-scaled floats ("mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4"), blocks along the flat order.
+at::Tensor fake_quant_block_float(const at::Tensor& x, const std::string& format, double eps);
 // Fake-quant with given qparams (static observers); gradient to x only.
 at::Tensor fake_quant_static(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
                              int64_t group_size, int64_t bits, bool is_signed);

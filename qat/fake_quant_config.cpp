@@ -61,6 +61,9 @@ std::string FakeQuantConfig::describe() const {
   std::ostringstream s;
   if (format_ == ValueFormat::Integer) {
     s << (is_signed_ ? "int" : "uint") << bits_ << " " << (symmetric_ ? "symmetric" : "asymmetric") << " ";
+  } else if (format_ == ValueFormat::MXFP4 || format_ == ValueFormat::NVFP4) {
+    s << (format_ == ValueFormat::MXFP4 ? "MXFP4 (blocks of 32)" : "NVFP4 (blocks of 16)");
+    return s.str();
   } else {
     s << (format_ == ValueFormat::Float8E4M3 ? "float8_e4m3fn " : "float8_e5m2 ");
   }

@@ -33,6 +33,8 @@ enum class ValueFormat {
   Integer,     // intN / uintN with scale and zero point (bits, is_signed, symmetric)
   Float8E4M3,  // float8_e4m3fn values times a float32 scale (bits, is_signed, symmetric unused)
   Float8E5M2,  // float8_e5m2 values times a float32 scale
+  MXFP4,       // e2m1 values, a power-of-two (e8m0) scale per 32 along the last dim (granularity unused)
+  NVFP4,       // e2m1 values, an e4m3 scale per 16 along the last dim times a float32 tensor scale
 };
 
 const char* granularity_name(Granularity g);

@@ -20,6 +20,8 @@ void check_embedding_weight_config(const FakeQuantConfig& c, const std::string& 
               "per-token or per-group), got ", c.describe(), "; a batch fake-quantizes only the rows it looks up");
   TORCH_CHECK(c.qparams() == QParamsMode::Dynamic, who, ": an embedding's weight config must use Dynamic qparams, got ",
               qparams_mode_name(c.qparams()));
+  TORCH_CHECK(c.format() != ValueFormat::NVFP4, who, ": NVFP4's tensor scale depends on the whole table, so an "
+              "embedding cannot fake-quantize only the rows a batch looks up; use MXFP4 or an integer format");
 }
 
 }  // namespace

@@ -102,8 +102,14 @@ at::Tensor FakeQuantizerImpl::forward(const at::Tensor& x) {
   if (is_training()) ++steps_;
   // steps_ counts this call too: with start_step = k the first k training calls pass through.
   if (!enabled_ || (start_step_ > 0 && steps_ <= start_step_) || x.numel() == 0) return x;
-  const GroupLayout l = to_groups(x, config_, who_);
   const FakeQuantConfig& c = config_;
+  if (c.format() == ValueFormat::MXFP4 || c.format() == ValueFormat::NVFP4) {
+    const int64_t block = c.format() == ValueFormat::MXFP4 ? 32 : 16;
+    TORCH_CHECK(x.dim() >= 1 && x.size(-1) % block == 0, who_, ": ", c.describe(), " needs the last dimension to be a "
+                "multiple of ", block, ", got shape ", x.sizes());
+    return fake_quant_block_float(x, c.format() == ValueFormat::MXFP4 ? "mxfp4" : "nvfp4", c.eps());
+  }
+  const GroupLayout l = to_groups(x, config_, who_);
   at::Tensor y;
   if (c.format() != ValueFormat::Integer) {
     const std::string fmt = c.format() == ValueFormat::Float8E4M3 ? "e4m3" : "e5m2";

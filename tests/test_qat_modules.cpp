@@ -310,3 +310,19 @@ TEST(QatModules, Float8FakeQuantizerTrainsAndIsNotConverted) {
   expect_error([&] { qat::FakeQuantizer(FakeQuantConfig::float8_e4m3_per_row().qparams(QParamsMode::Learnable).granularity(Granularity::PerTensor), "act"); },
                "act: float8 fake quantization supports Dynamic qparams only");
 }
+
+TEST(QatModules, BlockScaledFloatFakeQuantizers) {
+  const Tensor x = (at::randn({5, 64}) * 2).requires_grad_();
+  for (auto [fmt, name] : {std::pair<qat::ValueFormat, std::string>{qat::ValueFormat::MXFP4, "mxfp4"}, {qat::ValueFormat::NVFP4, "nvfp4"}}) {
+    qat::FakeQuantizer fq(FakeQuantConfig().format(fmt));
+    const Tensor y = fq(x);
+    auto [ry, rm, rs] = lowbit::ops::fake_quant_block_float_reference(x.detach(), name, FLT_EPSILON);
+    EXPECT_TRUE(bitwise_equal(y.detach(), ry)) << name;
+    x.mutable_grad() = Tensor();
+    const Tensor g = at::randn({5, 64});
+    y.backward(g);
+    EXPECT_TRUE(bitwise_equal(x.grad(), lowbit::ops::fake_quant_backward_reference(g, rm))) << name;
+  }
+  qat::FakeQuantizer bad(FakeQuantConfig().format(qat::ValueFormat::MXFP4), "proj.weight");
+  expect_error([&] { bad(at::randn({4, 48})); }, "proj.weight: MXFP4 (blocks of 32) needs the last dimension to be a multiple of 32");
+}

@@ -248,12 +248,19 @@ __global__ void __launch_bounds__(kThreads) float8_apply_kernel(const T* __restr
     float v[8], out[8];
     load8(x, i, n, vec, v);
     uint32_t bits = 0;
+    int64_t g = i / G, next = (g + 1) * G;  // one 64-bit division per thread, then boundary checks
+    float sc = scale[g];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       out[k] = 0.0f;
       if (i + k < n) {
+        if (i + k == next) {
+          g = (i + k) / G;
+          next = (g + 1) * G;
+          sc = scale[g];
+        }
         bool inside;
-        out[k] = fq_float8_apply(v[k], scale[(i + k) / G], f, &inside);
+        out[k] = fq_float8_apply(v[k], sc, f, &inside);
         bits |= uint32_t(inside) << k;
       }
     }

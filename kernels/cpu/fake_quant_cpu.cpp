@@ -6,6 +6,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <limits>
 #include <vector>
 
@@ -25,6 +29,41 @@ int64_t groups_per_tile(int64_t group_size) {
   while ((t * group_size) % 8 != 0) ++t;  // at most 8
   const int64_t mult = std::max<int64_t>(1, kTileElems / (t * group_size));
   return t * mult;
+}
+
+// min / max of g values in float32, NaN for both if any value is NaN (what fq_min / fq_max chains
+// give; which of +-0 wins a tie does not matter: the qparams map both to the same scale and zero
+// point). Eight independent lanes (SSE min / max for float32 input), so the scan vectorizes.
+template <typename T>
+void scan_minmax(const T* x, int64_t g, float* mn_out, float* mx_out) {
+  float mn = to_f32(x[0]), mx = mn;
+  bool nan = false;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<T, float>) {
+    __m128 vmn0 = _mm_set1_ps(mn), vmx0 = vmn0, vmn1 = vmn0, vmx1 = vmn0, vnan = _mm_setzero_ps();
+    for (; i + 8 <= g; i += 8) {
+      const __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+      vmn0 = _mm_min_ps(vmn0, a), vmx0 = _mm_max_ps(vmx0, a);
+      vmn1 = _mm_min_ps(vmn1, b), vmx1 = _mm_max_ps(vmx1, b);
+      vnan = _mm_or_ps(vnan, _mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)));
+    }
+    alignas(16) float lo[4], hi[4];
+    _mm_store_ps(lo, _mm_min_ps(vmn0, vmn1));
+    _mm_store_ps(hi, _mm_max_ps(vmx0, vmx1));
+    for (int k = 0; k < 4; ++k) mn = lo[k] < mn ? lo[k] : mn, mx = hi[k] > mx ? hi[k] : mx;
+    nan = _mm_movemask_ps(vnan) != 0;
+  }
+#endif
+  for (; i < g; ++i) {
+    const float v = to_f32(x[i]);
+    mn = v < mn ? v : mn;
+    mx = v > mx ? v : mx;
+    nan |= v != v;
+  }
+  if (nan || mn != mn) mn = mx = std::numeric_limits<float>::quiet_NaN();
+  *mn_out = mn;
+  *mx_out = mx;
 }
 
 template <typename T>
@@ -47,29 +86,8 @@ void fake_quant_impl(const FakeQuantParams& p) {
       for (int64_t g = g_begin; g < g_end; ++g) {
         const T* xg = x + g * G;
         if (p.dynamic) {
-          // Eight independent lanes of plain selects plus a NaN flag, so the scan vectorizes; the
-          // same min / max as fq_min / fq_max whenever the group holds no NaN, and NaN when it does.
-          float mn8[8], mx8[8];
-          bool nan = false;
-          for (int k = 0; k < 8; ++k) mn8[k] = mx8[k] = to_f32(xg[0]);
-          int64_t i = 0;
-          for (; i + 8 <= G; i += 8) {
-            for (int k = 0; k < 8; ++k) {
-              const float v = to_f32(xg[i + k]);
-              mn8[k] = v < mn8[k] ? v : mn8[k];
-              mx8[k] = v > mx8[k] ? v : mx8[k];
-              nan |= v != v;
-            }
-          }
-          for (; i < G; ++i) {
-            const float v = to_f32(xg[i]);
-            mn8[0] = v < mn8[0] ? v : mn8[0];
-            mx8[0] = v > mx8[0] ? v : mx8[0];
-            nan |= v != v;
-          }
-          float mn = mn8[0], mx = mx8[0];
-          for (int k = 1; k < 8; ++k) mn = mn8[k] < mn ? mn8[k] : mn, mx = mx8[k] > mx ? mx8[k] : mx;
-          if (nan) mn = mx = std::numeric_limits<float>::quiet_NaN();
+          float mn, mx;
+          scan_minmax(xg, G, &mn, &mx);
           const AffineQParams qp = fq_qparams(mn, mx, r, p.symmetric, p.eps);
           p.scale[g] = qp.scale;
           p.zero_point[g] = qp.zero_point;

@@ -78,3 +78,27 @@ def test_codes_pack_and_dequantize_round_trip():
     assert packed.numel() == w.numel() // 2
     back = ops.unpack_codes(packed, 4, w.numel()).view(w.shape)
     assert torch.equal(ops.dequantize_codes(back, scale, zp, 32, 4, True, torch.float32), y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,dt", [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)])
+def test_float8_matches_torch_cast(device, fmt, dt):
+    """torchao's float8 fake quant: scale = amax / fmax, x / scale clamped, cast, times scale."""
+    x = torch.randn(8, 64) * 10
+    x[3] = 0
+    y, mask, scale = ops.fake_quant_float8(x.to(device), 64, fmt, EPS)
+    fmax = torch.finfo(dt).max
+    s = torch.clamp(x.abs().amax(1) / torch.full((8,), fmax), min=EPS)
+    want = torch.clamp(x / s[:, None], -fmax, fmax).to(dt).float() * s[:, None]
+    assert torch.equal(scale.cpu(), s)
+    assert torch.equal(y.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4"])
+def test_block_float_matches_reference(device, fmt):
+    x = torch.randn(4, 64) * 3
+    got = ops.fake_quant_block_float(x.to(device), fmt, EPS)
+    want = ops.fake_quant_block_float_reference(x, fmt, EPS)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)

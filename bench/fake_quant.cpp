@@ -99,6 +99,14 @@ void bench_linear(int64_t rows, int64_t in, int64_t out, bool cuda, const at::Te
   const double t_fq = lowbit_bench::time_ms([&] { step(fq); }, cuda, reps);
   std::printf("training step, Linear %lldx%lld, %lld tokens: plain %.3f ms, 8da4w fake-quantized %.3f ms (%.2fx)\n",
               (long long)out, (long long)in, (long long)rows, t_plain, t_fq, t_fq / t_plain);
+  // Inference: the converted layer dequantizes its packed int4 weight every call, then a float matmul.
+  torch::NoGradGuard ng;
+  auto q = qat::QuantizedLinearImpl::from_fake_quantized(*fq);
+  const double i_plain = lowbit_bench::time_ms([&] { plain->forward(x); }, cuda, reps);
+  const double i_fq = lowbit_bench::time_ms([&] { fq->forward(x); }, cuda, reps);
+  const double i_q = lowbit_bench::time_ms([&] { q->forward(x); }, cuda, reps);
+  std::printf("inference forward: plain %.3f ms, fake-quantized %.3f ms, converted (packed int4, %lld of %lld bytes) %.3f ms\n",
+              i_plain, i_fq, (long long)q->weight_bytes(), (long long)(in * out * 4), i_q);
 }
 
 }  // namespace

@@ -101,6 +101,8 @@ T2 FakeQuantizerImpl::qparams(const at::Tensor& x) {
 at::Tensor FakeQuantizerImpl::forward(const at::Tensor& x) {
   if (is_training()) ++steps_;
   // steps_ counts this call too: with start_step = k the first k training calls pass through.
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, who_,
+              ": fake quantization needs a float32, bfloat16 or float16 input, got ", x.scalar_type());
   if (!enabled_ || (start_step_ > 0 && steps_ <= start_step_) || x.numel() == 0) return x;
   const FakeQuantConfig& c = config_;
   if (c.format() == ValueFormat::MXFP4 || c.format() == ValueFormat::NVFP4) {

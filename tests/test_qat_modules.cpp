@@ -226,6 +226,9 @@ TEST(QatModules, ErrorsNameTheModuleAndValue) {
   expect_error([&] { qat::prepare(model, qat::QatConfig().weight(FakeQuantConfig(9))); }, "0.weight: bits must be in [2, 8], got 9");
   expect_error([&] { qat::prepare(model, qat::QatConfig().activation(FakeQuantConfig(8).qparams(QParamsMode::MinMax))); },
                "0.input: min-max observer qparams need a fixed number of groups");
+  auto prepared = qat::prepare(mlp(20, 16, 4), qat::QatConfig::int8_dynamic_activation_int4_weight(4));
+  expect_error([&] { prepared->forward(at::ones({2, 20}, at::kInt)); },
+               "0.input: fake quantization needs a float32, bfloat16 or float16 input, got Int");
 }
 
 TEST(QatModules, ConvertedModelEqualsFakeQuantizedModelBitForBit) {

@@ -5,3 +5,4 @@
 #include <lowbit/tensors/qtensor.h>
 #include <lowbit/tensors/quant_format.h>
 #include <lowbit/optim/optimizers.h>
+#include <lowbit/qat/qat.h>

@@ -5,8 +5,6 @@
 // once; the non-finite check reads the gradient once more). "x fused" divides by ATen's fused fp32
 // AdamW of the same run.
 //   optim_step_gpu [tensors=64] [rows=4096] [cols=4096] [reps=20]
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -18,29 +16,16 @@
 
 #include <lowbit/lowbit.h>
 
+#include "timing.h"
+
 namespace lo = lowbit::optim;
 using lowbit::StateFormat;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using lowbit_bench::median;
 
-double time_ms(const std::function<void()>& fn, int reps) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    start.record();
-    fn();
-    stop.record();
-    stop.synchronize();
-    ms.push_back(start.elapsed_time(stop));
-  }
-  return median(ms);
-}
+double time_ms(const std::function<void()>& fn, int reps) { return lowbit_bench::time_ms(fn, true, reps); }
 
 struct Row {
   std::string name;
@@ -96,6 +81,26 @@ void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int sl
   report(r, numel);
 }
 
+// ATen's fused AdamW (what torch.optim.AdamW(fused=True) runs) over tensors of dtype: parameters
+// and state of that dtype, fp32 step counts.
+double aten_fused_row(const std::string& name, int64_t tensors, int64_t rows, int64_t cols, at::ScalarType dt,
+                      int64_t n) {
+  std::vector<at::Tensor> p = make(tensors, rows, cols, dt, 1.0), g, m, v, steps;
+  for (auto& t : p) {
+    g.push_back((at::randn_like(t, at::kFloat) * 1e-2).to(dt));
+    m.push_back(at::zeros_like(t));
+    v.push_back(at::zeros_like(t));
+    steps.push_back(at::zeros({}, t.options().dtype(at::kFloat)));
+  }
+  const double ms = time_ms([&] {
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+  }, static_cast<int>(g_reps));
+  const bool f32 = dt == at::kFloat;
+  report({name, ms, f32 ? 28.0 : 14.0, f32 ? 8.0 : 4.0}, n);
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,35 +120,8 @@ int main(int argc, char** argv) {
     g_copy_gbs = 16.0 * n / (ms * 1e6);
     report({"device copy (16 B/param)", ms, 16, 0}, n);
   }
-  {
-    std::vector<at::Tensor> p = make(g_tensors, g_rows, g_cols, at::kFloat, 1.0), g, m, v, steps;
-    for (auto& t : p) {
-      g.push_back(at::randn_like(t) * 1e-2);
-      m.push_back(at::zeros_like(t));
-      v.push_back(at::zeros_like(t));
-      steps.push_back(at::zeros({}, t.options()));
-    }
-    const double ms = time_ms([&] {
-      for (auto& s : steps) s.add_(1);
-      at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
-    }, static_cast<int>(g_reps));
-    g_fused_ms = ms;
-    report({"ATen _fused_adamw_ fp32", ms, 28, 8}, n);
-  }
-  {
-    std::vector<at::Tensor> p = make(g_tensors, g_rows, g_cols, at::kBFloat16, 1.0), g, m, v, steps;
-    for (auto& t : p) {
-      g.push_back((at::randn_like(t, at::kFloat) * 1e-2).to(at::kBFloat16));
-      m.push_back(at::zeros_like(t));
-      v.push_back(at::zeros_like(t));
-      steps.push_back(at::zeros({}, t.options().dtype(at::kFloat)));
-    }
-    const double ms = time_ms([&] {
-      for (auto& s : steps) s.add_(1);
-      at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
-    }, static_cast<int>(g_reps));
-    report({"ATen _fused_adamw_ bf16 p+state", ms, 14, 4}, n);
-  }
+  g_fused_ms = aten_fused_row("ATen _fused_adamw_ fp32", g_tensors, g_rows, g_cols, at::kFloat, n);
+  aten_fused_row("ATen _fused_adamw_ bf16 p+state", g_tensors, g_rows, g_cols, at::kBFloat16, n);
   const auto T = g_tensors, R = g_rows, C = g_cols;
   const auto F = at::kFloat, BF = at::kBFloat16;
   lowbit_row<lo::AdamW>("lowbit AdamW Q8", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
@@ -166,18 +144,7 @@ int main(int argc, char** argv) {
   if (T * R * C % (256 * 1024) == 0) {
     const int64_t many = T * R * C / (256 * 1024);
     lowbit_row<lo::AdamW>("lowbit AdamW Q8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, many, 256, 1024);
-    std::vector<at::Tensor> p = make(many, 256, 1024, at::kFloat, 1.0), g, m, v, steps;
-    for (auto& t : p) {
-      g.push_back(at::randn_like(t) * 1e-2);
-      m.push_back(at::zeros_like(t));
-      v.push_back(at::zeros_like(t));
-      steps.push_back(at::zeros({}, t.options()));
-    }
-    const double ms = time_ms([&] {
-      at::_foreach_add_(steps, 1);
-      at::_fused_adamw_(p, g, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
-    }, static_cast<int>(g_reps));
-    report({"ATen _fused_adamw_ fp32, small tensors", ms, 28, 8}, n);
+    aten_fused_row("ATen _fused_adamw_ fp32, small tensors", many, 256, 1024, at::kFloat, n);
   }
   return 0;
 }

@@ -105,6 +105,9 @@ struct StepCall {
 };
 
 StepCall check_step_call(const StepArgs& a, const char* op);
+// grad_check's arguments: as many group ids as gradients, each in [0, num_groups), every gradient
+// float32 / bfloat16 / float16 on the device of the first.
+void check_grad_check_args(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups);
 
 // What the call's device scalars say (read on the host: the CPU kernel and the reference).
 bool call_skipped(const StepCall& c);

@@ -182,6 +182,21 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
   return c;
 }
 
+void check_grad_check_args(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups) {
+  const char* op = "lowbit::grad_check";
+  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
+              " gradients");
+  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    TORCH_CHECK(grads[i].device() == grads[0].device(), op, ": gradient ", i, " is on ", grads[i].device(),
+                ", gradient 0 on ", grads[0].device());
+    TORCH_CHECK(is_float_type(grads[i].scalar_type()), op, ": gradient ", i, " has dtype ", grads[i].scalar_type(),
+                "; supported: float32, bfloat16, float16");
+    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
+                num_groups, ")");
+  }
+}
+
 bool call_skipped(const StepCall& c) { return c.found_inf && c.found_inf->item<float>() != 0.0f; }
 
 float call_grad_multiplier(const StepCall& c) {

@@ -144,22 +144,14 @@ at::Tensor lamb_norms_cpu(const StepArgs& args) {
 
 std::tuple<at::Tensor, at::Tensor> grad_check_cpu(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                                   bool want_sumsq) {
-  const char* op = "lowbit::grad_check";
-  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
-              " gradients");
-  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
+  check_grad_check_args(grads, groups, num_groups);
   std::vector<at::Tensor> keep;
   std::vector<kernels::GradRef> refs;
   for (size_t i = 0; i < grads.size(); ++i) {
-    TORCH_CHECK(grads[i].device().is_cpu(), op, ": gradient ", i, " is on ", grads[i].device(),
+    TORCH_CHECK(grads[i].device().is_cpu(), "lowbit::grad_check: gradient ", i, " is on ", grads[i].device(),
                 "; the CPU kernel takes CPU tensors only");
-    const auto t = grads[i].scalar_type();
-    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": gradient ", i, " has dtype ", t,
-                "; supported: float32, bfloat16, float16");
-    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
-                num_groups, ")");
     keep.push_back(grads[i].contiguous());
-    refs.push_back({keep.back().data_ptr(), elem_type(t), keep.back().numel()});
+    refs.push_back({keep.back().data_ptr(), elem_type(grads[i].scalar_type()), keep.back().numel()});
   }
   const int64_t n = static_cast<int64_t>(refs.size());
   std::vector<uint8_t> finite(n);

@@ -173,22 +173,13 @@ at::Tensor lamb_norms_cuda(const StepArgs& args) {
 std::tuple<at::Tensor, at::Tensor> grad_check_cuda(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                                    bool want_sumsq) {
   const char* op = "lowbit::grad_check";
-  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
-              " gradients");
-  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
+  check_grad_check_args(grads, groups, num_groups);
   TORCH_CHECK(!grads.empty(), op, ": no gradients");
-  const at::Device device = grads[0].device();
-  const GpuGuard guard(device);
+  const GpuGuard guard(grads[0].device());
   std::vector<at::Tensor> keep;
   std::vector<kernels::GpuGrad> refs;
   for (size_t i = 0; i < grads.size(); ++i) {
-    TORCH_CHECK(grads[i].device() == device, op, ": gradient ", i, " is on ", grads[i].device(), ", gradient 0 on ",
-                device);
     const auto t = grads[i].scalar_type();
-    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": gradient ", i, " has dtype ", t,
-                "; supported: float32, bfloat16, float16");
-    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
-                num_groups, ")");
     keep.push_back(grads[i].contiguous());
     kernels::GpuGrad g;
     g.data = keep.back().data_ptr();

@@ -18,9 +18,7 @@ at::Tensor lamb_norms_meta(const StepArgs& args) {
 
 std::tuple<at::Tensor, at::Tensor> grad_check_meta(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                                    bool want_sumsq) {
-  TORCH_CHECK(groups.size() == grads.size(), "lowbit::grad_check: groups has ", groups.size(), " entries for ",
-              grads.size(), " gradients");
-  TORCH_CHECK(num_groups >= 0, "lowbit::grad_check: num_groups must be >= 0, got ", num_groups);
+  check_grad_check_args(grads, groups, num_groups);
   const auto meta = at::TensorOptions().device(at::kMeta);
   return {at::empty({1}, meta.dtype(at::kFloat)), at::empty({num_groups}, meta.dtype(at::kDouble))};
 }

@@ -203,18 +203,11 @@ Tensor lamb_norms_reference(const StepArgs& args) {
 
 std::tuple<Tensor, Tensor> grad_check_reference(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                                 bool want_sumsq) {
-  const char* op = "lowbit::grad_check";
-  TORCH_CHECK(groups.size() == grads.size(), op, ": groups has ", groups.size(), " entries for ", grads.size(),
-              " gradients");
-  TORCH_CHECK(num_groups >= 0, op, ": num_groups must be >= 0, got ", num_groups);
+  check_grad_check_args(grads, groups, num_groups);
   const at::Device device = grads.empty() ? at::Device(at::kCPU) : grads[0].device();
   Tensor found_inf = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
   Tensor sumsq = at::zeros({num_groups}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (size_t i = 0; i < grads.size(); ++i) {
-    TORCH_CHECK(grads[i].device() == device, op, ": gradient ", i, " is on ", grads[i].device(), ", gradient 0 on ",
-                device);
-    TORCH_CHECK(groups[i] >= 0 && groups[i] < num_groups, op, ": groups[", i, "] is ", groups[i], "; must be in [0, ",
-                num_groups, ")");
     found_inf = at::maximum(found_inf, at::logical_not(at::isfinite(grads[i])).any().to(at::kFloat).reshape({1}));
     if (want_sumsq) sumsq.select(0, groups[i]).add_(grads[i].to(at::kDouble).pow(2).sum());
   }

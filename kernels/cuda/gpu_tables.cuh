@@ -47,32 +47,9 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
   return tables[i];
 }
 
-// The bucket starts of `fmt` on the current device (allocated on first use, kept for the process).
-inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, uint8_t*> cache;
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, static_cast<int>(fmt));
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int widest = 0;
-    const std::vector<uint8_t> starts = make_bucket_starts(make_encode_table(fmt), kGpuKeyBits, &widest);
-    uint8_t* d = nullptr;
-    e = cudaMalloc(reinterpret_cast<void**>(&d), starts.size());
-    if (e != cudaSuccess) return e;
-    e = cudaMemcpy(d, starts.data(), starts.size(), cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) return e;
-    it = cache.emplace(key, d).first;
-  }
-  *out = it->second;
-  return cudaSuccess;
-}
-
-// Everything a fused optimizer step needs of one format, in one device allocation: the encode
-// bucket starts, thresholds and code order, and the codebook. Made once per device and format by
+// Everything a fused optimizer step needs of one format, in one device allocation (and, copied,
+// in a step kernel's shared memory): the encode bucket starts, thresholds and code order, and the
+// codebook. A multiple of 16 bytes, copied as uint4. Made once per device and format by
 // the first step that uses it (a step captured in a CUDA graph must not be that first one).
 struct alignas(16) DeviceFormat {
   uint8_t starts[1 << kGpuKeyBits];
@@ -116,6 +93,14 @@ inline cudaError_t device_format(QuantFormat fmt, cudaStream_t stream, const Dev
   }
   *out = it->second;
   return cudaSuccess;
+}
+
+// The bucket starts of `fmt` on the current device (made on first use, kept for the process).
+inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
+  const DeviceFormat* d = nullptr;
+  const cudaError_t e = device_format(fmt, nullptr, &d);
+  if (e == cudaSuccess) *out = d->starts;
+  return e;
 }
 
 // Copies n elements into shared memory, block-strided; the caller syncs.

@@ -14,11 +14,7 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-#if defined(__HIPCC__)
-constexpr int kGrads = 24;
-#else
-constexpr int kGrads = 200;
-#endif
+constexpr int kGrads = kDescriptorsPerLaunch;
 
 struct GradChunk {
   GpuGrad g[kGrads];

@@ -32,13 +32,7 @@ namespace kernels {
 namespace gpu_step {
 
 constexpr int kThreads = 256;
-// Parameter descriptors per launch: 32 KB of kernel parameters on CUDA 12.1+ (Volta and later);
-// HIP keeps within 4 KB.
-#if defined(__HIPCC__)
-constexpr int kChunk = 24;
-#else
-constexpr int kChunk = 200;
-#endif
+constexpr int kChunk = kDescriptorsPerLaunch;
 
 // How a launch's state is stored: every used slot the same way.
 enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
@@ -84,24 +78,17 @@ struct Args {
 
 // ---- shared-memory tables -------------------------------------------------------------------------
 
-struct alignas(16) SharedFormat {
-  uint8_t starts[1 << kGpuKeyBits];
-  float thresholds[256 + kGpuMaxScan];
-  uint8_t sorted_codes[256];
-  float codebook[256];
-  int scan;
-  int identity;
-};
+// Shared memory holds a DeviceFormat (gpu_tables.cuh), copied from the device's.
+using SharedFormat = DeviceFormat;
 
 __device__ __forceinline__ void stage_format(SharedFormat& sh, const DeviceFormat* d) {
-  stage(reinterpret_cast<uint4*>(sh.starts), reinterpret_cast<const uint4*>(d->starts), (1 << kGpuKeyBits) / 16);
-  stage(sh.thresholds, d->thresholds, 256 + kGpuMaxScan);
-  stage(sh.sorted_codes, d->sorted_codes, 256);
-  stage(sh.codebook, d->codebook, 256);
-  if (threadIdx.x == 0) {
-    sh.scan = d->scan;
-    sh.identity = d->identity;
-  }
+  stage(reinterpret_cast<uint4*>(&sh), reinterpret_cast<const uint4*>(d), static_cast<int>(sizeof(DeviceFormat) / 16));
+}
+
+// Every distinct format of the launch, then a barrier.
+__device__ __forceinline__ void stage_formats(SharedFormat* sh, const Args& a) {
+  for (int d = 0; d < a.num_distinct; ++d) stage_format(sh[d], a.distinct[d]);
+  __syncthreads();
 }
 
 // #{thresholds < x} by bucket, then the code (gpu_tables.cuh). scan and identity are the format's,
@@ -340,10 +327,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   constexpr int NS = RuleMaxSlots<R>::value;
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
-  if (kQuant) {
-    for (int d = 0; d < a.num_distinct; ++d) stage_format(sh[d], a.distinct[d]);
-    __syncthreads();
-  }
+  if (kQuant) stage_formats(sh, a);
   if (a.found_inf && *a.found_inf != 0.0f) return;
   const int lane = threadIdx.x % WARP;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / WARP);
@@ -427,10 +411,7 @@ __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_C
                                                              const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
-  if (kQuant) {
-    for (int d = 0; d < a.num_distinct; ++d) stage_format(sh[d], a.distinct[d]);
-    __syncthreads();
-  }
+  if (kQuant) stage_formats(sh, a);
   if (a.found_inf && *a.found_inf != 0.0f) return;
   // Each warp takes two norm blocks at a time, one per 16 lanes, so every lane of the warp reaches
   // the shuffles at the end of each round.

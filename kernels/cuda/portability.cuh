@@ -47,6 +47,14 @@ namespace kernels {
 #define LOWBIT_FOR_EACH_WARP_SIZE(X) X(32)
 #endif
 
+// Tensor descriptors one launch carries by value as kernel parameters: CUDA 12.1+ allows 32 KB of
+// them (Volta and later), HIP keeps within 4 KB.
+#if defined(__HIPCC__)
+constexpr int kDescriptorsPerLaunch = 24;
+#else
+constexpr int kDescriptorsPerLaunch = 200;
+#endif
+
 // Device properties the launchers need, queried once per device.
 struct DeviceInfo {
   int sm_count = 1;

@@ -222,48 +222,6 @@ __device__ __forceinline__ float group_absmax(BitScan s, int width, bool is_sign
 
 // ---- the per-lane work ------------------------------------------------------------------------------
 
-// The raw words of one lane's 8 elements of a quantized layout, loaded one unit ahead so that their
-// latency overlaps the update of the unit before (ncu: the kernel is bound by latency, not
-// bandwidth). Only whole, aligned chunks (ok); others load when their unit comes.
-template <typename T, int NS, int BITS>
-struct Prefetch {
-  uint4 p[sizeof(T) == 4 ? 2 : 1];
-  uint4 g[2];
-  uint32_t c[NS][BITS == 8 ? 2 : 1];
-  float amax[NS];
-  bool ok;
-
-  __device__ __forceinline__ void load(const GpuStepParam& P, const Args& a, int64_t i) {
-    ok = P.aligned != 0 && i + 8 <= P.numel;
-    if (!ok) return;
-    const uint4* pp = reinterpret_cast<const uint4*>(static_cast<const T*>(P.param) + i);
-    p[0] = pp[0];
-    if constexpr (sizeof(T) == 4) p[1] = pp[1];
-    if (P.grad_type == ElemType::F32) {
-      const uint4* gg = reinterpret_cast<const uint4*>(static_cast<const float*>(P.grad) + i);
-      g[0] = gg[0];
-      g[1] = gg[1];
-    } else {
-      g[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(P.grad) + i);
-      g[1] = make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < NS; ++k) {
-      if (!(a.used_mask & (1 << k))) continue;
-      const uint8_t* codes = static_cast<const uint8_t*>(P.slot[k]);
-      if constexpr (BITS == 8) {
-        const uint2 w = *reinterpret_cast<const uint2*>(codes + i);
-        c[k][0] = w.x;
-        c[k][1] = w.y;
-      } else {
-        c[k][0] = *reinterpret_cast<const uint32_t*>(codes + i / 2);
-      }
-      amax[k] = P.absmax[k][i / a.block_size];
-    }
-  }
-};
-
-
 // 8 elements starting at element i of parameter P: load, decode, update in registers.
 template <Rule R, typename T, int FAMILY, int NS>
 struct Lane {
@@ -271,18 +229,11 @@ struct Lane {
   // block's absmax and are never stored, so every loop runs all 8 without a bound.
   float p[8], s[NS][8];
 
-  float g[8];
-
   __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const ParamScalars& ps,
                                               const SharedFormat* sh, int64_t i, bool vec) {
-    load(P, a, sh, i, vec);
-    update(ps);
-  }
-
-  __device__ __forceinline__ void load(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
-                                       bool vec) {
     const int64_t n = P.numel;
     load8(static_cast<const T*>(P.param), i, n, vec, p);
+    float g[8];
     load_grad8(P.grad, P.grad_type, i, n, vec, g);
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
@@ -302,55 +253,6 @@ struct Lane {
         for (int e = 0; e < 8; ++e) s[k][e] = i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
       }
     }
-  }
-
-  // The raw words of a whole, aligned chunk (Prefetch) into floats: the same values load() gives.
-  template <typename Raw>
-  __device__ __forceinline__ void unpack(const Raw& r, ElemType grad_type, const Args& a, const SharedFormat* sh) {
-    if constexpr (sizeof(T) == 4) {
-      const uint32_t w[8] = {r.p[0].x, r.p[0].y, r.p[0].z, r.p[0].w, r.p[1].x, r.p[1].y, r.p[1].z, r.p[1].w};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) p[e] = __uint_as_float(w[e]);
-    } else {
-      const uint32_t w[4] = {r.p[0].x, r.p[0].y, r.p[0].z, r.p[0].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[2 * e] = to_f32(T{static_cast<uint16_t>(w[e] & 0xFFFFu)});
-        p[2 * e + 1] = to_f32(T{static_cast<uint16_t>(w[e] >> 16)});
-      }
-    }
-    const uint32_t gw[8] = {r.g[0].x, r.g[0].y, r.g[0].z, r.g[0].w, r.g[1].x, r.g[1].y, r.g[1].z, r.g[1].w};
-    if (grad_type == ElemType::F32) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) g[e] = __uint_as_float(gw[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint16_t lo = static_cast<uint16_t>(gw[e] & 0xFFFFu), hi = static_cast<uint16_t>(gw[e] >> 16);
-        g[2 * e] = grad_type == ElemType::BF16 ? to_f32(bf16_t{lo}) : to_f32(f16_t{lo});
-        g[2 * e + 1] = grad_type == ElemType::BF16 ? to_f32(bf16_t{hi}) : to_f32(f16_t{hi});
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < NS; ++k) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) s[k][e] = 0.0f;
-      if (!(a.used_mask & (1 << k))) continue;
-      const float* cb = sh[a.format_of_slot[k]].codebook;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        uint8_t code;
-        if constexpr (FAMILY == kCodes8) {
-          code = static_cast<uint8_t>(r.c[k][e / 4] >> (8 * (e % 4)));
-        } else {
-          code = static_cast<uint8_t>((r.c[k][0] >> (4 * e)) & 0xF);
-        }
-        s[k][e] = decode_value(cb, code, r.amax[k]);
-      }
-    }
-  }
-
-  __device__ __forceinline__ void update(const ParamScalars& ps) {
     const Hyper& h = ps.hyper;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -420,10 +322,6 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
 #ifndef LOWBIT_STEP_MIN_BLOCKS
 #define LOWBIT_STEP_MIN_BLOCKS 3
 #endif
-// Load a unit ahead in quantized layouts (Prefetch); -DLOWBIT_STEP_PREFETCH=0 turns it off.
-#ifndef LOWBIT_STEP_PREFETCH
-#define LOWBIT_STEP_PREFETCH 1
-#endif
 template <Rule R, typename T, int FAMILY, int WARP>
 __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
   constexpr int NS = RuleMaxSlots<R>::value;
@@ -440,14 +338,6 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   const bool big_blocks = kQuant && B > 8 * WARP;
   const int group = kQuant && !big_blocks ? static_cast<int>(B / 8) : WARP;
   int j = 0;
-  // Quantized layouts with small blocks: unit u + 1's raw words load while unit u updates.
-  constexpr bool kPrefetch = kQuant && LOWBIT_STEP_PREFETCH;
-  Prefetch<T, NS, FAMILY == kCodes8 ? 8 : 4> next;
-  next.ok = false;
-  if (kPrefetch && !big_blocks && u0 < u1) {
-    const int j0 = advance_param(chunk, 0, u0);
-    next.load(chunk.p[j0], a, (u0 - chunk.first_unit[j0]) * a.unit + int64_t(lane) * 8);
-  }
   for (int64_t u = u0; u < u1; ++u) {
     j = advance_param(chunk, j, u);
     const GpuStepParam& P = chunk.p[j];
@@ -457,21 +347,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     Lane<R, T, FAMILY, NS> L;
     if (!big_blocks) {
       const int64_t i = base + int64_t(lane) * 8;
-      if (kPrefetch) {
-        const auto cur = next;
-        if (u + 1 < u1) {
-          const int j1 = advance_param(chunk, j, u + 1);
-          next.load(chunk.p[j1], a, (u + 1 - chunk.first_unit[j1]) * a.unit + int64_t(lane) * 8);
-        }
-        if (cur.ok) {
-          L.unpack(cur, P.grad_type, a, sh);
-        } else {
-          L.load(P, a, sh, i, vec);
-        }
-        L.update(ps);
-      } else {
-        L.load_update(P, a, ps, sh, i, vec);
-      }
+      L.load_update(P, a, ps, sh, i, vec);
       if (kQuant) {
         bool bad = false;
 #pragma unroll

@@ -88,7 +88,7 @@ void LowbitOptimizer::check_overflow_on(bool cpu_only) {
       auto it = states_.find(params[i].unsafeGetTensorImpl());
       if (it == states_.end() || (cpu_only && !it->second.counters.is_cpu())) continue;
       ParamState& st = it->second;
-      const at::Tensor c = st.counters.cpu();
+      const at::Tensor c = st.counters.is_cpu() ? st.counters : st.counters.cpu();  // .cpu() dispatches even on the CPU
       const int64_t blocks = c.data_ptr<int64_t>()[1];
       if (blocks == st.overflow_reported) continue;
       const int64_t fresh = blocks - st.overflow_reported;
@@ -254,12 +254,17 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
       at::Tensor& p = group.params()[i];
       if (!p.grad().defined()) continue;
       ParamState& st = ensure_state(p, options, gi, i);
-      std::vector<kernels::SlotType> slots;
-      for (const StateSlot& s : st.slots) slots.push_back(s.type);
+      // Its bucket: compared slot by slot, no list built per parameter (thousands of small
+      // parameters make this loop the host's cost of a step).
       auto b = std::find_if(buckets.begin(), buckets.end(), [&](const CallBucket& x) {
-        return x.device == p.device() && x.slots == slots && x.block_size == st.block_size;
+        if (x.device != p.device() || x.block_size != st.block_size || x.slots.size() != st.slots.size()) return false;
+        for (size_t k = 0; k < st.slots.size(); ++k)
+          if (x.slots[k] != st.slots[k].type) return false;
+        return true;
       });
       if (b == buckets.end()) {
+        std::vector<kernels::SlotType> slots;
+        for (const StateSlot& s : st.slots) slots.push_back(s.type);
         b = buckets.insert(buckets.end(), CallBucket{p.device(), slots, st.block_size, {}, {}});
         ops::StepArgs& a = b->args;
         const auto d = std::find_if(devices.begin(), devices.end(),

@@ -22,10 +22,11 @@ void check_cpu(const at::Tensor& t, const char* what, size_t i) {
 }
 
 // The kernel's view of one parameter at step t.
-kernels::ParamTask make_task(const StepCall& c, const StepParam& p, int64_t t, double lr, const at::Tensor& grad) {
+kernels::ParamTask make_task(const StepCall& c, const StepParam& p, const at::Tensor& param, int64_t t, double lr,
+                             const at::Tensor& grad) {
   kernels::ParamTask task;
-  task.param = p.param.data_ptr();
-  task.param_type = elem_type(p.param.scalar_type());
+  task.param = param.data_ptr();
+  task.param_type = elem_type(param.scalar_type());
   task.grad = grad.data_ptr();
   task.grad_type = elem_type(grad.scalar_type());
   task.numel = p.param.numel();
@@ -53,7 +54,7 @@ kernels::ParamTask make_task(const StepCall& c, const StepParam& p, int64_t t, d
 // apart (the reference steps them).
 struct CpuCall {
   StepCall call;
-  std::vector<at::Tensor> grads;  // contiguous copies where needed, kept alive
+  std::vector<at::Tensor> grads, params;  // contiguous copies where needed, kept alive
   std::vector<kernels::ParamTask> tasks;
   std::vector<size_t> task_param, strided;
   std::vector<int64_t> steps;
@@ -66,6 +67,7 @@ void prepare(CpuCall& cc, bool for_norms) {
   cc.grad_mult = call_grad_multiplier(c);
   const double lr = call_lr(c);
   cc.grads.reserve(c.params.size());
+  cc.params.reserve(c.params.size());
   for (size_t i = 0; i < c.params.size(); ++i) {
     StepParam& p = c.params[i];
     check_cpu(p.param, "value", i);
@@ -76,10 +78,10 @@ void prepare(CpuCall& cc, bool for_norms) {
       continue;
     }
     cc.grads.push_back(p.grad.contiguous());
-    const at::Tensor param = p.param.contiguous();  // a no-op for the step (contiguous here)
-    StepParam q = p;
-    q.param = param;
-    cc.tasks.push_back(make_task(c, q, t, lr, cc.grads.back()));
+    // For the step the parameter is contiguous (strided ones went to the reference above); LAMB's
+    // read-only pass takes a contiguous copy of any other.
+    cc.params.push_back(p.param.contiguous());
+    cc.tasks.push_back(make_task(c, p, cc.params.back(), t, lr, cc.grads.back()));
     cc.task_param.push_back(i);
   }
   cc.kernel.rule = c.config.rule;

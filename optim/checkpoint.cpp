@@ -54,6 +54,8 @@ int64_t storage_id(const StateSlot& s, StateFormat param_format) {
 }  // namespace
 
 void LowbitOptimizer::save(torch::serialize::OutputArchive& a) const {
+  // A state lost to overflow is reported before it is written (GPU counters are read here).
+  check_overflow_on(false);
   a.write("lowbit/magic", c10::IValue(kCheckpointMagic));
   a.write("lowbit/version", c10::IValue(kCheckpointVersion));
   a.write("lowbit/optimizer", c10::IValue(std::string(name())));

@@ -81,13 +81,13 @@ void LowbitOptimizer::set_overflow_check_interval(int64_t n) {
 void LowbitOptimizer::check_overflow() { check_overflow_on(false); }
 
 // A state that overflowed cannot be stored (its blocks decode to NaN): say so rather than go on.
-void LowbitOptimizer::check_overflow_on(bool cpu_only) {
+void LowbitOptimizer::check_overflow_on(bool cpu_only) const {
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const auto& params = param_groups_[gi].params();
     for (size_t i = 0; i < params.size(); ++i) {
       auto it = states_.find(params[i].unsafeGetTensorImpl());
       if (it == states_.end() || (cpu_only && !it->second.counters.is_cpu())) continue;
-      ParamState& st = it->second;
+      const ParamState& st = it->second;
       const at::Tensor c = st.counters.is_cpu() ? st.counters : st.counters.cpu();  // .cpu() dispatches even on the CPU
       const int64_t blocks = c.data_ptr<int64_t>()[1];
       if (blocks == st.overflow_reported) continue;

@@ -38,7 +38,7 @@ struct ParamState {
   StateFormat format = StateFormat::FP32;  // resolved format (after min_quant_numel, overrides)
   int64_t block_size = 0;                  // quantization block (work block for dense state)
   std::vector<StateSlot> slots;            // by the rule's slot index (kernels::rule_slots)
-  int64_t overflow_reported = 0;           // counters[1] when last checked
+  mutable int64_t overflow_reported = 0;   // counters[1] when last checked (an error is raised once)
   int64_t step() const;                    // steps taken (a device read for GPU parameters)
 };
 
@@ -59,9 +59,9 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   int64_t skipped_steps() const;
 
   // Throws if the quantized state of some parameter overflowed to Inf/NaN since the last check,
-  // naming the parameter. CPU parameters are checked after every step; GPU ones here, when saved,
-  // and every `n` steps after set_overflow_check_interval(n) (0, the default: never by itself,
-  // so that a step never waits for the device).
+  // naming the parameter. CPU parameters are checked after every step; GPU ones here, by save()
+  // (which then refuses once), and every `n` steps after set_overflow_check_interval(n) (0, the
+  // default: never by itself, so that a step never waits for the device).
   void check_overflow();
   void set_overflow_check_interval(int64_t n);
 
@@ -110,7 +110,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // The group's learning rate as a float64 [1] tensor on `device`, rewritten when the host value
   // changed (a scheduler's set_lr): the op reads lr there.
   at::Tensor lr_tensor(size_t group, at::Device device);
-  void check_overflow_on(bool cpu_only);
+  void check_overflow_on(bool cpu_only) const;
 
   struct LrTensor {
     at::Tensor value;

@@ -281,3 +281,42 @@ TEST(OptimCuda, NonFiniteGradientsSkipOnTheDevice) {
   EXPECT_EQ(opt.skipped_steps(), 1);
   EXPECT_EQ(opt.state_of(p[2])->step(), 0);
 }
+
+// Quantized state that overflows on the GPU is reported when the host asks (check_overflow, save,
+// or every n steps), never by waiting in the step itself.
+TEST(OptimCuda, StateOverflowIsReportedWhenAsked) {
+  SKIP_WITHOUT_CUDA();
+  const auto overflowing = [] {
+    at::Tensor g = at::randn({8192});
+    g[300] = 1e20;  // finite, but its square is not
+    return g.cuda();
+  };
+  const std::string want = "the state of parameter 0 of group 0 (shape [8192]) overflowed to Inf/NaN in 1 block(s) at step 1";
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  };
+  std::vector<at::Tensor> p = {at::randn({8192}).cuda()};
+  lo::Adagrad a(p, lo::AdagradOptions(0.1).state_format(StateFormat::Q8));
+  p[0].mutable_grad() = overflowing();
+  EXPECT_EQ(message([&] { a.step(); }), "");
+  EXPECT_NE(message([&] { a.check_overflow(); }).find(want), std::string::npos);
+  EXPECT_EQ(message([&] { a.check_overflow(); }), "");  // once
+
+  std::vector<at::Tensor> q = {at::randn({8192}).cuda()};
+  lo::Adagrad b(q, lo::AdagradOptions(0.1).state_format(StateFormat::Q8));
+  b.set_overflow_check_interval(1);
+  q[0].mutable_grad() = overflowing();
+  EXPECT_NE(message([&] { b.step(); }).find(want), std::string::npos);
+
+  std::vector<at::Tensor> r = {at::randn({8192}).cuda()};
+  lo::Adagrad c(r, lo::AdagradOptions(0.1).state_format(StateFormat::Q8));
+  r[0].mutable_grad() = overflowing();
+  c.step();
+  std::stringstream buf;
+  EXPECT_NE(message([&] { torch::save(c, buf); }).find(want), std::string::npos);
+}

@@ -111,7 +111,11 @@ TEST(OptimFP32, MatchesLibtorchOver100Steps) {
   for (auto& c : cases) {
     auto pa = make_params(), pb = clone_all(pa);
     run_pair(c.ours, c.theirs, 100, pa, pb);
-    EXPECT_LE(max_rel_diff(pa, pb), 1e-6) << c.name;
+    // Centered RMSprop divides by sqrt(square_avg - grad_avg^2), a difference of two close
+    // averages: torch's addcmul and our separate multiply and subtract round differently there,
+    // and the cancellation amplifies it (seen: 1.95e-6 after 100 steps, about 1 run in 20).
+    const double tol = std::string(c.name).find("centered") != std::string::npos ? 1e-5 : 1e-6;
+    EXPECT_LE(max_rel_diff(pa, pb), tol) << c.name;
   }
 }
 

@@ -123,5 +123,36 @@ kernels::FakeQuantParams fake_quant_params(const FakeQuantArgs& a, at::Tensor& o
   return p;
 }
 
+LsqBackwardCall prepare_lsq_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
+                                     const at::Tensor& zero_point, int64_t group_size, int64_t bits, bool is_signed,
+                                     double grad_factor, const char* op) {
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
+  auto [s, z] = check_qparams(a, scale, zero_point, op);
+  TORCH_CHECK(grad.sizes() == input.sizes() && grad.scalar_type() == input.scalar_type() &&
+                  grad.device() == input.device(),
+              op, ": grad (", grad.sizes(), ", ", grad.scalar_type(), ", ", grad.device(), ") must match input (",
+              input.sizes(), ", ", input.scalar_type(), ", ", input.device(), ")");
+  LsqBackwardCall c;
+  c.grad = grad.contiguous();
+  c.grad_input = at::empty_like(a.input);
+  c.grad_scale = at::empty({a.ngroups}, s.options());
+  c.grad_zero_point = at::empty({a.ngroups}, s.options());
+  kernels::LsqBackwardParams& p = c.params;
+  p.grad = c.grad.data_ptr();
+  p.input = a.input.data_ptr();
+  p.type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.group_size = a.group_size;
+  p.bits = a.bits;
+  p.is_signed = a.is_signed;
+  p.scale = s.data_ptr<float>();
+  p.zero_point = z.data_ptr<float>();
+  p.grad_factor = static_cast<float>(grad_factor);
+  p.grad_input = c.grad_input.data_ptr();
+  p.grad_scale = c.grad_scale.data_ptr<float>();
+  p.grad_zero_point = c.grad_zero_point.data_ptr<float>();
+  return c;
+}
+
 }  // namespace ops
 }  // namespace lowbit

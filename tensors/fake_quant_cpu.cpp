@@ -99,31 +99,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_cpu(const at::Tensor
                                                                 int64_t group_size, int64_t bits, bool is_signed,
                                                                 double grad_factor) {
   const char* op = "lowbit::fake_quant_lsq_backward";
-  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
-  auto [s, z] = check_qparams(a, scale, zero_point, op);
-  TORCH_CHECK(grad.sizes() == input.sizes() && grad.scalar_type() == input.scalar_type(), op, ": grad (",
-              grad.sizes(), ", ", grad.scalar_type(), ") must match input (", input.sizes(), ", ",
-              input.scalar_type(), ")");
-  const at::Tensor g = grad.contiguous();
-  at::Tensor dx = at::empty_like(a.input);
-  at::Tensor gs = at::empty({a.ngroups}, s.options());
-  at::Tensor gz = at::empty({a.ngroups}, s.options());
-  kernels::LsqBackwardParams p;
-  p.grad = g.data_ptr();
-  p.input = a.input.data_ptr();
-  p.type = elem_type(a.input.scalar_type());
-  p.n = a.input.numel();
-  p.group_size = a.group_size;
-  p.bits = a.bits;
-  p.is_signed = a.is_signed;
-  p.scale = s.data_ptr<float>();
-  p.zero_point = z.data_ptr<float>();
-  p.grad_factor = static_cast<float>(grad_factor);
-  p.grad_input = dx.data_ptr();
-  p.grad_scale = gs.data_ptr<float>();
-  p.grad_zero_point = gz.data_ptr<float>();
-  kernels::fake_quant_lsq_backward_cpu(p);
-  return {dx, gs, gz};
+  LsqBackwardCall c =
+      prepare_lsq_backward(grad, input, scale, zero_point, group_size, bits, is_signed, grad_factor, op);
+  kernels::fake_quant_lsq_backward_cpu(c.params);
+  return {c.grad_input, c.grad_scale, c.grad_zero_point};
 }
 
 }  // namespace

@@ -111,33 +111,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_cuda(const at::Tenso
                                                                  int64_t group_size, int64_t bits, bool is_signed,
                                                                  double grad_factor) {
   const char* op = "lowbit::fake_quant_lsq_backward";
-  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
-  auto [s, z] = check_qparams(a, scale, zero_point, op);
-  TORCH_CHECK(grad.sizes() == input.sizes() && grad.scalar_type() == input.scalar_type() &&
-                  grad.device() == input.device(),
-              op, ": grad (", grad.sizes(), ", ", grad.scalar_type(), ", ", grad.device(), ") must match input (",
-              input.sizes(), ", ", input.scalar_type(), ", ", input.device(), ")");
-  const GpuGuard guard(a.input.device());
-  const at::Tensor g = grad.contiguous();
-  at::Tensor dx = at::empty_like(a.input);
-  at::Tensor gs = at::empty({a.ngroups}, s.options());
-  at::Tensor gz = at::empty({a.ngroups}, s.options());
-  kernels::LsqBackwardParams p;
-  p.grad = g.data_ptr();
-  p.input = a.input.data_ptr();
-  p.type = elem_type(a.input.scalar_type());
-  p.n = a.input.numel();
-  p.group_size = a.group_size;
-  p.bits = a.bits;
-  p.is_signed = a.is_signed;
-  p.scale = s.data_ptr<float>();
-  p.zero_point = z.data_ptr<float>();
-  p.grad_factor = static_cast<float>(grad_factor);
-  p.grad_input = dx.data_ptr();
-  p.grad_scale = gs.data_ptr<float>();
-  p.grad_zero_point = gz.data_ptr<float>();
-  check_launch(kernels::fake_quant_lsq_backward_gpu(p, current_stream()), op);
-  return {dx, gs, gz};
+  const GpuGuard guard(input.device());
+  LsqBackwardCall c =
+      prepare_lsq_backward(grad, input, scale, zero_point, group_size, bits, is_signed, grad_factor, op);
+  check_launch(kernels::fake_quant_lsq_backward_gpu(c.params, current_stream()), op);
+  return {c.grad_input, c.grad_scale, c.grad_zero_point};
 }
 
 }  // namespace

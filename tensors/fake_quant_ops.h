@@ -74,6 +74,16 @@ int64_t mask_bytes(int64_t n);
 kernels::FakeQuantParams fake_quant_params(const FakeQuantArgs& a, at::Tensor& out, at::Tensor& mask,
                                            at::Tensor& scale, at::Tensor& zero_point);
 
+// fake_quant_lsq_backward checked, its outputs allocated and its kernel parameters filled (any
+// device): what the CPU and CUDA bindings share before calling their kernel.
+struct LsqBackwardCall {
+  at::Tensor grad, grad_input, grad_scale, grad_zero_point;  // grad: contiguous; outputs: allocated
+  kernels::LsqBackwardParams params;
+};
+LsqBackwardCall prepare_lsq_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
+                                     const at::Tensor& zero_point, int64_t group_size, int64_t bits, bool is_signed,
+                                     double grad_factor, const char* op);
+
 // ATen-only reference (also the CompositeExplicitAutograd kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_reference(
     const at::Tensor& input, int64_t group_size, int64_t bits, bool is_signed, bool symmetric, double eps);

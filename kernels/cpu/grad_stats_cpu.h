@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "../common/grad_sums.h"
 #include "../common/quantize_params.h"
 
 namespace lowbit {
@@ -16,9 +17,8 @@ struct GradRef {
 };
 
 // finite[i] = 1 when every element of grads[i] is finite; with want_sumsq, sumsq[i] = the sum of
-// its squares in double, added in an order fixed by the data alone (chunks of kGradChunk, 16
-// partial sums each), so the result does not depend on the thread count.
-constexpr int64_t kGradChunk = 8192;
+// its squares in double, added in the order of common/grad_sums.h (fixed by the data alone), so
+// the result does not depend on the thread count or the device.
 void grad_stats_cpu(const GradRef* grads, int64_t count, bool want_sumsq, uint8_t* finite, double* sumsq);
 
 }  // namespace kernels

@@ -1,11 +1,10 @@
 // The gradient pre-pass on GPUs (optim_step_cuda.h: grad_check_gpu). The finite check alone reads
-// each gradient once with wide loads. The sums of squares follow the CPU's order exactly
-// (kernels/cpu/grad_stats_cpu.h): per chunk of kGradChunk elements 16 double partial sums, lane j
-// taking elements j, j + 16, ... in order, the partials added in order; a gradient's chunks added
-// in order; the gradients added into their group in order. So clipping scales by the CPU's factor.
+// each gradient once with wide loads. The sums of squares follow common/grad_sums.h's order, as
+// the CPU kernel does (16 lanes per chunk, lane j as partial sum j), so clipping scales by the
+// CPU's factor.
 #include <algorithm>
 
-#include "../cpu/grad_stats_cpu.h"
+#include "../common/grad_sums.h"
 #include "optim_step_cuda.h"
 #include "vector_io.cuh"
 

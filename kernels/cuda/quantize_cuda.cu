@@ -67,29 +67,7 @@ __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normali
   uint8_t c[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) c[k] = encode_one<SCAN, IDENTITY>(sh, normalize(nz, v[k]));
-  if (BITS == 8) {
-    if (vec && i + 8 <= n) {
-      uint2 w;
-      w.x = c[0] | (c[1] << 8) | (c[2] << 16) | (uint32_t(c[3]) << 24);
-      w.y = c[4] | (c[5] << 8) | (c[6] << 16) | (uint32_t(c[7]) << 24);
-      *reinterpret_cast<uint2*>(codes + i) = w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        if (i + k < n) codes[i + k] = c[k];
-    }
-  } else {
-    uint8_t b[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) b[k] = c[2 * k] | ((i + 2 * k + 1 < n ? c[2 * k + 1] : 0) << 4);
-    if (vec && i + 8 <= n) {
-      *reinterpret_cast<uint32_t*>(codes + i / 2) = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i + 2 * k < n) codes[i / 2 + k] = b[k];
-    }
-  }
+  store_codes8<BITS>(codes, i, n, vec, c);
 }
 
 // One lane's 8 values of a block owned by GROUP lanes: reduce the absmax across the group, store it

@@ -1,5 +1,5 @@
-// Loading and storing 8 consecutive elements per thread as wide (16-byte) accesses when aligned
-// and in range, element by element at the ragged end of a tensor.
+// Loading and storing 8 consecutive elements (values, or 8-bit / 4-bit codes) per thread as wide
+// accesses when aligned and in range, element by element at the ragged end of a tensor.
 #pragma once
 
 #include "../common/float_convert.h"
@@ -52,6 +52,62 @@ __device__ __forceinline__ void store8(T* p, int64_t i, int64_t n, bool vec, con
 #pragma unroll
     for (int k = 0; k < 8; ++k)
       if (i + k < n) p[i + k] = from_f32<T>(v[k]);
+  }
+}
+
+// 8 codes at element i (8-bit: 8 bytes; 4-bit: 4 bytes, even element in the low nibble).
+template <int BITS>
+__device__ __forceinline__ void load_codes8(const uint8_t* codes, int64_t i, int64_t n, bool vec, uint8_t (&c)[8]) {
+  if (BITS == 8) {
+    if (vec && i + 8 <= n) {
+      const uint2 w = *reinterpret_cast<const uint2*>(codes + i);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        c[k] = static_cast<uint8_t>(w.x >> (8 * k));
+        c[4 + k] = static_cast<uint8_t>(w.y >> (8 * k));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) c[k] = i + k < n ? codes[i + k] : 0;
+    }
+  } else {
+    uint32_t w = 0;
+    if (vec && i + 8 <= n) {
+      w = *reinterpret_cast<const uint32_t*>(codes + i / 2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i + 2 * k < n) w |= static_cast<uint32_t>(codes[i / 2 + k]) << (8 * k);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c[k] = static_cast<uint8_t>((w >> (4 * k)) & 0xF);
+  }
+}
+
+template <int BITS>
+__device__ __forceinline__ void store_codes8(uint8_t* codes, int64_t i, int64_t n, bool vec, const uint8_t (&c)[8]) {
+  if (BITS == 8) {
+    if (vec && i + 8 <= n) {
+      uint2 w;
+      w.x = c[0] | (c[1] << 8) | (c[2] << 16) | (uint32_t(c[3]) << 24);
+      w.y = c[4] | (c[5] << 8) | (c[6] << 16) | (uint32_t(c[7]) << 24);
+      *reinterpret_cast<uint2*>(codes + i) = w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (i + k < n) codes[i + k] = c[k];
+    }
+  } else {
+    uint8_t b[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) b[k] = c[2 * k] | ((i + 2 * k + 1 < n ? c[2 * k + 1] : 0) << 4);
+    if (vec && i + 8 <= n) {
+      *reinterpret_cast<uint32_t*>(codes + i / 2) = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i + 2 * k < n) codes[i / 2 + k] = b[k];
+    }
   }
 }
 

@@ -133,3 +133,16 @@ def test_step_op_names_the_bad_argument():
         ops.optim_step_([p], [g], [], [counters], lr, rule="SGD", slots=["Dyn9"])
     with pytest.raises(RuntimeError, match="counters has 0 entries for 1 parameters"):
         ops.optim_step_([p], [g], [], [], lr, rule="SGD", slots=[])
+
+
+def test_blockwise_and_step_ops_have_meta_kernels():
+    """Shape inference on meta tensors: the same checks, no data read."""
+    x = torch.empty(1000, device="meta")
+    codes, absmax = ops.quantize_blockwise(x, "DE4Signed", 0)
+    assert codes.shape == (500,) and codes.dtype == torch.uint8 and absmax.shape == (8,)
+    y = ops.dequantize_blockwise(codes, absmax, "DE4Signed", 128, [10, 100], torch.bfloat16)
+    assert y.shape == (10, 100) and y.dtype == torch.bfloat16 and y.device.type == "meta"
+    with pytest.raises(RuntimeError, match="block_size"):
+        ops.quantize_blockwise(x, "FP8E4M3", 48)
+    found_inf, sumsq = ops.grad_check([torch.empty(10, device="meta")], [0], 3, True)
+    assert found_inf.shape == (1,) and sumsq.shape == (3,)

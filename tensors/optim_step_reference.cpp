@@ -21,15 +21,22 @@ namespace {
 
 using at::Tensor;
 
-// kernels::mix64 (splitmix64) on int64 tensors: multiplication wraps, and the unsigned shifts are
-// arithmetic shifts masked to the bits that move in.
+// Unsigned shifts on int64 tensors: arithmetic shifts masked to the bits that move in.
 Tensor shr(const Tensor& z, int k) { return at::bitwise_and(at::bitwise_right_shift(z, k), (int64_t(1) << (64 - k)) - 1); }
 
-Tensor mix64(Tensor z) {
-  z = at::add(z, static_cast<int64_t>(0x9E3779B97F4A7C15ull));
-  z = at::mul(at::bitwise_xor(z, shr(z, 30)), static_cast<int64_t>(0xBF58476D1CE4E5B9ull));
-  z = at::mul(at::bitwise_xor(z, shr(z, 27)), static_cast<int64_t>(0x94D049BB133111EBull));
-  return at::bitwise_xor(z, shr(z, 31));
+// kernels::sr_noise on int64 tensors holding 32-bit values: products wrap, masked back to 32 bits.
+Tensor sr_noise(const Tensor& index, uint64_t seed) {
+  const int64_t m32 = 0xFFFFFFFF;
+  const auto mul32 = [&](const Tensor& x, uint32_t c) { return at::bitwise_and(at::mul(x, int64_t(c)), m32); };
+  const Tensor lo = at::bitwise_xor(at::bitwise_and(index, m32), static_cast<int64_t>(seed & 0xFFFFFFFFu));
+  const Tensor hi = at::bitwise_xor(shr(index, 32), static_cast<int64_t>(seed >> 32));
+  Tensor x = at::bitwise_and(at::add(lo, mul32(hi, 0x9E3779B9u)), m32);
+  x = at::bitwise_xor(x, shr(x, 16));
+  x = mul32(x, 0x7FEB352Du);
+  x = at::bitwise_xor(x, shr(x, 15));
+  x = mul32(x, 0x846CA68Bu);
+  x = at::bitwise_xor(x, shr(x, 16));
+  return shr(x, 16);
 }
 
 // p (fp32) converted to dtype with the kernels' from_f32 bits, NaN included (bf16: 0x7FC0; fp16: its
@@ -47,7 +54,7 @@ Tensor to_storage(const Tensor& p, at::ScalarType dtype) {
 Tensor bf16_stochastic(const Tensor& p, uint64_t seed, int64_t offset) {
   const Tensor u = at::bitwise_and(p.view(at::kInt).to(at::kLong), int64_t(0xFFFFFFFF));
   const Tensor idx = at::arange(offset, offset + p.numel(), p.options().dtype(at::kLong));
-  const Tensor noise = at::bitwise_and(mix64(at::bitwise_xor(mix64(idx), static_cast<int64_t>(seed))), int64_t(0xFFFF));
+  const Tensor noise = sr_noise(idx, seed);
   const Tensor r = at::add(u, noise);
   const auto exponent_all_ones = [](const Tensor& b) {
     return at::eq(at::bitwise_and(b, int64_t(0x7F800000)), int64_t(0x7F800000));

@@ -227,6 +227,48 @@ TEST(StepInterface, OffsetsMoveTheRoundingNoise) {
   EXPECT_FALSE(lowbit_test::bitwise_equal(out[0], out[1]));
 }
 
+// The rounding noise is a function of (seed, element index) alone: the AVX-512 loop (16 lanes at
+// a time), the scalar loop and the ATen reference draw the same bits for indices below, across
+// and far above 2^32 (the noise folds the index's high half in), with Q8 state (the pipelined
+// vector loop) and with none.
+TEST(StepInterface, RoundingNoiseIsTheSameOnEveryPathAcross2To32) {
+  const int64_t n = 1003;
+  const at::Tensor p0 = at::randn({n}).to(at::kBFloat16), g = (at::randn({n}) * 0.1).to(at::kBFloat16);
+  for (StateFormat f : {StateFormat::Q8, StateFormat::FP32}) {
+    lk::StepConfig config;
+    config.rule = lk::Rule::AdamW;
+    const RawState st0 = fresh_state(config, f, n);
+    std::vector<at::Tensor> first;
+    // Block-aligned offsets (a quantized shard starts on a block): 2^32 falls inside the tensor.
+    for (int64_t offset : {int64_t(0), (int64_t(1) << 32) - 512, (int64_t(1) << 40)}) {
+      SCOPED_TRACE(std::string(lowbit::state_format_name(f)) + " offset " + std::to_string(offset));
+      std::vector<at::Tensor> out;
+      for (int path = 0; path < 3; ++path) {
+        lowbit::ops::StepArgs a;
+        a.config = config;
+        a.slots = st0.slots;
+        a.block_size = st0.block;
+        a.state = clone_all(st0.tensors);
+        a.params = {p0.clone()};
+        a.grads = {g};
+        a.counters = {at::zeros({2}, at::kLong)};
+        a.lr = at::full({1}, 1e-3, at::kDouble);
+        a.seed = 0x0123456789ABCDEFll;
+        a.stochastic_round = true;
+        a.offsets = {offset};
+        a.scalar_loop = path == 1;
+        lowbit::ops::optim_step(a, path == 2);
+        out.push_back(a.params[0]);
+      }
+      EXPECT_TRUE(lowbit_test::bitwise_equal(out[0], out[1])) << "AVX-512 loop vs scalar loop";
+      EXPECT_TRUE(lowbit_test::bitwise_equal(out[0], out[2])) << "AVX-512 loop vs ATen reference";
+      first.push_back(out[0]);
+    }
+    EXPECT_FALSE(lowbit_test::bitwise_equal(first[0], first[1]));
+    EXPECT_FALSE(lowbit_test::bitwise_equal(first[1], first[2]));
+  }
+}
+
 // found_inf set: the call changes nothing, not even the step count.
 TEST(StepInterface, FoundInfSkipsTheCallOnEveryPath) {
   for (bool reference : {false, true}) {

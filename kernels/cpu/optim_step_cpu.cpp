@@ -181,27 +181,30 @@ LOWBIT_AVX512 inline void store16_bf16(uint16_t* out, __m512 x, __mmask16 m) {
   _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(r));
 }
 
-// mix64 of stochastic_round.h on 8 lanes (64-bit multiplies of AVX-512 DQ).
-LOWBIT_AVX512 inline __m512i mix64x8(__m512i z) {
-  z = _mm512_add_epi64(z, _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull)));
-  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)),
-                         _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull)));
-  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)),
-                         _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull)));
-  return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+// sr_noise of stochastic_round.h on 16 lanes: elements index0 .. index0 + 15 (the low halves
+// carry into the high ones where they wrap).
+LOWBIT_AVX512 inline __m512i sr_noise16(uint64_t seed, uint64_t index0) {
+  const __m512i lo0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(index0)));
+  const __m512i lo = _mm512_add_epi32(lo0, _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(lo, lo0);
+  const __m512i hi0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(index0 >> 32)));
+  const __m512i hi = _mm512_mask_add_epi32(hi0, carry, hi0, _mm512_set1_epi32(1));
+  const __m512i s_lo = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed)));
+  const __m512i s_hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed >> 32)));
+  __m512i x = _mm512_add_epi32(_mm512_xor_si512(lo, s_lo),
+                               _mm512_mullo_epi32(_mm512_xor_si512(hi, s_hi), _mm512_set1_epi32(static_cast<int>(0x9E3779B9u))));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7FEB352D));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846CA68Bu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  return _mm512_srli_epi32(x, 16);
 }
 
 // bf16_stochastic of stochastic_round.h on 16 lanes: elements index0 .. index0 + 15.
 LOWBIT_AVX512 inline void store16_bf16_stochastic(uint16_t* out, __m512 x, __mmask16 m, uint64_t seed,
                                                   uint64_t index0) {
-  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i s = _mm512_set1_epi64(static_cast<long long>(seed));
-  const __m512i i_lo = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(index0)), lane);
-  const __m512i i_hi = _mm512_add_epi64(i_lo, _mm512_set1_epi64(8));
-  const __m256i n_lo = _mm512_cvtepi64_epi32(mix64x8(_mm512_xor_si512(s, mix64x8(i_lo))));
-  const __m256i n_hi = _mm512_cvtepi64_epi32(mix64x8(_mm512_xor_si512(s, mix64x8(i_hi))));
-  const __m512i noise = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n_lo), n_hi, 1),
-                                         _mm512_set1_epi32(0xFFFF));
+  const __m512i noise = sr_noise16(seed, index0);
   const __m512i u = _mm512_castps_si512(x);
   const __m512i exp = _mm512_set1_epi32(0x7F800000);
   const __m512i r = _mm512_add_epi32(u, noise);

@@ -15,9 +15,10 @@ namespace lowbit {
 namespace kernels {
 
 // Encode by bucket (code_tables.h): 14 key bits = 16 KiB of starts, at most 3 compares per
-// element for the built-in formats.
+// element for the built-in formats (Dyn8Unsigned needs 3, Dyn8Signed 2, the others 1); the step
+// kernels always make kGpuMaxScan of them, without a branch.
 constexpr int kGpuKeyBits = 14;
-constexpr int kGpuMaxScan = 4;
+constexpr int kGpuMaxScan = 3;
 
 struct GpuTables {
   float thresholds[256 + kGpuMaxScan];  // ascending, +inf padded

@@ -9,14 +9,14 @@ namespace kernels {
 namespace gpu_step {
 
 // Instantiated in optim_step_<rule>.cu.
-template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
 
 namespace {
 
@@ -45,6 +45,10 @@ __global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LO
   ps.seed = step_seed(s.seed, t, P.rng_key);
   ps.grad_mult = grad_multiplier(s.grad_sumsq ? s.max_grad_norm : 0.0, s.grad_sumsq ? *s.grad_sumsq : 0.0,
                                  s.grad_scale ? static_cast<double>(*s.grad_scale) : 1.0);
+  // maximize's sign flip joins the multiplier (-(g * m) == g * -m exactly), so the kernels do one
+  // multiply per gradient and no branch.
+  if (ps.hyper.maximize) ps.grad_mult = -ps.grad_mult;
+  ps.hyper.maximize = false;
   ps.pad = 0;
   const int64_t g = chunk.first_param + i;
   if (s.lamb_norms) ps.hyper.trust = lamb_trust(s.lamb_norms[2 * g], s.lamb_norms[2 * g + 1]);
@@ -85,15 +89,16 @@ cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int grid
 
 cudaError_t launch_rule(Rule r, const Chunk& c, const Args& a, ElemType t, int family, int warp, int grid,
                         cudaStream_t stream) {
+  const int ns = carried_slots(r, a.used_mask);
   switch (r) {
-    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, grid, stream);
-    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, grid, stream);
-    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, grid, stream);
-    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, grid, stream);
-    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, grid, stream);
-    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, grid, stream);
-    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, grid, stream);
-    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, grid, stream);
+    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, ns, grid, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -117,6 +122,8 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
   a = Args{};
   a.config = s.config;
   a.block_size = s.block_size;
+  a.block_shift = 0;
+  while ((int64_t(1) << a.block_shift) < s.block_size) ++a.block_shift;
   a.found_inf = s.found_inf;
   a.stochastic_round = s.stochastic_round;
   int family = -1;
@@ -143,7 +150,7 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     if (found < 0) {
       if (a.num_distinct == 2) return "a GPU step takes at most two quantization formats";
       a.distinct[a.num_distinct] = df;
-      a.scan[a.num_distinct] = gpu_tables(t.format).scan;
+      if (gpu_tables(t.format).scan > kGpuMaxScan) return "a quantization format needs more encode compares than the GPU kernels make";
       a.identity[a.num_distinct] = gpu_tables(t.format).identity ? 1 : 0;
       found = a.num_distinct++;
     }

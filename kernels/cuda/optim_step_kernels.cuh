@@ -37,11 +37,31 @@ constexpr int kChunk = kDescriptorsPerLaunch;
 // How a launch's state is stored: every used slot the same way.
 enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
 
-// Slots each rule's kernels carry (its most, with every option on); unused ones are skipped.
+// Slots a rule's update reads and writes with every option on.
 template <Rule R>
 struct RuleMaxSlots {
   static constexpr int value = (R == Rule::SGD || R == Rule::Lion || R == Rule::Adagrad) ? 1 : (R == Rule::LAMB ? 2 : 3);
 };
+
+// Slots a launch's kernel carries in registers: the highest used slot + 1, rounded up to one
+// compiled variant. Adam without amsgrad and RMSprop with only its square average carry fewer
+// (eight registers per slot a lane does not spend).
+template <Rule R>
+constexpr bool rule_has_variant(int ns) {
+  return ns == RuleMaxSlots<R>::value || ((R == Rule::Adam || R == Rule::AdamW) && ns == 2) ||
+         (R == Rule::RMSprop && ns == 1);
+}
+inline int carried_slots(Rule r, int used_mask) {
+  const int highest = used_mask >= 4 ? 3 : (used_mask >= 2 ? 2 : 1);
+  switch (r) {
+    case Rule::Adam:
+    case Rule::AdamW: return highest <= 2 ? 2 : 3;
+    case Rule::RMSprop: return highest == 1 ? 1 : 3;
+    case Rule::LAMB: return 2;
+    case Rule::AdEMAMix: return 3;
+    default: return 1;
+  }
+}
 
 // The per-step values of one parameter, written by the prologue.
 struct ParamScalars {
@@ -62,12 +82,12 @@ struct Chunk {
 struct Args {
   StepConfig config;
   int64_t block_size;
+  int block_shift;                    // log2(block_size) for quantized state
   int64_t unit;                       // elements per unit
   int used_mask;                      // bit k: slot k is stored
   int slot_signed_mask;               // bit k: slot k's format is signed
   int format_of_slot[kMomentSlots];   // 0 or 1: which staged table a slot uses
   const DeviceFormat* distinct[2];    // at most two formats per state layout
-  int scan[2];                        // their encode compares after the bucket lookup
   int identity[2];                    // their codes are in value order
   int num_distinct;
   const float* found_inf;
@@ -91,16 +111,13 @@ __device__ __forceinline__ void stage_formats(SharedFormat* sh, const Args& a) {
   __syncthreads();
 }
 
-// #{thresholds < x} by bucket, then the code (gpu_tables.cuh). scan and identity are the format's,
-// the same for every lane: the loop ends without a shared-memory load past the format's scan.
-__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x, int scan, bool identity) {
+// #{thresholds < x} by bucket, then the code (gpu_tables.cuh). Always kGpuMaxScan compares, with
+// no branch: thresholds past x's bucket are above x (sorted, +inf padded), so extra compares add 0.
+__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x, bool identity) {
   const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
-  int c = s;
-#pragma unroll
-  for (int k = 0; k < kGpuMaxScan; ++k) {
-    if (k >= scan) break;
-    c += sh.thresholds[s + k] < x ? 1 : 0;
-  }
+  static_assert(kGpuMaxScan == 3, "one compare per threshold a bucket may hold");
+  // Summed in one expression: the compiler adds the three compares with one three-input add.
+  const int c = s + (sh.thresholds[s] < x) + (sh.thresholds[s + 1] < x) + (sh.thresholds[s + 2] < x);
   return identity ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
 }
 
@@ -166,44 +183,55 @@ __device__ __forceinline__ float group_absmax(BitScan s, int width, bool is_sign
 
 // ---- the per-lane work ------------------------------------------------------------------------------
 
-// 8 elements starting at element i of parameter P: load, decode, update in registers.
+// 8 elements starting at element i of parameter P: load, decode, update in registers. NS slots
+// are carried (the highest used slot + 1); FULL: the 8 elements are in range and aligned.
 template <Rule R, typename T, int FAMILY, int NS>
 struct Lane {
   // Elements past the parameter's end load as 0 (p, g and state) and update to 0: they change no
   // block's absmax and are never stored, so every loop runs all 8 without a bound.
   float p[8], s[NS][8];
 
-  __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const ParamScalars& ps,
+  template <bool FULL>
+  __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
                                               const SharedFormat* sh, int64_t i, bool vec) {
     const int64_t n = P.numel;
-    load8(static_cast<const T*>(P.param), i, n, vec, p);
+    load8<FULL>(static_cast<const T*>(P.param), i, n, vec, p);
     float g[8];
-    load_grad8(P.grad, P.grad_type, i, n, vec, g);
+    if (FULL) {
+      switch (P.grad_type) {
+        case ElemType::F32: load8<true>(static_cast<const float*>(P.grad), i, n, vec, g); break;
+        case ElemType::BF16: load8<true>(static_cast<const bf16_t*>(P.grad), i, n, vec, g); break;
+        case ElemType::F16: load8<true>(static_cast<const f16_t*>(P.grad), i, n, vec, g); break;
+      }
+    } else {
+      load_grad8(P.grad, P.grad_type, i, n, vec, g);
+    }
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) s[k][e] = 0.0f;
       if (!(a.used_mask & (1 << k))) continue;
       if (FAMILY == kF32) {
-        load8(static_cast<const float*>(P.slot[k]), i, n, vec, s[k]);
+        load8<FULL>(static_cast<const float*>(P.slot[k]), i, n, vec, s[k]);
       } else if (FAMILY == kBF16) {
-        load8(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
-      } else if (i < n) {
+        load8<FULL>(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
+      } else if (FULL || i < n) {
         uint8_t c[8];
-        load_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
-        const float amax = P.absmax[k][i / a.block_size];
+        load_codes8<FAMILY == kCodes8 ? 8 : 4, FULL>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
+        const float amax = P.absmax[k][i >> a.block_shift];
         const float* cb = sh[a.format_of_slot[k]].codebook;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s[k][e] = i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
+        for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
       }
     }
-    const Hyper& h = ps.hyper;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      float ge = ps.grad_mult != 1.0f ? g[e] * ps.grad_mult : g[e];
-      float st[NS];
+      // The clipping / unscaling factor, with maximize's sign flip folded in by the prologue
+      // (g * -m == -(g * m) exactly; g * 1 == g): one multiply, no branch.
+      const float ge = g[e] * grad_mult;
+      float st[RuleMaxSlots<R>::value];
 #pragma unroll
-      for (int k = 0; k < NS; ++k) st[k] = s[k][e];
+      for (int k = 0; k < RuleMaxSlots<R>::value; ++k) st[k] = k < NS ? s[k < NS ? k : 0][e] : 0.0f;
       float pe = p[e];
       apply_rule<R>(h, ge, pe, st);
       p[e] = pe;
@@ -225,31 +253,32 @@ struct Lane {
   }
 
   // Dense slots and the parameter.
-  __device__ __forceinline__ void store_dense(const GpuStepParam& P, const Args& a, const ParamScalars& ps, int64_t i,
+  template <bool FULL>
+  __device__ __forceinline__ void store_dense(const GpuStepParam& P, const Args& a, uint64_t seed, int64_t i,
                                               bool vec) const {
     const int64_t n = P.numel;
     if (FAMILY == kF32 || FAMILY == kBF16) {
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
         if (!(a.used_mask & (1 << k))) continue;
-        if (FAMILY == kF32) store8(static_cast<float*>(P.slot[k]), i, n, vec, s[k]);
-        else store8(static_cast<bf16_t*>(P.slot[k]), i, n, vec, s[k]);
+        if (FAMILY == kF32) store8<FULL>(static_cast<float*>(P.slot[k]), i, n, vec, s[k]);
+        else store8<FULL>(static_cast<bf16_t*>(P.slot[k]), i, n, vec, s[k]);
       }
     }
-    store_param8(static_cast<T*>(P.param), i, n, vec, p, a.stochastic_round, ps.seed, P.offset);
+    store_param8(static_cast<T*>(P.param), i, n, FULL || vec, p, a.stochastic_round, seed, P.offset);
   }
 
+  template <bool FULL>
   __device__ __forceinline__ void encode_slot(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int k,
                                               float amax, int64_t i, bool vec) const {
     const Normalizer nz = make_normalizer(amax);
     const int d = a.format_of_slot[k];
     const SharedFormat& f = sh[d];
-    const int scan = a.scan[d];
     const bool identity = a.identity[d] != 0;
     uint8_t c[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), scan, identity);
-    store_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
+    for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), identity);
+    store_codes8<FAMILY == kCodes8 ? 8 : 4, FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
   }
 };
 
@@ -259,17 +288,43 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
   return j;
 }
 
-// Blocks per SM the register allocation must allow. The kernel is bound by latency: with 2 blocks
-// of 96 registers the schedulers idled half the time (ncu on an H100). 3 spills 100-200 bytes per
-// thread to L1 and still runs the Q8 AdamW step 13 % faster (bench/RESULTS.md); a build can
-// choose with -DLOWBIT_STEP_MIN_BLOCKS=N.
+// One unit of small blocks (B <= 8 lanes' worth of a warp): each group of B/8 lanes owns a block.
+template <Rule R, typename T, int FAMILY, int NS, int WARP, bool FULL>
+__device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
+                                                 uint64_t seed, const SharedFormat* sh, int64_t i, bool vec,
+                                                 int lane, int group) {
+  constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  Lane<R, T, FAMILY, NS> L;
+  L.template load_update<FULL>(P, a, h, grad_mult, sh, i, vec);
+  if (kQuant) {
+    bool bad = false;
+    const bool leader = (lane & (group - 1)) == 0;
+#pragma unroll
+    for (int k = 0; k < NS; ++k) {
+      if (!(a.used_mask & (1 << k))) continue;
+      const float amax = group_absmax<WARP>(L.scan(k), group, (a.slot_signed_mask >> k) & 1);
+      bad |= !(amax >= 0.0f);
+      if (FULL || i < P.numel) {
+        if (leader) P.absmax[k][i >> a.block_shift] = amax;
+        L.template encode_slot<FULL>(P, a, sh, k, amax, i, vec);
+      }
+    }
+    if (bad && leader && (FULL || i < P.numel))
+      atomicAdd(reinterpret_cast<unsigned long long*>(P.counters + 1), 1ull);
+  }
+  L.template store_dense<FULL>(P, a, seed, i, vec);
+}
+
+// Blocks per SM the register allocation must allow. The kernel is bound by instruction issue and
+// latency (ncu on an H100): more resident warps hide more of it. A build can choose with
+// -DLOWBIT_STEP_MIN_BLOCKS=N.
 #ifndef LOWBIT_STEP_MIN_BLOCKS
 #define LOWBIT_STEP_MIN_BLOCKS 3
 #endif
-template <Rule R, typename T, int FAMILY, int WARP>
+template <Rule R, typename T, int FAMILY, int NS, int WARP>
 __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
-  constexpr int NS = RuleMaxSlots<R>::value;
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  constexpr bool kCopyDescriptor = FAMILY == kF32;
   __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
   if (kQuant) stage_formats(sh, a);
   if (a.found_inf && *a.found_inf != 0.0f) return;
@@ -282,41 +337,47 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   const bool big_blocks = kQuant && B > 8 * WARP;
   const int group = kQuant && !big_blocks ? static_cast<int>(B / 8) : WARP;
   int j = 0;
-  for (int64_t u = u0; u < u1; ++u) {
+  // The warp's run, one parameter at a time: its descriptor and per-step values are read once
+  // into registers, not once per unit.
+  for (int64_t u = u0; u < u1;) {
     j = advance_param(chunk, j, u);
-    const GpuStepParam& P = chunk.p[j];
     const ParamScalars& ps = a.scalars[chunk.first_param + j];
-    const int64_t base = (u - chunk.first_unit[j]) * a.unit;
+    // The descriptor is read from kernel-parameter space at each use, except with FP32 state, whose
+    // kernel ran at half speed that way (H100, AdamW: 20-27 ms against 11.1 ms with a register
+    // copy; Q8 the reverse, 8.4 ms against 9.8 ms, from the copy's register pressure).
+    const GpuStepParam& param_ref = chunk.p[j];
+    GpuStepParam param_copy;
+    if (kCopyDescriptor) param_copy = param_ref;
+    const GpuStepParam& P = kCopyDescriptor ? param_copy : param_ref;
+    const Hyper h = ps.hyper;
+    const float grad_mult = ps.grad_mult;
+    const uint64_t seed = ps.seed;
+    const int64_t first = chunk.first_unit[j];
+    const int64_t end = chunk.first_unit[j + 1] < u1 ? chunk.first_unit[j + 1] : u1;
     const bool vec = P.aligned != 0;
-    Lane<R, T, FAMILY, NS> L;
     if (!big_blocks) {
-      const int64_t i = base + int64_t(lane) * 8;
-      L.load_update(P, a, ps, sh, i, vec);
-      if (kQuant) {
-        bool bad = false;
-#pragma unroll
-        for (int k = 0; k < NS; ++k) {
-          if (!(a.used_mask & (1 << k))) continue;
-          const float amax = group_absmax<WARP>(L.scan(k), group, (a.slot_signed_mask >> k) & 1);
-          bad |= !(amax >= 0.0f);
-          if (i < P.numel) {
-            if (lane % group == 0) P.absmax[k][i / B] = amax;
-            L.encode_slot(P, a, sh, k, amax, i, vec);
-          }
-        }
-        if (bad && lane % group == 0 && i < P.numel)
-          atomicAdd(reinterpret_cast<unsigned long long*>(P.counters + 1), 1ull);
+      // Units wholly inside the parameter and aligned take the path without bound checks.
+      const int64_t full_end = vec ? first + P.numel / a.unit : first;
+      for (; u < end; ++u) {
+        const int64_t i = (u - first) * a.unit + int64_t(lane) * 8;
+        if (u < full_end)
+          small_block_unit<R, T, FAMILY, NS, WARP, true>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
+        else
+          small_block_unit<R, T, FAMILY, NS, WARP, false>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
       }
-      L.store_dense(P, a, ps, i, vec);
-    } else {
+      continue;
+    }
+    for (; u < end; ++u) {
       // One block per unit, the whole warp: pass 1 finds the new absmax, pass 2 recomputes and stores.
-      const int64_t block = base / B;
+      const int64_t base = (u - first) * a.unit;
+      const int64_t block = base >> a.block_shift;
+      Lane<R, T, FAMILY, NS> L;
       float amax_new[NS];
       bool bad = false;
       {
         BitScan sc[NS];
         for (int64_t c = 0; c < B; c += 8 * WARP) {
-          L.load_update(P, a, ps, sh, base + c + int64_t(lane) * 8, vec);
+          L.template load_update<false>(P, a, h, grad_mult, sh, base + c + int64_t(lane) * 8, vec);
 #pragma unroll
           for (int k = 0; k < NS; ++k) merge(sc[k], L.scan(k));
         }
@@ -328,13 +389,13 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
       }
       for (int64_t c = 0; c < B; c += 8 * WARP) {
         const int64_t i = base + c + int64_t(lane) * 8;
-        L.load_update(P, a, ps, sh, i, vec);
+        L.template load_update<false>(P, a, h, grad_mult, sh, i, vec);
         if (i < P.numel) {
 #pragma unroll
           for (int k = 0; k < NS; ++k)
-            if (a.used_mask & (1 << k)) L.encode_slot(P, a, sh, k, amax_new[k], i, vec);
+            if (a.used_mask & (1 << k)) L.template encode_slot<false>(P, a, sh, k, amax_new[k], i, vec);
         }
-        L.store_dense(P, a, ps, i, vec);
+        L.template store_dense<false>(P, a, seed, i, vec);
       }
       // Every lane has read the old absmax (the shuffles above order it); now replace it.
       LOWBIT_SYNCWARP();
@@ -422,20 +483,24 @@ __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_C
 
 // Kernels of rule R for one chunk (optim_step_<rule>.cu instantiate it).
 template <Rule R>
-cudaError_t launch_step(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, int grid,
-                        cudaStream_t stream);
+cudaError_t launch_step(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, int ns,
+                        int grid, cudaStream_t stream);
 template <Rule R, typename T, int FAMILY, int WARP>
-cudaError_t launch_typed(const Chunk& chunk, const Args& a, int grid, cudaStream_t stream) {
-  step_kernel<R, T, FAMILY, WARP><<<grid, kThreads, 0, stream>>>(chunk, a);
+cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int grid, cudaStream_t stream) {
+  constexpr int kMost = RuleMaxSlots<R>::value;
+  constexpr int kFewer = rule_has_variant<R>(kMost - 1) ? kMost - 1 : (rule_has_variant<R>(1) ? 1 : kMost);
+  if (ns == kMost) step_kernel<R, T, FAMILY, kMost, WARP><<<grid, kThreads, 0, stream>>>(chunk, a);
+  else if (ns == kFewer) step_kernel<R, T, FAMILY, kFewer, WARP><<<grid, kThreads, 0, stream>>>(chunk, a);
+  else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
 #define LOWBIT_STEP_LAUNCH_FAMILY(R, T, W)                                                      \
   switch (family) {                                                                             \
-    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, grid, stream);                      \
-    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, grid, stream);                    \
-    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, grid, stream);                \
-    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, grid, stream);                \
+    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, ns, grid, stream);                      \
+    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, grid, stream);                    \
+    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, grid, stream);                \
+    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, grid, stream);                \
   }                                                                                             \
   return cudaErrorInvalidValue;
 
@@ -451,7 +516,7 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int grid, cudaStream
 #define LOWBIT_INSTANTIATE_STEP(RULE)                                                           \
   template <>                                                                                   \
   cudaError_t launch_step<RULE>(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, \
-                                int grid, cudaStream_t stream) {                                \
+                                int ns, int grid, cudaStream_t stream) {                        \
     constexpr Rule R = RULE;                                                                    \
     LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_STEP_LAUNCH_WARP)                                          \
     return cudaErrorInvalidValue;                                                               \

@@ -5,6 +5,7 @@
 // moves (p read + written, g read, each state slot read + written; no gradient pre-pass here: the
 // full op's numbers come from bench/optim_step_gpu).
 //   step_kernel_probe <state: q8|q4|fp8|f32|bf16> <param: f32|bf16> [tensors=64] [numel=16777216] [reps=20]
+//                     [rule: adamw|lamb|ademamix]  (LAMB: both passes; bytes counted for one)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,15 +90,18 @@ int main(int argc, char** argv) {
   const int64_t numel = argc > 4 ? std::atoll(argv[4]) : 16777216;
   const int reps = argc > 5 ? std::atoi(argv[5]) : 20;
   const bool bf16_params = ptype == "bf16";
+  const std::string rule = argc > 6 ? argv[6] : "adamw";
 
   GpuStep s;
-  s.config.rule = Rule::AdamW;
+  s.config.rule = rule == "lamb" ? Rule::LAMB : (rule == "ademamix" ? Rule::AdEMAMix : Rule::AdamW);
   s.config.weight_decay = 0.01;
-  s.num_slots = 2;
+  const int slots = rule == "ademamix" ? 3 : 2;
+  s.num_slots = slots;
   double slot_bytes = 4;
   if (state == "q8") {
     s.slots[0] = {SlotStorage::Quant, QuantFormat::Dyn8Signed};
-    s.slots[1] = {SlotStorage::Quant, QuantFormat::Dyn8Unsigned};
+    s.slots[1] = {SlotStorage::Quant, slots == 3 ? QuantFormat::Dyn8Signed : QuantFormat::Dyn8Unsigned};
+    s.slots[2] = {SlotStorage::Quant, QuantFormat::Dyn8Unsigned};
     s.block_size = 256;
     slot_bytes = 1 + 4.0 / 256;
   } else if (state == "q4") {
@@ -144,7 +148,7 @@ int main(int argc, char** argv) {
     fill_kernel<<<1024, 256>>>(staging, numel, 99 + t, 1e-2f);
     if (bf16_params) to_bf16_kernel<<<1024, 256>>>(staging, static_cast<uint16_t*>(const_cast<void*>(P.grad)), numel);
     else PROBE_CHECK(cudaMemcpy(const_cast<void*>(P.grad), staging, numel * 4, cudaMemcpyDeviceToDevice));
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < slots; ++k) {
       if (quant) {
         P.slot[k] = dev_alloc(four_bit ? (numel + 1) / 2 : numel);
         P.absmax[k] = static_cast<float*>(dev_alloc((numel + s.block_size - 1) / s.block_size * 4));
@@ -168,14 +172,14 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   }, reps);
-  const double bytes_per_param = 3.0 * pbytes + 2 * 2 * slot_bytes;
+  const double bytes_per_param = 3.0 * pbytes + 2 * slots * slot_bytes;
   const double total = bytes_per_param * numel * tensors;
   // A device copy of the same bytes (half read, half written).
   void* a = dev_alloc(static_cast<size_t>(total / 2));
   void* b = dev_alloc(static_cast<size_t>(total / 2));
   const double copy_ms = time_ms([&] { PROBE_CHECK(cudaMemcpyAsync(b, a, static_cast<size_t>(total / 2), cudaMemcpyDeviceToDevice)); }, reps);
-  std::printf("AdamW %-4s state, %-4s params, %lld x %lld: %8.3f ms  %7.1f GB/s  %5.1f %% copy (copy %.3f ms)\n",
-              state.c_str(), ptype.c_str(), static_cast<long long>(tensors), static_cast<long long>(numel), ms,
+  std::printf("%-8s %-4s state, %-4s params, %lld x %lld: %8.3f ms  %7.1f GB/s  %5.1f %% copy (copy %.3f ms)\n",
+              rule.c_str(), state.c_str(), ptype.c_str(), static_cast<long long>(tensors), static_cast<long long>(numel), ms,
               total / (ms * 1e6), 100.0 * copy_ms / ms, copy_ms);
   return 0;
 }

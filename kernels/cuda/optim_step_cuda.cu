@@ -75,16 +75,25 @@ __global__ void lamb_trust_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const 
   }
 }
 
-template <typename T>
-cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int grid, cudaStream_t stream) {
+template <typename T, int WARP>
+cudaError_t launch_lamb_sums_warp(const Chunk& c, const Args& a, int family, int grid, cudaStream_t stream) {
   switch (family) {
-    case kF32: lamb_sums_kernel<T, kF32><<<grid, kThreads, 0, stream>>>(c, a); break;
-    case kBF16: lamb_sums_kernel<T, kBF16><<<grid, kThreads, 0, stream>>>(c, a); break;
-    case kCodes8: lamb_sums_kernel<T, kCodes8><<<grid, kThreads, 0, stream>>>(c, a); break;
-    case kCodes4: lamb_sums_kernel<T, kCodes4><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kF32: lamb_sums_kernel<T, kF32, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kBF16: lamb_sums_kernel<T, kBF16, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kCodes8: lamb_sums_kernel<T, kCodes8, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kCodes4: lamb_sums_kernel<T, kCodes4, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int warp, int grid, cudaStream_t stream) {
+#define LOWBIT_LAMB_SUMS_WARP(W) \
+  if (warp == W) return launch_lamb_sums_warp<T, W>(c, a, family, grid, stream);
+  LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_LAMB_SUMS_WARP)
+#undef LOWBIT_LAMB_SUMS_WARP
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_rule(Rule r, const Chunk& c, const Args& a, ElemType t, int family, int warp, int grid,
@@ -200,11 +209,11 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return cudaGetErrorString(e);
     if (lamb_pass) {
-      const int grid = grid_for(chunk.first_block[chunk.count], 2 * kThreads / 32, plan);
+      const int grid = grid_for(chunk.first_block[chunk.count], kThreads / plan.warp, plan);
       switch (s.param_type) {
-        case ElemType::F32: e = launch_lamb_sums<float>(chunk, a, plan.family, grid, stream); break;
-        case ElemType::BF16: e = launch_lamb_sums<bf16_t>(chunk, a, plan.family, grid, stream); break;
-        case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, grid, stream); break;
+        case ElemType::F32: e = launch_lamb_sums<float>(chunk, a, plan.family, plan.warp, grid, stream); break;
+        case ElemType::BF16: e = launch_lamb_sums<bf16_t>(chunk, a, plan.family, plan.warp, grid, stream); break;
+        case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, plan.warp, grid, stream); break;
       }
       if (e != cudaSuccess) return cudaGetErrorString(e);
       lamb_trust_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, a.block_sums, s.found_inf, a.scalars,

@@ -409,70 +409,90 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   }
 }
 
-// LAMB's first pass: half a warp... 16 lanes per norm block, lane j summing elements j, j + 16, ...
-// of the block in order (kernels/cpu: partial sum i mod 16), the 16 partials then added in order.
-template <typename T, int FAMILY>
+// LAMB's first pass: one warp per norm block, each warp a contiguous run of blocks (so the
+// parameter index only moves forward). Lanes load 8 consecutive elements each, as the step does,
+// and square p and the direction r in double. kernels/cpu's order: element i joins partial sum
+// i mod 16 in increasing i, then the 16 partials are added in order. The warp writes a chunk's
+// squares to shared memory and lane c < 16 adds entries c, c + 16, ... to partial c; elements
+// past the block's end are 0 and add +0.0, which changes no sum.
+// Where chunk element q (lane q / 8, element q % 8) sits in shared memory: each lane's 8 doubles
+// permuted by its lane, so the lanes' stores of one element and the 16 loads of one stride-16
+// step fall in different banks.
+__device__ __forceinline__ int swizzle(int q) { return (q & ~7) | ((q ^ (q >> 3)) & 7); }
+
+template <typename T, int FAMILY, int WARP>
 __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                              const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
-  __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
-  if (kQuant) stage_formats(sh, a);
+  constexpr int kWarps = kThreads / WARP, kChunkElems = 8 * WARP;
+  // Decoding needs only the codebooks (2 KiB, not the encode tables): room for the squares.
+  __shared__ __align__(16) float codebooks[2][256];
+  __shared__ double squares[kWarps][2][kChunkElems];
+  if (kQuant) {
+    for (int d = 0; d < a.num_distinct; ++d) stage(codebooks[d], a.distinct[d]->codebook, 256);
+    __syncthreads();
+  }
   if (a.found_inf && *a.found_inf != 0.0f) return;
-  // Each warp takes two norm blocks at a time, one per 16 lanes, so every lane of the warp reaches
-  // the shuffles at the end of each round.
+  const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+  const int64_t warps = int64_t(gridDim.x) * kWarps, warp = int64_t(blockIdx.x) * kWarps + w;
   const int64_t blocks = chunk.first_block[chunk.count];
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  const int j16 = threadIdx.x % 16;
-  for (int64_t pair = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; 2 * pair < blocks; pair += warps) {
-    const int64_t item = 2 * pair + (threadIdx.x / 16) % 2;
-    double pp = 0.0, rr = 0.0;
-    if (item < blocks) {
-      int j = 0;
-      while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
-      const GpuStepParam& P = chunk.p[j];
-      const ParamScalars& ps = a.scalars[chunk.first_param + j];
-      const Hyper& h = ps.hyper;
-      const int64_t B = a.block_size, b = item - chunk.first_block[j], begin = b * B;
-      const int64_t len = P.numel - begin < B ? P.numel - begin : B;
-      float amax[2] = {0.0f, 0.0f};
-      if (kQuant)
-        for (int k = 0; k < 2; ++k) amax[k] = P.absmax[k][b];
-      for (int64_t m = j16; m < len; m += 16) {
-        const int64_t e = begin + m;
-        const float p = to_f32(static_cast<const T*>(P.param)[e]);
-        float g = 0.0f;
-        switch (P.grad_type) {
-          case ElemType::F32: g = static_cast<const float*>(P.grad)[e]; break;
-          case ElemType::BF16: g = to_f32(static_cast<const bf16_t*>(P.grad)[e]); break;
-          case ElemType::F16: g = to_f32(static_cast<const f16_t*>(P.grad)[e]); break;
+  const int64_t b0 = blocks * warp / warps, b1 = blocks * (warp + 1) / warps;
+  const int64_t B = a.block_size;
+  int j = 0;
+  for (int64_t item = b0; item < b1; ++item) {
+    while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
+    const GpuStepParam& P = chunk.p[j];
+    const ParamScalars& ps = a.scalars[chunk.first_param + j];
+    const Hyper h = ps.hyper;
+    const float grad_mult = ps.grad_mult;  // maximize folded in by the prologue
+    const int64_t b = item - chunk.first_block[j], begin = b * B;
+    const int64_t end = P.numel - begin < B ? P.numel : begin + B;
+    const bool vec = P.aligned != 0;
+    double part_p = 0.0, part_r = 0.0;  // lane c < 16: partial sum c
+    for (int64_t off = begin; off < end; off += kChunkElems) {
+      const int64_t i = off + int64_t(lane) * 8;
+      float p[8], g[8], s[2][8];
+      load8(static_cast<const T*>(P.param), i, end, vec, p);
+      load_grad8(P.grad, P.grad_type, i, end, vec, g);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        if (FAMILY == kF32) {
+          load8(static_cast<const float*>(P.slot[k]), i, end, vec, s[k]);
+        } else if (FAMILY == kBF16) {
+          load8(static_cast<const bf16_t*>(P.slot[k]), i, end, vec, s[k]);
+        } else {
+          uint8_t c[8];
+          load_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<const uint8_t*>(P.slot[k]), i, end, vec, c);
+          const float amax = P.absmax[k][b];
+          const float* cb = codebooks[a.format_of_slot[k]];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[k][e] = i + e < end ? decode_value(cb, c[e], amax) : 0.0f;
         }
-        if (ps.grad_mult != 1.0f) g = g * ps.grad_mult;
-        if (h.maximize) g = -g;
-        float st[2];
-        for (int k = 0; k < 2; ++k) {
-          if (FAMILY == kF32) {
-            st[k] = static_cast<const float*>(P.slot[k])[e];
-          } else if (FAMILY == kBF16) {
-            st[k] = to_f32(static_cast<const bf16_t*>(P.slot[k])[e]);
-          } else {
-            const uint8_t* codes = static_cast<const uint8_t*>(P.slot[k]);
-            const uint8_t c = FAMILY == kCodes8 ? codes[e] : ((codes[e / 2] >> (4 * (e % 2))) & 0xF);
-            st[k] = decode_value(sh[a.format_of_slot[k]].codebook, c, amax[k]);
-          }
-        }
-        float mn, vn;
-        const float r = lamb_direction(h, g, p, st, &mn, &vn);
-        pp += static_cast<double>(p) * p;
-        rr += static_cast<double>(r) * r;
       }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float st[2] = {s[0][e], s[1][e]};
+        float mn, vn;
+        const float r = lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn);
+        squares[w][0][swizzle(lane * 8 + e)] = static_cast<double>(p[e]) * p[e];
+        squares[w][1][swizzle(lane * 8 + e)] = static_cast<double>(r) * r;
+      }
+      LOWBIT_SYNCWARP();
+      if (lane < 16) {
+        for (int q = lane; q < kChunkElems; q += 16) {
+          part_p += squares[w][0][swizzle(q)];
+          part_r += squares[w][1][swizzle(q)];
+        }
+      }
+      LOWBIT_SYNCWARP();
     }
-    // Partials 0..15 added in order (every lane computes the same sums).
+    // The 16 partials in order (every lane takes part in the shuffles).
     double sp = 0.0, sr = 0.0;
     for (int q = 0; q < 16; ++q) {
-      sp += LOWBIT_SHFL(pp, q, 16);
-      sr += LOWBIT_SHFL(rr, q, 16);
+      sp += LOWBIT_SHFL(part_p, q, WARP);
+      sr += LOWBIT_SHFL(part_r, q, WARP);
     }
-    if (j16 == 0 && item < blocks) {
+    if (lane == 0) {
       a.block_sums[2 * item] = sp;
       a.block_sums[2 * item + 1] = sr;
     }

@@ -205,7 +205,9 @@ at::Tensor quantize_codes_reference(const at::Tensor& input, const at::Tensor& s
   const char* op = "lowbit::quantize_codes";
   const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
   auto [s, z] = check_qparams(a, scale, zero_point, op);
-  TORCH_CHECK(at::isfinite(a.input).all().item<bool>(), op, ": input holds NaN or Inf; codes cannot represent them");
+  // A meta tensor has no values to check (shape inference, torch.compile).
+  TORCH_CHECK(a.input.is_meta() || at::isfinite(a.input).all().item<bool>(), op,
+              ": input holds NaN or Inf; codes cannot represent them");
   if (a.ngroups == 0) return at::empty(input.sizes(), a.input.options().dtype(at::kByte));
   const Range r = range_of(a.bits, a.is_signed);
   const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);

@@ -102,3 +102,45 @@ def test_block_float_matches_reference(device, fmt):
     want = ops.fake_quant_block_float_reference(x, fmt, EPS)
     for g, w in zip(got, want):
         assert torch.equal(g.cpu(), w)
+
+
+def _qat_calls(make):
+    """Every QAT op (and its _reference oracle where one exists) on tensors made by make(shape, dtype)."""
+    x, s, z = make((8, 64), torch.float32), make((16,), torch.float32), make((16,), torch.float32)
+    codes, mask = make((8, 64), torch.uint8), make((64,), torch.uint8)
+    calls = {
+        "fake_quant_dynamic": (x, 32, 4, True, False, 1e-6),
+        "fake_quant_static": (x, s, z, 32, 4, True),
+        "fake_quant_float8": (x, 32, "e4m3", 1e-12),
+        "fake_quant_block_float": (x, "nvfp4", 1e-12),
+        "fake_quant_backward": (x, mask),
+        "fake_quant_lsq_backward": (x, x, s, z, 32, 4, True, 1.0),
+        "fake_quant_qparams": (s, s, 4, True, True, 1e-6),
+        "quantize_codes": (x, s, z, 32, 4, True),
+        "dequantize_codes": (codes, s, z, 32, 4, True, torch.bfloat16),
+        "pack_codes": (codes.reshape(-1), 4),
+        "unpack_codes": (make((256,), torch.uint8), 4, 512),
+    }
+    for name in ["fake_quant_dynamic", "fake_quant_static", "fake_quant_float8", "fake_quant_block_float",
+                 "fake_quant_backward", "fake_quant_lsq_backward"]:
+        calls[name + "_reference"] = calls[name]
+    return calls
+
+
+def test_every_qat_op_infers_its_outputs_on_meta_tensors():
+    """Shape inference (FakeTensor, torch.compile): every op runs on meta tensors and gives the
+    shapes and dtypes the CPU kernels give on real ones."""
+    def real(shape, dtype):
+        if dtype == torch.uint8:
+            return torch.randint(0, 16, shape, dtype=dtype)
+        return torch.rand(shape, dtype=dtype) + 0.5  # positive scales; finite inputs
+    meta_calls = _qat_calls(lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta"))
+    real_calls = _qat_calls(real)
+    assert len(meta_calls) == 17
+    for name, args in meta_calls.items():
+        got = getattr(ops, name)(*args)
+        want = getattr(ops, name)(*real_calls[name])
+        got = got if isinstance(got, (tuple, list)) else (got,)
+        want = want if isinstance(want, (tuple, list)) else (want,)
+        assert [o.device.type for o in got] == ["meta"] * len(got), name
+        assert [(tuple(o.shape), o.dtype) for o in got] == [(tuple(o.shape), o.dtype) for o in want], name

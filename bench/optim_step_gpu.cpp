@@ -86,7 +86,7 @@ double graph_replay_ms(Fn fn) {
 
 template <typename Opt, typename Options>
 void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int slots, double slot_bytes, bool check,
-                int64_t tensors, int64_t rows, int64_t cols, bool overlapped = false) {
+                int64_t tensors, int64_t rows, int64_t cols, bool overlapped = false, double correction_bytes = 0) {
   std::vector<at::Tensor> p = make(tensors, rows, cols, pt, 1.0);
   for (auto& t : p) t.mutable_grad() = (at::randn_like(t, at::kFloat) * 1e-2).to(pt);
   Opt opt(p, opts);
@@ -101,7 +101,8 @@ void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int sl
   }
   torch::cuda::synchronize();
   const int64_t numel = tensors * rows * cols;
-  Row r{name, ms, step_bytes(pt, slots, slot_bytes, check), double(opt.state_bytes()) / numel};
+  // A master-weight correction is read and written like the parameter.
+  Row r{name, ms, step_bytes(pt, slots, slot_bytes, check) + 2 * correction_bytes, double(opt.state_bytes()) / numel};
   r.host_ms = median(host);
   report(r, numel);
   if (overlapped) {
@@ -166,6 +167,11 @@ int main(int argc, char** argv) {
   lowbit_row<lo::AdamW>("lowbit AdamW FP32", lo::AdamWOptions(1e-3).state_format(StateFormat::FP32), F, 2, 4, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params SR", lo::AdamWOptions(1e-3).bf16_stochastic_round(true).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW BF16, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), BF, 2, 2, true, T, R, C);
+  // Master weights (bf16 params + correction): 12 bytes per parameter with Q8 state, check off.
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C, false, 1);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8), BF, 2, 1, false, T, R, C, false, 1);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 32-bit master", lo::AdamWOptions(1e-3).master_weight_bits(32).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C, false, 2);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q4, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q4), BF, 2, 0.5, false, T, R, C, false, 1);
   lowbit_row<lo::Adam>("lowbit Adam Q8", lo::AdamOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
   lowbit_row<lo::SGD>("lowbit SGD momentum Q8", lo::SGDOptions(1e-2).momentum(0.9).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
   lowbit_row<lo::Lion>("lowbit Lion Q8", lo::LionOptions(1e-4).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
@@ -179,6 +185,9 @@ int main(int argc, char** argv) {
     const int64_t many = T * R * C / (256 * 1024);
     lowbit_row<lo::AdamW>("lowbit AdamW Q8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, many, 256, 1024, true);
     aten_fused_row("ATen _fused_adamw_ fp32, small tensors", many, 256, 1024, at::kFloat, n, true);
+    lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off, " + std::to_string(many) + " small tensors",
+                          lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8),
+                          BF, 2, 1, false, many, 256, 1024, true, 1);
   }
   return 0;
 }

@@ -48,15 +48,15 @@ def make(shape, count, dtype):
     return params
 
 
-def lowbit_step(params, state_format):
+def lowbit_step(params, state_format, master_weight_bits=0, check=True):
     ops = torch.ops.lowbit
     grads = [p.grad for p in params]
-    states = [lowbit.optim.init_state(p, "AdamW", state_format) for p in params]
+    states = [lowbit.optim.init_state(p, "AdamW", state_format, master_weight_bits=master_weight_bits) for p in params]
     lr = torch.tensor([1e-3], dtype=torch.float64, device="cuda")
     groups = [0] * len(params)
 
     def step():
-        found_inf, _ = ops.grad_check(grads, groups, 1, False)
+        found_inf = ops.grad_check(grads, groups, 1, False)[0] if check else None
         with torch.no_grad():
             lowbit.optim.step(params, grads, states, lr, rule="AdamW", weight_decay=1e-2, found_inf=found_inf)
 
@@ -104,6 +104,10 @@ def main():
     except Exception as e:  # noqa: BLE001
         print(f"flashoptim: not available ({e})")
     cases.append(("lowbit AdamW Q8, bf16", torch.bfloat16, lambda p: lowbit_step(p, "Q8")))
+    cases.append(("lowbit AdamW Q8, bf16 + 24-bit master", torch.bfloat16, lambda p: lowbit_step(p, "Q8", 24)))
+    cases.append(("lowbit AdamW Q8, bf16 + 24-bit master, no check", torch.bfloat16,
+                  lambda p: lowbit_step(p, "Q8", 24, check=False)))
+    cases.append(("lowbit AdamW Q8, bf16 + 32-bit master", torch.bfloat16, lambda p: lowbit_step(p, "Q8", 32)))
     cases.append(("torch AdamW fused, bf16", torch.bfloat16, lambda p: peer("torchbf", lambda q: torch.optim.AdamW(q, lr=1e-3, fused=True), p)))
     base = None
     for name, dtype, build in cases:

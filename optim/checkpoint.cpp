@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "lowbit_optimizer.h"
+#include "state_layout.h"
 
 namespace lowbit {
 namespace optim {
@@ -40,13 +41,17 @@ at::Tensor read_tensor(torch::serialize::InputArchive& a, const std::string& key
 std::string param_key(size_t g, size_t i) { return "param/" + std::to_string(g) + "/" + std::to_string(i); }
 
 // A slot's storage id in checkpoints: the StateFormat of its family (FP32 = 0, BF16 = 1, a
-// quantized one = the parameter's Q8 / Q4 / FP8, its QuantFormat beside it); -1 for an unused slot.
+// quantized one = the parameter's Q8 / Q4 / FP8, its QuantFormat beside it), or a master-weight
+// correction (5: int16, 6: int8); -1 for an unused slot.
+constexpr int64_t kStorageInt16Correction = 5, kStorageInt8Correction = 6;
 int64_t storage_id(const StateSlot& s, StateFormat param_format) {
   switch (s.type.storage) {
     case kernels::SlotStorage::None: return -1;
     case kernels::SlotStorage::F32: return static_cast<int64_t>(StateFormat::FP32);
     case kernels::SlotStorage::BF16: return static_cast<int64_t>(StateFormat::BF16);
     case kernels::SlotStorage::Quant: return static_cast<int64_t>(param_format);
+    case kernels::SlotStorage::Int16: return kStorageInt16Correction;
+    case kernels::SlotStorage::Int8: return kStorageInt8Correction;
   }
   return -1;
 }
@@ -190,15 +195,38 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
       st.block_size = read_int(a, k + "/block_size");
       const int64_t nslots = read_int(a, k + "/slots");
       const kernels::RuleSlots spec = kernels::rule_slots(config(group.options()));
-      TORCH_CHECK(nslots == spec.count, name(), ": the checkpoint's state of ", k, " has ", nslots,
-                  " slots, expected ", spec.count);
+      // A master-weight correction is the last slot; the checkpoint's must be what the options ask.
+      const kernels::SlotType correction = correction_slot_type(common(group.options()).master_weight_bits, name());
+      const bool corrected = correction.storage != kernels::SlotStorage::None;
+      const int64_t want_slots = corrected ? kernels::kMaxSlots : spec.count;
+      TORCH_CHECK(nslots == want_slots || (nslots == kernels::kMaxSlots && !corrected), name(),
+                  ": the checkpoint's state of ", k, " has ", nslots, " slots, expected ", want_slots);
       st.slots.resize(nslots);
       for (int64_t s = 0; s < nslots; ++s) {
         const std::string sk = k + "/slot/" + std::to_string(s);
         const int64_t storage = read_int(a, sk + "/storage");
+        StateSlot& slot = st.slots[s];
+        if (s == kernels::kCorrectionSlot) {
+          const int64_t want = !corrected ? -1
+                               : correction.storage == kernels::SlotStorage::Int16 ? kStorageInt16Correction
+                                                                                   : kStorageInt8Correction;
+          TORCH_CHECK(storage == want, name(), ": the checkpoint's ", k, " has ",
+                      storage < 0 ? std::string("no master-weight correction")
+                                  : "a master-weight correction of storage id " + std::to_string(storage),
+                      " but master_weight_bits is ", common(group.options()).master_weight_bits);
+          if (storage < 0) continue;
+          at::Tensor v = read_tensor(a, sk + "/values");
+          const at::ScalarType dt = storage == kStorageInt16Correction ? at::kShort : at::kChar;
+          TORCH_CHECK(v.numel() == numel && v.scalar_type() == dt, name(), ": the correction ", sk, " must be ", dt,
+                      " with ", numel, " values, got ", v.scalar_type(), " with ", v.numel());
+          TORCH_CHECK(p.scalar_type() == at::kBFloat16, name(), ": ", k, " carries a master-weight correction but "
+                      "the parameter is ", p.scalar_type(), ", not bfloat16");
+          slot.type = correction;
+          slot.dense = v.reshape({numel}).to(p.device()).clone();
+          continue;
+        }
         if (storage < 0) continue;
         TORCH_CHECK(storage <= 4, name(), ": corrupt storage id in ", sk);
-        StateSlot& slot = st.slots[s];
         TORCH_CHECK(spec.used[s], name(), ": the checkpoint holds slot ", s, " of ", k, ", which ",
                     kernels::rule_name(rule()), " does not use with these options");
         if (is_quantized(static_cast<StateFormat>(storage))) {

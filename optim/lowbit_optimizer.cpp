@@ -55,11 +55,49 @@ const ParamState* LowbitOptimizer::state_of(const at::Tensor& param) const {
 std::vector<at::Tensor> LowbitOptimizer::export_state_fp32(const at::Tensor& param) const {
   std::vector<at::Tensor> out;
   if (const ParamState* st = state_of(param))
-    for (const auto& s : st->slots) {
-      at::Tensor t = s.to_float();
+    for (size_t k = 0; k < st->slots.size() && k < static_cast<size_t>(kernels::kMomentSlots); ++k) {
+      at::Tensor t = st->slots[k].to_float();
       out.push_back(t.defined() ? t.view(param.sizes()) : t);
     }
   return out;
+}
+
+namespace {
+const StateSlot* correction_of(const ParamState* st) {
+  if (!st || st->slots.size() <= static_cast<size_t>(kernels::kCorrectionSlot)) return nullptr;
+  const StateSlot& s = st->slots[kernels::kCorrectionSlot];
+  return kernels::is_correction(s.type.storage) ? &s : nullptr;
+}
+}  // namespace
+
+at::Tensor LowbitOptimizer::export_master_fp32(const at::Tensor& param) const {
+  const StateSlot* c = correction_of(state_of(param));
+  if (!c) return param.detach().to(at::kFloat);
+  return ops::master_values(param.detach().contiguous(), c->dense);
+}
+
+void LowbitOptimizer::load_master_fp32(const at::Tensor& param, const at::Tensor& values) {
+  TORCH_CHECK(values.sizes() == param.sizes(), name(), ": load_master_fp32: values have shape ", values.sizes(),
+              ", the parameter ", param.sizes());
+  TORCH_CHECK(values.is_floating_point(), name(), ": load_master_fp32: values have dtype ", values.scalar_type(),
+              "; expected a float dtype");
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& params = param_groups_[gi].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].is_same(param)) continue;
+      torch::NoGradGuard no_grad;
+      ParamState& st = ensure_state(param, param_groups_[gi].options(), gi, i);
+      const StateSlot* c = correction_of(&st);
+      TORCH_CHECK(c, name(), ": load_master_fp32: parameter ", i, " of group ", gi,
+                  " has no master-weight correction (set master_weight_bits to 24 or 32)");
+      TORCH_CHECK(param.is_contiguous(), name(), ": load_master_fp32: parameter ", i, " of group ", gi,
+                  " is not contiguous");
+      at::Tensor p = param;  // the parameter's storage, written in place
+      ops::store_master(values.detach().to(param.device()), p.detach(), c->dense);
+      return;
+    }
+  }
+  TORCH_CHECK(false, name(), ": load_master_fp32: the tensor is not a parameter of this optimizer");
 }
 
 int64_t LowbitOptimizer::state_bytes() const {
@@ -123,15 +161,28 @@ ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::
   auto ov = overrides_.find(p.unsafeGetTensorImpl());
   const StateLayout layout =
       state_layout(config(options), ov != overrides_.end() ? ov->second : c.state_format, p.numel(), c.block_size,
-                   c.min_quant_numel, c.fp8_second_moment, name());
+                   c.min_quant_numel, c.fp8_second_moment, name(), c.master_weight_bits);
   st.format = layout.format;
   st.block_size = layout.block_size;
+  if (c.master_weight_bits != 0) {
+    TORCH_CHECK(p.scalar_type() == at::kBFloat16, name(), ": master_weight_bits ", c.master_weight_bits,
+                " needs bfloat16 parameters; this one (shape ", p.sizes(), ") is ", p.scalar_type(),
+                " (fp32 parameters are their own master weights)");
+    TORCH_CHECK(!c.bf16_stochastic_round, name(), ": master_weight_bits ", c.master_weight_bits,
+                " and bf16_stochastic_round exclude each other: the correction keeps what rounding to bf16 drops");
+  }
   st.slots.resize(layout.slots.size());
   const auto fopts = p.options().dtype(at::kFloat);
   for (size_t k = 0; k < layout.slots.size(); ++k) {
     StateSlot& s = st.slots[k];
     s.type = layout.slots[k];
     if (!s.defined()) continue;
+    if (kernels::is_correction(s.type.storage)) {
+      // The master starts as the parameter itself: a zero correction.
+      s.dense = at::zeros({p.numel()}, p.options().dtype(s.type.storage == kernels::SlotStorage::Int16 ? at::kShort
+                                                                                                    : at::kChar));
+      continue;
+    }
     at::Tensor init = k < values.size() && values[k].defined()
                           ? values[k].detach().to(p.device(), at::kFloat).reshape({p.numel()})
                           : at::full({p.numel()}, initial_state_value(options, static_cast<int>(k)), fopts);

@@ -75,8 +75,17 @@ class LowbitOptimizer : public torch::optim::Optimizer {
 
   // The state of a parameter (nullptr before its first step).
   const ParamState* state_of(const at::Tensor& param) const;
-  // The parameter's state tensors expanded to fp32, shaped like it, by slot (undefined for unused slots).
+  // The parameter's state tensors expanded to fp32, shaped like it, by slot (undefined for unused
+  // slots); the moments only (a master-weight correction is read through export_master_fp32).
   std::vector<at::Tensor> export_state_fp32(const at::Tensor& param) const;
+
+  // Master weights (option master_weight_bits): the parameter's fp32 master values, shaped like
+  // it (its own values in fp32 when it carries no correction).
+  at::Tensor export_master_fp32(const at::Tensor& param) const;
+  // Sets a bf16 parameter with a master-weight correction to fp32 (or any float) `values`: the
+  // parameter gets their nearest bf16, the correction the rest (exact in the 32-bit mode). Creates
+  // the parameter's state if it has none yet. E.g. to start a bf16 model from fp32 weights.
+  void load_master_fp32(const at::Tensor& param, const at::Tensor& values);
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;

@@ -25,6 +25,11 @@ namespace optim {
 //   fp8_second_moment      FP8 state: format of the unsigned states (second moments). E4M3 (the
 //                          default) measured better than E5M2 in the Fashion-MNIST demo (89.02 % vs
 //                          88.61 %, FP32 89.02 %); E5M2 keeps more range.
+//   master_weight_bits     bf16 parameters only: 0 (none), 32 (an int16 correction per element: the
+//                          step is bit for bit the one over fp32 master weights) or 24 (an int8
+//                          correction: a master value with 16 significant bits). The correction is
+//                          state (slot kCorrectionSlot; kernels/common/master_weight.h); it replaces
+//                          bf16_stochastic_round, which cannot be combined with it.
 #define LOWBIT_COMMON_ARGS(Options)                                  \
   TORCH_ARG(::lowbit::StateFormat, state_format) = ::lowbit::StateFormat::Q8; \
   TORCH_ARG(int64_t, block_size) = 0;                                \
@@ -33,6 +38,7 @@ namespace optim {
   TORCH_ARG(double, max_grad_norm) = 0.0;                            \
   TORCH_ARG(bool, skip_nonfinite) = true;                            \
   TORCH_ARG(::lowbit::QuantFormat, fp8_second_moment) = ::lowbit::QuantFormat::FP8E4M3; \
+  TORCH_ARG(int64_t, master_weight_bits) = 0;                        \
                                                                      \
  public:                                                             \
   double get_lr() const override { return lr(); }                    \
@@ -46,12 +52,13 @@ struct CommonOptions {
   double max_grad_norm;
   QuantFormat fp8_second_moment;
   bool skip_nonfinite;
+  int64_t master_weight_bits;
 };
 
 template <typename Options>
 CommonOptions common_options(const Options& o) {
   return {o.state_format(),  o.block_size(),    o.min_quant_numel(), o.bf16_stochastic_round(),
-          o.max_grad_norm(), o.fp8_second_moment(), o.skip_nonfinite()};
+          o.max_grad_norm(), o.fp8_second_moment(), o.skip_nonfinite(), o.master_weight_bits()};
 }
 
 struct AdamOptions : public torch::optim::OptimizerCloneableOptions<AdamOptions> {

@@ -12,8 +12,18 @@ namespace {
 constexpr int64_t kDenseWorkBlock = 1024;  // unit of work for FP32/BF16 state
 }
 
+kernels::SlotType correction_slot_type(int64_t master_weight_bits, const char* who) {
+  TORCH_CHECK(master_weight_bits == 0 || master_weight_bits == 24 || master_weight_bits == 32, who,
+              ": master_weight_bits must be 0 (none), 24 (int8 correction) or 32 (int16 correction), got ",
+              master_weight_bits);
+  if (master_weight_bits == 0) return {kernels::SlotStorage::None};
+  return {master_weight_bits == 32 ? kernels::SlotStorage::Int16 : kernels::SlotStorage::Int8};
+}
+
 StateLayout state_layout(const kernels::StepConfig& config, StateFormat requested, int64_t numel, int64_t block_size,
-                         int64_t min_quant_numel, QuantFormat fp8_second_moment, const char* who) {
+                         int64_t min_quant_numel, QuantFormat fp8_second_moment, const char* who,
+                         int64_t master_weight_bits) {
+  const kernels::SlotType correction = correction_slot_type(master_weight_bits, who);
   StateLayout l;
   l.format = requested;
   if (is_quantized(l.format) && numel < min_quant_numel) l.format = StateFormat::FP32;
@@ -29,6 +39,10 @@ StateLayout state_layout(const kernels::StepConfig& config, StateFormat requeste
       l.slots[k] = {l.format == StateFormat::BF16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32};
     }
   }
+  if (correction.storage != kernels::SlotStorage::None) {
+    l.slots.resize(kernels::kMaxSlots);
+    l.slots[kernels::kCorrectionSlot] = correction;
+  }
   return l;
 }
 
@@ -37,7 +51,8 @@ namespace {
 std::tuple<std::vector<std::string>, int64_t> state_layout_op(std::string_view rule, std::string_view state_format,
                                                               int64_t numel, int64_t block_size, int64_t min_quant_numel,
                                                               double momentum, bool centered, bool amsgrad,
-                                                              std::string_view fp8_second_moment) {
+                                                              std::string_view fp8_second_moment,
+                                                              int64_t master_weight_bits) {
   const char* op = "lowbit::optim_state_layout";
   kernels::StepConfig c;
   bool found = false;
@@ -55,7 +70,7 @@ std::tuple<std::vector<std::string>, int64_t> state_layout_op(std::string_view r
   c.centered = centered;
   c.amsgrad = amsgrad;
   const QuantFormat fp8 = format_from_name(std::string(fp8_second_moment));
-  const StateLayout l = state_layout(c, f, numel, block_size, min_quant_numel, fp8, op);
+  const StateLayout l = state_layout(c, f, numel, block_size, min_quant_numel, fp8, op, master_weight_bits);
   std::vector<std::string> names;
   for (const auto& s : l.slots) names.push_back(kernels::slot_type_name(s));
   return {names, l.block_size};
@@ -69,7 +84,8 @@ TORCH_LIBRARY_FRAGMENT(lowbit, m) {
   // No tensor arguments: one kernel for every dispatch key.
   m.def(
       "optim_state_layout(str rule, str state_format, int numel, int block_size=0, int min_quant_numel=4096, "
-      "float momentum=0.0, bool centered=False, bool amsgrad=False, str fp8_second_moment=\"FP8E4M3\") "
+      "float momentum=0.0, bool centered=False, bool amsgrad=False, str fp8_second_moment=\"FP8E4M3\", "
+      "int master_weight_bits=0) "
       "-> (str[] slots, int block_size)",
       &lowbit::optim::state_layout_op);
 }

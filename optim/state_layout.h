@@ -19,9 +19,14 @@ struct StateLayout {
 };
 
 // requested: the group's (or an override's) StateFormat; numel: the whole parameter's, so a shard
-// never changes the decision; block_size 0: the format's default.
+// never changes the decision; block_size 0: the format's default; master_weight_bits 32 / 24: slot
+// kCorrectionSlot holds an int16 / int8 master-weight correction (0: none).
 StateLayout state_layout(const kernels::StepConfig& config, StateFormat requested, int64_t numel, int64_t block_size,
-                         int64_t min_quant_numel, QuantFormat fp8_second_moment, const char* who);
+                         int64_t min_quant_numel, QuantFormat fp8_second_moment, const char* who,
+                         int64_t master_weight_bits = 0);
+
+// The correction slot's type for master_weight_bits (None for 0); an error naming `who` otherwise.
+kernels::SlotType correction_slot_type(int64_t master_weight_bits, const char* who);
 
 }  // namespace optim
 }  // namespace lowbit

@@ -124,6 +124,11 @@ std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArray
 // The reference step of one parameter at step t (ATen ops; any device); returns the blocks of
 // quantized state that became non-finite. trust: LAMB's trust ratio.
 int64_t reference_param_step(const StepCall& c, StepParam& p, int64_t t, float grad_mult, float trust);
+// Master weights (kernels/common/master_weight.h) in ATen ops, on any device: the fp32 master
+// values of bf16 parameter b with correction c (int16: 32-bit mode, int8: 24-bit), shaped like b;
+// and x (any float dtype, b's numel) split into b and c, written in place.
+at::Tensor master_values(const at::Tensor& b, const at::Tensor& c);
+void store_master(const at::Tensor& x, at::Tensor b, at::Tensor c);
 // LAMB's sums of p^2 and r^2 over one parameter, in the kernels' order, at step t.
 std::array<double, 2> reference_lamb_sums(const StepCall& c, const StepParam& p, int64_t t, float grad_mult);
 

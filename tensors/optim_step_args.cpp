@@ -66,9 +66,22 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
   const kernels::RuleSlots rs = kernels::rule_slots(k);
   int tensors_per_param = 0;
   const kernels::SlotType* first_quant = nullptr;
+  bool correction = false;
   for (size_t s = 0; s < a.slots.size(); ++s) {
     c.slots[s] = a.slots[s];
     if (a.slots[s].storage == kernels::SlotStorage::None) continue;
+    // The master-weight correction: only in its own slot, and nothing else there.
+    const bool corr_slot = static_cast<int>(s) == kernels::kCorrectionSlot;
+    TORCH_CHECK(corr_slot == kernels::is_correction(a.slots[s].storage), op, ": slot ", s, " is ",
+                slot_type_name(a.slots[s]), "; ",
+                corr_slot ? "the last slot holds only a master-weight correction (int16_correction or int8_correction)"
+                          : "a master-weight correction goes in the last slot only");
+    if (corr_slot) {
+      correction = true;
+      c.num_slots = static_cast<int>(s) + 1;
+      tensors_per_param += 1;
+      continue;
+    }
     TORCH_CHECK(static_cast<int>(s) < rs.count && rs.used[s], op, ": slot ", s, " (", slot_type_name(a.slots[s]),
                 ") is not a state of ", kernels::rule_name(k.rule), " with these options");
     c.num_slots = static_cast<int>(s) + 1;
@@ -95,6 +108,9 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                 ": block_size is ", a.block_size, "; dense state needs 0 or a multiple of 16 up to 2^20");
   }
 
+  TORCH_CHECK(!(correction && a.stochastic_round), op, ": stochastic_round and a master-weight correction (",
+              slot_type_name(c.slots[kernels::kCorrectionSlot]),
+              ") exclude each other: the correction keeps what rounding to bf16 drops");
   c.seed = a.seed;
   c.stochastic_round = a.stochastic_round;
   c.max_grad_norm = a.max_grad_norm;
@@ -159,6 +175,17 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         TORCH_CHECK(x.is_contiguous(), op, ": the ", what, " of slot ", s, " of parameter ", i, " is not contiguous");
         return x;
       };
+      if (kernels::is_correction(t.storage)) {
+        p.values[s] = take("correction");
+        const at::ScalarType want = t.storage == kernels::SlotStorage::Int16 ? at::kShort : at::kChar;
+        TORCH_CHECK(p.param.scalar_type() == at::kBFloat16, op, ": parameter ", i, " has dtype ",
+                    p.param.scalar_type(), "; a master-weight correction (", slot_type_name(t),
+                    ") needs bfloat16 parameters");
+        TORCH_CHECK(p.values[s].scalar_type() == want && p.values[s].numel() == numel, op, ": the correction of parameter ",
+                    i, " (", slot_type_name(t), ") must be ", want, " with ", numel, " elements, got ",
+                    p.values[s].scalar_type(), " with ", p.values[s].numel());
+        continue;
+      }
       if (t.storage != kernels::SlotStorage::Quant) {
         p.values[s] = take("values");
         const at::ScalarType want = t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16;

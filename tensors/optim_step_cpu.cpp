@@ -3,6 +3,8 @@
 // kernels/cpu. A parameter that is not contiguous takes the reference path.
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include <lowbit/kernels/cpu/grad_stats_cpu.h>
 #include <lowbit/kernels/cpu/optim_step_cpu.h>
 
@@ -35,7 +37,7 @@ kernels::ParamTask make_task(const StepCall& c, const StepParam& p, const at::Te
   task.hyper = kernels::derive_hyper(c.config, t, lr);
   task.stochastic_round = c.stochastic_round && p.param.scalar_type() == at::kBFloat16;
   task.seed = kernels::step_seed(c.seed, t, p.rng_key);
-  task.num_slots = c.num_slots;
+  task.num_slots = std::min(c.num_slots, kernels::kMomentSlots);
   for (int k = 0; k < c.num_slots; ++k) {
     kernels::StateSlotRef& r = task.slots[k];
     r.storage = c.slots[k].storage;

@@ -68,6 +68,10 @@ kernels::GpuStepParam gpu_param(const StepCall& c, const StepParam& p, const at:
     }
     aligned &= aligned16(g.slot[k]);
   }
+  if (c.num_slots > kernels::kCorrectionSlot && kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage)) {
+    g.correction = p.values[kernels::kCorrectionSlot].data_ptr();
+    aligned &= aligned16(g.correction);
+  }
   g.aligned = aligned ? 1 : 0;
   return g;
 }

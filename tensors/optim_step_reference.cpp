@@ -66,8 +66,46 @@ Tensor bf16_stochastic(const Tensor& p, uint64_t seed, int64_t offset) {
   return bits.to(at::kInt).to(at::kShort).view(at::kBFloat16);
 }
 
-// One parameter's values as fp32: p, the gradient times grad_mult, the decoded slots (zeros for
-// unused ones).
+}  // namespace
+
+// ---- master weights (kernels/common/master_weight.h) in int64 ATen ops -------------------------
+
+namespace {
+// The fp32 bit patterns (as int64 in [0, 2^32)) of x.
+Tensor f32_bits(const Tensor& x) { return at::bitwise_and(x.view(at::kInt).to(at::kLong), int64_t(0xFFFFFFFF)); }
+
+// int64 values in [0, 2^32) as the fp32 values with those bits (int32 wraps modulo 2^32).
+Tensor from_f32_bits(const Tensor& u) { return u.to(at::kInt).view(at::kFloat); }
+}  // namespace
+
+Tensor master_values(const Tensor& b, const Tensor& c) {
+  const Tensor hi = at::bitwise_and(b.view(at::kShort).to(at::kLong), int64_t(0xFFFF));
+  const int64_t unit = c.scalar_type() == at::kShort ? 1 : 256;
+  const Tensor u = at::add(at::mul(hi, int64_t(1) << 16), at::mul(c.to(at::kLong), unit));
+  return from_f32_bits(at::bitwise_and(u, int64_t(0xFFFFFFFF))).view(b.sizes());
+}
+
+void store_master(const Tensor& x_in, Tensor b, Tensor c) {
+  const Tensor x = x_in.to(at::kFloat).contiguous();
+  Tensor u = f32_bits(x);
+  const bool m16 = c.scalar_type() == at::kShort;
+  if (!m16) u = shr(at::add(u, int64_t(0x80)), 8);  // the 24-bit value q
+  const int64_t half = m16 ? 0x8000 : 0x80;
+  const int shift = m16 ? 16 : 8;
+  Tensor hi = shr(at::add(u, half), shift);
+  Tensor corr = at::sub(u, at::mul(hi, int64_t(1) << shift));
+  const Tensor nan = at::isnan(x);
+  const Tensor nan_bits = at::bitwise_or(at::bitwise_and(shr(f32_bits(x), 16), int64_t(0x8000)), int64_t(0x7FC0));
+  hi = at::where(nan, nan_bits, hi);
+  corr = at::where(nan, at::zeros_like(corr), corr);
+  b.copy_(hi.to(at::kInt).to(at::kShort).view(at::kBFloat16).view(b.sizes()));
+  c.copy_(corr.to(c.scalar_type()).view(c.sizes()));
+}
+
+namespace {
+
+// One parameter's values as fp32: p (its master values with a correction slot), the gradient
+// times grad_mult, the decoded slots (zeros for unused ones).
 struct Loaded {
   Tensor p, g;
   AtenFloat s[kernels::kMomentSlots];
@@ -75,7 +113,10 @@ struct Loaded {
 
 Loaded load(const StepCall& c, const StepParam& sp, float grad_mult) {
   Loaded x;
-  x.p = sp.param.detach().reshape(-1).to(at::kFloat);
+  const bool corrected = c.num_slots > kernels::kCorrectionSlot &&
+                         kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage);
+  x.p = corrected ? master_values(sp.param.detach().reshape(-1), sp.values[kernels::kCorrectionSlot].reshape(-1))
+                  : sp.param.detach().reshape(-1).to(at::kFloat);
   x.g = sp.grad.detach().reshape(-1).to(at::kFloat);
   if (grad_mult != 1.0f) x.g = at::mul(x.g, static_cast<double>(grad_mult));
   const int64_t n = x.p.numel();
@@ -150,7 +191,7 @@ int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float 
   int64_t nonfinite = 0;
   for (int k = 0; k < c.num_slots; ++k) {
     const kernels::SlotType& type = c.slots[k];
-    if (type.storage == kernels::SlotStorage::None) continue;
+    if (type.storage == kernels::SlotStorage::None || kernels::is_correction(type.storage)) continue;
     if (type.storage == kernels::SlotStorage::Quant) {
       auto [codes, absmax] = quantize_reference_flagged(x.s[k].t, format_name(type.format), c.block_size);
       sp.codes[k].copy_(codes);
@@ -161,7 +202,9 @@ int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float 
     }
   }
   at::Tensor out = sp.param.detach();
-  if (c.stochastic_round && out.scalar_type() == at::kBFloat16) {
+  if (c.num_slots > kernels::kCorrectionSlot && kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage)) {
+    store_master(p.t, out, sp.values[kernels::kCorrectionSlot]);
+  } else if (c.stochastic_round && out.scalar_type() == at::kBFloat16) {
     out.copy_(bf16_stochastic(p.t, kernels::step_seed(c.seed, t, sp.rng_key), sp.offset).view(out.sizes()));
   } else {
     out.copy_(to_storage(p.t, out.scalar_type()).view(out.sizes()));

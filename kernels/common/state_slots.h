@@ -1,8 +1,9 @@
 // The one description of a parameter's optimizer state, from optim/ down to the kernels: up to
-// kMaxSlots slots, each stored as nothing, fp32, bf16 or codes + absmax of a QuantFormat, and the
-// one place (rule_slots) that says which slots a rule uses and whether each holds signed values.
-// Slot kMaxSlots - 1 is reserved for the master-weight correction of bf16 / fp16 parameters
-// (DESIGN.md, memory floor), so that correction is one more slot, not a second concept.
+// kMaxSlots slots, each stored as nothing, fp32, bf16, codes + absmax of a QuantFormat, or a
+// master-weight correction, and the one place (rule_slots) that says which slots a rule uses and
+// whether each holds signed values. Slot kCorrectionSlot (the last) holds the master-weight
+// correction of bf16 parameters (DESIGN.md, memory floor; master_weight.h), so that correction is
+// one more slot, not a second concept.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +17,12 @@ namespace kernels {
 
 constexpr int kMaxSlots = 4;
 constexpr int kMomentSlots = 3;  // slots 0..2: the rules' moments and buffers
+constexpr int kCorrectionSlot = kMaxSlots - 1;  // the master-weight correction (master_weight.h)
 
-enum class SlotStorage : int32_t { None = 0, F32 = 1, BF16 = 2, Quant = 3 };
+// Int16 / Int8: a master-weight correction (master_weight.h), only in slot kCorrectionSlot.
+enum class SlotStorage : int32_t { None = 0, F32 = 1, BF16 = 2, Quant = 3, Int16 = 4, Int8 = 5 };
+
+inline bool is_correction(SlotStorage s) { return s == SlotStorage::Int16 || s == SlotStorage::Int8; }
 
 // How one slot is stored: the storage kind and, for Quant, the format of its codes.
 struct SlotType {
@@ -29,13 +34,16 @@ struct SlotType {
   bool operator!=(const SlotType& o) const { return !(*this == o); }
 };
 
-// "none", "fp32", "bf16", or the format's name ("Dyn8Signed", ...): the op's `slots` argument.
+// "none", "fp32", "bf16", the format's name ("Dyn8Signed", ...), "int16_correction" or
+// "int8_correction": the op's `slots` argument.
 inline std::string slot_type_name(SlotType t) {
   switch (t.storage) {
     case SlotStorage::None: return "none";
     case SlotStorage::F32: return "fp32";
     case SlotStorage::BF16: return "bf16";
     case SlotStorage::Quant: return format_name(t.format);
+    case SlotStorage::Int16: return "int16_correction";
+    case SlotStorage::Int8: return "int8_correction";
   }
   return "?";
 }
@@ -46,6 +54,8 @@ inline bool parse_slot_type(const std::string& name, SlotType* out) {
   if (n.empty() || n == "none") *out = SlotType{SlotStorage::None};
   else if (n == "fp32" || n == "float32") *out = SlotType{SlotStorage::F32};
   else if (n == "bf16" || n == "bfloat16") *out = SlotType{SlotStorage::BF16};
+  else if (n == "int16_correction") *out = SlotType{SlotStorage::Int16};
+  else if (n == "int8_correction") *out = SlotType{SlotStorage::Int8};
   else {
     QuantFormat f;
     if (!parse_format(name, &f)) return false;
@@ -59,7 +69,7 @@ struct FormatView;  // the CPU kernel's per-format tables (kernels/cpu/format_ta
 struct StateSlotRef {
   SlotStorage storage = SlotStorage::None;
   QuantFormat format = QuantFormat::Dyn8Signed;  // Quant
-  void* values = nullptr;    // F32: float*, BF16: bf16 bits (uint16_t*); numel elements
+  void* values = nullptr;    // F32: float*, BF16: bf16 bits (uint16_t*), Int16 / Int8: corrections; numel elements
   uint8_t* codes = nullptr;  // Quant: code_bytes(format, numel) bytes
   float* absmax = nullptr;   // Quant: one per block of the step's block size
   const FormatView* tables = nullptr;  // CPU kernel: resolved once per call

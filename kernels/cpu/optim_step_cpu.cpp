@@ -21,6 +21,7 @@
 #include "../common/code_tables.h"
 #include "../common/encode.h"
 #include "../common/float_convert.h"
+#include "../common/master_weight.h"
 #include "../common/optim_rules.h"
 #include "../common/stochastic_round.h"
 #include "block_ops.h"
@@ -95,7 +96,34 @@ int encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len
   return 0;
 }
 
+// The parameter's values, or with a correction slot its master values (master_weight.h).
+void load_param_block(const ParamTask& t, int64_t begin, int64_t len, float* out) {
+  const StateSlotRef& c = t.slots[kCorrectionSlot];
+  const uint16_t* b = static_cast<const uint16_t*>(t.param) + begin;
+  if (c.storage == SlotStorage::Int16) {
+    const int16_t* k = static_cast<const int16_t*>(c.values) + begin;
+    for (int64_t i = 0; i < len; ++i) out[i] = master_from16(b[i], k[i]);
+  } else if (c.storage == SlotStorage::Int8) {
+    const int8_t* k = static_cast<const int8_t*>(c.values) + begin;
+    for (int64_t i = 0; i < len; ++i) out[i] = master_from8(b[i], k[i]);
+  } else {
+    load_block(t.param, t.param_type, begin, len, out);
+  }
+}
+
 void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v) {
+  const StateSlotRef& c = t.slots[kCorrectionSlot];
+  if (is_correction(c.storage)) {
+    uint16_t* b = static_cast<uint16_t*>(t.param) + begin;
+    if (c.storage == SlotStorage::Int16) {
+      int16_t* k = static_cast<int16_t*>(c.values) + begin;
+      for (int64_t i = 0; i < len; ++i) master_to16(v[i], b + i, k + i);
+    } else {
+      int8_t* k = static_cast<int8_t*>(c.values) + begin;
+      for (int64_t i = 0; i < len; ++i) master_to8(v[i], b + i, k + i);
+    }
+    return;
+  }
   switch (t.param_type) {
     case ElemType::F32: std::copy(v, v + len, static_cast<float*>(t.param) + begin); return;
     case ElemType::BF16: {
@@ -136,7 +164,7 @@ int step_block_scalar(const ParamTask& t, int64_t block, float grad_scale, float
   float* p = buf;
   float* g = buf + B;
   float* s[kMomentSlots] = {buf + 2 * B, buf + 3 * B, buf + 4 * B};
-  load_block(t.param, t.param_type, begin, len, p);
+  load_param_block(t, begin, len, p);
   load_block(t.grad, t.grad_type, begin, len, g);
   if (grad_scale != 1.0f)
     for (int64_t i = 0; i < len; ++i) g[i] = g[i] * grad_scale;
@@ -514,10 +542,14 @@ void each_block(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, fl
   for (int64_t b = b0; b < b1; ++b) bad[b - b0] = static_cast<uint8_t>(F(t, b, grad_scale, buf));
 }
 
+// A parameter with a master-weight correction takes the scalar loop (its vector loops are not
+// written yet).
+bool has_correction(const ParamTask& t) { return is_correction(t.slots[kCorrectionSlot].storage); }
+
 template <Rule R>
 RangeFn range_fn(const ParamTask& t, bool vector_path) {
 #if defined(__x86_64__)
-  if (vector_path && cpu_has_avx512()) {
+  if (vector_path && cpu_has_avx512() && !has_correction(t)) {
     const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
     const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
     // All slots quantized with one code width: the pipelined loop.
@@ -574,7 +606,7 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
   float* p = buf;
   float* g = buf + B;
   float* s[2] = {buf + 2 * B, buf + 3 * B};
-  load_block(t.param, t.param_type, begin, len, p);
+  load_param_block(t, begin, len, p);
   load_block(t.grad, t.grad_type, begin, len, g);
   for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
   double pp[kLambLanes] = {}, rr[kLambLanes] = {};
@@ -683,7 +715,7 @@ void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
       const int64_t t = plan.task_of(item);
       const int64_t block = item - plan.first_item[t];
 #if defined(__x86_64__)
-      if (vector) {
+      if (vector && !has_correction(plan.tasks[t])) {
         lamb_norms_block_avx512(plan.tasks[t], block, step.grad_scale, buf.data(), &sums[2 * item]);
         continue;
       }

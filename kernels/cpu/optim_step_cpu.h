@@ -20,7 +20,9 @@ struct ParamTask {
   int64_t numel = 0;
   int64_t offset = 0;        // element of the whole parameter where this range starts (RNG index)
   int64_t block_size = 256;  // quantization block of the state; also the unit of work
-  int num_slots = 0;
+  int num_slots = 0;                // moment slots (at most kMomentSlots)
+  // slots[kCorrectionSlot]: the master-weight correction of a bf16 parameter (Int16 / Int8
+  // storage, master_weight.h), or None.
   StateSlotRef slots[kMaxSlots];
   Hyper hyper;                    // this step's values (derive_hyper)
   bool stochastic_round = false;  // bf16 params: round the fp32 result stochastically

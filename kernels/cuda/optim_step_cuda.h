@@ -22,6 +22,7 @@ struct GpuStepParam {
   const void* grad = nullptr;
   void* slot[kMomentSlots] = {};       // F32 / BF16 values, or codes
   float* absmax[kMomentSlots] = {};    // quantized slots
+  void* correction = nullptr;          // bf16 parameters: the master-weight correction (GpuStep::slots[kCorrectionSlot])
   int64_t* counters = nullptr;         // [2]: steps taken, overflowed blocks
   int64_t numel = 0;
   int64_t offset = 0;                  // element of the whole parameter (stochastic-rounding index)

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "../common/encode.h"
+#include "../common/master_weight.h"
 #include "../common/optim_rules.h"
 #include "../common/stochastic_round.h"
 #include "gpu_tables.cuh"
@@ -94,6 +95,7 @@ struct Args {
   ParamScalars* scalars;              // scratch: one per parameter of the group
   double* block_sums;                 // scratch: LAMB
   bool stochastic_round;
+  int correction_bits;                // 16 / 8: bf16 parameters carry a master-weight correction; 0: none
 };
 
 // ---- shared-memory tables -------------------------------------------------------------------------
@@ -155,6 +157,48 @@ __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool ve
   store8(p, i, n, vec, v);
 }
 
+// Master weights (kernels/common/master_weight.h): p holds 8 bf16 parameters as fp32 (their bits
+// shifted up); with a correction slot they become the master values.
+template <bool FULL>
+__device__ __forceinline__ void add_corrections(const GpuStepParam& P, const Args& a, int64_t i, int64_t n, bool vec,
+                                                float (&p)[8]) {
+  int32_t c[8];
+  if (a.correction_bits == 16) {
+    load_corrections8<16, FULL>(P.correction, i, n, vec, c);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = master_from16(static_cast<uint16_t>(f32_bits(p[e]) >> 16), static_cast<int16_t>(c[e]));
+  } else {
+    load_corrections8<8, FULL>(P.correction, i, n, vec, c);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = master_from8(static_cast<uint16_t>(f32_bits(p[e]) >> 16), static_cast<int8_t>(c[e]));
+  }
+}
+
+// The 8 new master values split into bf16 parameters and corrections, stored.
+template <bool FULL>
+__device__ __forceinline__ void store_corrected(const GpuStepParam& P, const Args& a, int64_t i, int64_t n, bool vec,
+                                                const float (&p)[8]) {
+  uint16_t b[8];
+  int32_t c[8];
+  if (a.correction_bits == 16) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      int16_t k;
+      master_to16(p[e], &b[e], &k);
+      c[e] = k;
+    }
+    store_master8<16, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      int8_t k;
+      master_to8(p[e], &b[e], &k);
+      c[e] = k;
+    }
+    store_master8<8, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
+  }
+}
+
 // A block's scan as bit patterns (encode.h: block_absmax_from_bits): the largest |x| bits and the
 // largest raw bits (above 0x80000000 exactly when some value is negative).
 struct BitScan {
@@ -196,6 +240,9 @@ struct Lane {
                                               const SharedFormat* sh, int64_t i, bool vec) {
     const int64_t n = P.numel;
     load8<FULL>(static_cast<const T*>(P.param), i, n, vec, p);
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      if (a.correction_bits != 0) add_corrections<FULL>(P, a, i, n, vec, p);
+    }
     float g[8];
     if (FULL) {
       switch (P.grad_type) {
@@ -263,6 +310,12 @@ struct Lane {
         if (!(a.used_mask & (1 << k))) continue;
         if (FAMILY == kF32) store8<FULL>(static_cast<float*>(P.slot[k]), i, n, vec, s[k]);
         else store8<FULL>(static_cast<bf16_t*>(P.slot[k]), i, n, vec, s[k]);
+      }
+    }
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      if (a.correction_bits != 0) {
+        store_corrected<FULL>(P, a, i, n, FULL || vec, p);
+        return;
       }
     }
     store_param8(static_cast<T*>(P.param), i, n, FULL || vec, p, a.stochastic_round, seed, P.offset);
@@ -453,6 +506,9 @@ __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_C
       const int64_t i = off + int64_t(lane) * 8;
       float p[8], g[8], s[2][8];
       load8(static_cast<const T*>(P.param), i, end, vec, p);
+      if constexpr (std::is_same<T, bf16_t>::value) {
+        if (a.correction_bits != 0) add_corrections<false>(P, a, i, end, vec, p);
+      }
       load_grad8(P.grad, P.grad_type, i, end, vec, g);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {

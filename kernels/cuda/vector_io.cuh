@@ -112,5 +112,65 @@ __device__ __forceinline__ void store_codes8(uint8_t* codes, int64_t i, int64_t 
   }
 }
 
+// 8 master-weight corrections at element i (BITS 16: int16, 16 bytes; 8: int8, 8 bytes) as int32,
+// 0 past the end.
+template <int BITS, bool FULL = false>
+__device__ __forceinline__ void load_corrections8(const void* corr, int64_t i, int64_t n, bool vec, int32_t (&c)[8]) {
+  if (FULL || (vec && i + 8 <= n)) {
+    if (BITS == 16) {
+      const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const int16_t*>(corr) + i);
+      const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        c[2 * k] = static_cast<int16_t>(x[k] & 0xFFFFu);
+        c[2 * k + 1] = static_cast<int16_t>(x[k] >> 16);
+      }
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const int8_t*>(corr) + i);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        c[k] = static_cast<int8_t>((w.x >> (8 * k)) & 0xFFu);
+        c[4 + k] = static_cast<int8_t>((w.y >> (8 * k)) & 0xFFu);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      c[k] = i + k < n ? (BITS == 16 ? static_cast<const int16_t*>(corr)[i + k] : static_cast<const int8_t*>(corr)[i + k]) : 0;
+  }
+}
+
+// 8 bf16 bit patterns and their corrections stored at element i.
+template <int BITS, bool FULL = false>
+__device__ __forceinline__ void store_master8(uint16_t* param, void* corr, int64_t i, int64_t n, bool vec,
+                                              const uint16_t (&b)[8], const int32_t (&c)[8]) {
+  if (FULL || (vec && i + 8 <= n)) {
+    *reinterpret_cast<uint4*>(param + i) = make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
+                                                      b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16));
+    if (BITS == 16) {
+      uint32_t x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = (uint32_t(c[2 * k]) & 0xFFFFu) | (uint32_t(c[2 * k + 1]) << 16);
+      *reinterpret_cast<uint4*>(static_cast<int16_t*>(corr) + i) = make_uint4(x[0], x[1], x[2], x[3]);
+    } else {
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        lo |= (uint32_t(c[k]) & 0xFFu) << (8 * k);
+        hi |= (uint32_t(c[4 + k]) & 0xFFu) << (8 * k);
+      }
+      *reinterpret_cast<uint2*>(static_cast<int8_t*>(corr) + i) = make_uint2(lo, hi);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (i + k >= n) continue;
+      param[i + k] = b[k];
+      if (BITS == 16) static_cast<int16_t*>(corr)[i + k] = static_cast<int16_t>(c[k]);
+      else static_cast<int8_t*>(corr)[i + k] = static_cast<int8_t>(c[k]);
+    }
+  }
+}
+
 }  // namespace kernels
 }  // namespace lowbit

@@ -23,7 +23,8 @@ HYPER_PARAMETERS = ("beta1", "beta2", "beta3", "eps", "weight_decay", "alpha", "
 @dataclass
 class ParamState:
     """One parameter's optimizer state: slot storages, their tensors, and the step counters."""
-    slots: List[str]                 # per slot: "none", "fp32", "bf16" or a QuantFormat name
+    slots: List[str]                 # per slot: "none", "fp32", "bf16", a QuantFormat name or "int16_correction" /
+                                     # "int8_correction" (the last slot: a bf16 parameter's master-weight correction)
     tensors: List[torch.Tensor]      # per used slot: values, or codes then absmax
     counters: torch.Tensor           # int64 [2]: steps taken, state blocks that overflowed
     block_size: int
@@ -38,11 +39,14 @@ class ParamState:
 def init_state(param: torch.Tensor, rule: str, state_format: str = "Q8", *, block_size: int = 0,
                min_quant_numel: int = 4096, initial_value: float = 0.0, momentum: float = 0.0,
                centered: bool = False, amsgrad: bool = False, fp8_second_moment: str = "FP8E4M3",
-               rng_key: int = 0) -> ParamState:
-    """Fresh state for `param`, every slot holding `initial_value` (Adagrad's initial_accumulator_value)."""
+               rng_key: int = 0, master_weight_bits: int = 0) -> ParamState:
+    """Fresh state for `param`, every slot holding `initial_value` (Adagrad's initial_accumulator_value).
+
+    master_weight_bits 32 / 24 (bf16 params): the last slot holds an int16 / int8 correction, zero at first (the
+    master equals the parameter)."""
     ops = torch.ops.lowbit
     slots, block = ops.optim_state_layout(rule, state_format, param.numel(), block_size, min_quant_numel, momentum,
-                                          centered, amsgrad, fp8_second_moment)
+                                          centered, amsgrad, fp8_second_moment, master_weight_bits)
     tensors = []
     init = torch.full((param.numel(),), float(initial_value), dtype=torch.float32, device=param.device)
     for s in slots:
@@ -52,6 +56,9 @@ def init_state(param: torch.Tensor, rule: str, state_format: str = "Q8", *, bloc
             tensors.append(init.clone())
         elif s == "bf16":
             tensors.append(init.to(torch.bfloat16))
+        elif s in ("int16_correction", "int8_correction"):
+            tensors.append(torch.zeros(param.numel(), device=param.device,
+                                       dtype=torch.int16 if s == "int16_correction" else torch.int8))
         else:
             codes, absmax = ops.quantize_blockwise(init, s, block)
             tensors += [codes, absmax]

@@ -51,6 +51,27 @@ def test_layout_follows_the_optimizers_rules():
         lowbit.optim.step([], [], [], torch.ones(1, dtype=torch.float64), rule="AdamW", betas=(0.9, 0.99))
 
 
+def test_bf16_params_with_a_32_bit_master_step_like_fp32_params():
+    torch.manual_seed(2)
+    n = 9001
+    p32 = torch.randn(n)
+    p16 = p32.to(torch.bfloat16)
+    s32 = lowbit.optim.init_state(p32, "AdamW", "Q8")
+    s16 = lowbit.optim.init_state(p16, "AdamW", "Q8", master_weight_bits=32)
+    assert s16.slots == ["Dyn8Signed", "Dyn8Unsigned", "none", "int16_correction"]
+    # Start both from the bf16 weights (a zero correction); gradients as a bf16 model has them.
+    p32 = p16.float()
+    lr = torch.tensor([1e-2], dtype=torch.float64)
+    for _ in range(3):
+        g = torch.randn(n).to(torch.bfloat16)
+        lowbit.optim.step([p32], [g.float()], [s32], lr, rule="AdamW", weight_decay=1e-2)
+        lowbit.optim.step([p16], [g], [s16], lr, rule="AdamW", weight_decay=1e-2)
+    master = ((p16.view(torch.int16).to(torch.int64) & 0xFFFF) * 65536 + s16.tensors[-1].to(torch.int64))
+    assert torch.equal(master.to(torch.int32).view(torch.float32), p32)
+    with pytest.raises(RuntimeError, match="stochastic_round and a master-weight correction"):
+        lowbit.optim.step([p16], [g], [s16], lr, rule="AdamW", stochastic_round=True)
+
+
 def test_step_op_traces_under_torch_compile_fullgraph():
     torch.manual_seed(1)
     n = 5000

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_set>
 
 #include <lowbit/tensors/optim_ops.h>
 
@@ -105,6 +106,12 @@ int64_t LowbitOptimizer::state_bytes() const {
   for (const auto& kv : states_)
     for (const auto& s : kv.second.slots) total += s.nbytes();
   return total;
+}
+
+bool LowbitOptimizer::clips_gradients() const {
+  for (const auto& g : param_groups_)
+    if (common(g.options()).max_grad_norm > 0) return true;
+  return false;
 }
 
 int64_t LowbitOptimizer::skipped_steps() const {
@@ -228,12 +235,24 @@ void LowbitOptimizer::refresh_lr() {
 }
 
 torch::Tensor LowbitOptimizer::step(LossClosure closure) {
-  torch::NoGradGuard no_grad;
   torch::Tensor loss;
   if (closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  step_only(nullptr);
+  return loss;
+}
+
+void LowbitOptimizer::step_parameters(const std::vector<at::Tensor>& params) {
+  std::unordered_set<c10::TensorImpl*> only;
+  for (const at::Tensor& p : params) only.insert(p.unsafeGetTensorImpl());
+  step_only(&only);
+}
+
+void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only) {
+  torch::NoGradGuard no_grad;
+  const auto skip = [&](const at::Tensor& p) { return only && only->count(p.unsafeGetTensorImpl()) == 0; };
   // ---- check: every parameter with a gradient, grouped by device for the pre-pass.
   struct DeviceGrads {
     at::Device device;
@@ -250,7 +269,7 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     const auto& params = param_groups_[gi].params();
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& g = params[i].grad();
-      if (!g.defined()) continue;
+      if (!g.defined() || skip(params[i])) continue;
       check_grad(params[i], g, gi, i);
       any_grad = true;
       if (!prepass) continue;
@@ -260,7 +279,7 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
       d->groups.push_back(static_cast<int64_t>(gi));
     }
   }
-  if (!any_grad) return loss;
+  if (!any_grad) return;
   ++steps_called_;
 
   // ---- pre-pass: one read of every gradient, on its device: is anything non-finite (then the
@@ -303,7 +322,7 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
     std::vector<CallBucket> buckets;
     for (size_t i = 0; i < group.params().size(); ++i) {
       at::Tensor& p = group.params()[i];
-      if (!p.grad().defined()) continue;
+      if (!p.grad().defined() || skip(p)) continue;
       ParamState& st = ensure_state(p, options, gi, i);
       // Its bucket: compared slot by slot, no list built per parameter (thousands of small
       // parameters make this loop the host's cost of a step).
@@ -353,7 +372,6 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
   // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked.
   const bool interval_due = overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0;
   check_overflow_on(!interval_due);
-  return loss;
 }
 
 }  // namespace optim

@@ -9,6 +9,7 @@
 #include <torch/serialize/archive.h>
 
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <lowbit/kernels/common/state_slots.h>
@@ -52,6 +53,13 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // On CPU parameters the step reads nothing back from a device; on GPUs it never synchronizes
   // with the host (the skip, clipping and step counts stay on the device).
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // One step of only these parameters (those with a gradient): what gradient release
+  // (gradient_release.h) runs per parameter. Each parameter's result is the one step() gives it;
+  // the non-finite check and clipping see only these parameters' gradients.
+  void step_parameters(const std::vector<at::Tensor>& params);
+
+  // Whether any group clips to a global norm (max_grad_norm > 0).
+  bool clips_gradients() const;
 
   // Bytes held by optimizer state (codes + absmax for quantized state).
   int64_t state_bytes() const;
@@ -108,6 +116,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   enum class StepPath { Fused, Reference, ScalarLoop };
 
   kernels::Rule rule() const { return config(defaults()).rule; }
+  void step_only(const std::unordered_set<c10::TensorImpl*>* only);  // null: every parameter
   ParamState& ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options, int64_t group,
                            int64_t index);
   // A fresh state for p in its resolved format; slot k starts from values[k] when given.

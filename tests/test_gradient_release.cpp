@@ -1,0 +1,168 @@
+// Gradient release (optim/gradient_release.h): stepping each parameter from its post-accumulate
+// hook during backward() gives every parameter and state the bits of backward() + step(), frees the
+// gradients, accumulates over micro-batches on request, and refuses global-norm clipping.
+#include <sstream>
+
+#include "rule_cases.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace lowbit_test;
+namespace lo = lowbit::optim;
+
+// A small network with a shared (tied) weight used twice, so one parameter's gradient has two
+// contributions that backward() sums before its hook runs.
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 96));
+    fc2 = register_module("fc2", torch::nn::Linear(96, 96));
+    out = register_module("out", torch::nn::Linear(96, 10));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = torch::tanh(fc1(x));
+    x = torch::tanh(fc2(x));
+    x = torch::tanh(fc2(x));  // fc2 twice
+    return out(x);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, out{nullptr};
+};
+
+struct Trained {
+  std::shared_ptr<Net> net;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<lo::LowbitOptimizer> opt;
+};
+
+Trained make(const RuleCase& rc, StateFormat f) {
+  torch::manual_seed(21);
+  Trained t;
+  t.net = std::make_shared<Net>();
+  t.params = t.net->parameters();
+  t.opt = rc.make(t.params, f, false);
+  return t;
+}
+
+at::Tensor loss_of(Net& net, int64_t batch) {
+  torch::manual_seed(1000 + batch);
+  const at::Tensor x = torch::randn({32, 64}), y = torch::randint(10, {32});
+  return torch::nn::functional::cross_entropy(net.forward(x), y);
+}
+
+void expect_same(const Trained& a, const Trained& b) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    ASSERT_TRUE(bitwise_equal(a.params[i].detach(), b.params[i].detach())) << "parameter " << i;
+    const auto sa = a.opt->export_state_fp32(a.params[i]), sb = b.opt->export_state_fp32(b.params[i]);
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t k = 0; k < sa.size(); ++k)
+      if (sa[k].defined()) ASSERT_TRUE(bitwise_equal(sa[k], sb[k])) << "parameter " << i << " slot " << k;
+  }
+}
+
+TEST(GradientRelease, EqualsBackwardThenStepForEveryRuleAndFormat) {
+  for (const RuleCase& rc : rule_cases()) {
+    for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      Trained a = make(rc, f), b = make(rc, f);
+      lo::GradientRelease release(*b.opt);
+      for (int64_t s = 0; s < 4; ++s) {
+        a.opt->zero_grad();
+        loss_of(*a.net, s).backward();
+        a.opt->step();
+        loss_of(*b.net, s).backward();
+        for (const auto& p : b.params) ASSERT_FALSE(p.grad().defined()) << "a gradient was kept";
+      }
+      EXPECT_EQ(release.released(), static_cast<int64_t>(4 * b.params.size()));
+      expect_same(a, b);
+    }
+  }
+}
+
+TEST(GradientRelease, AccumulatesMicroBatchesAndReleasesOnTheLast) {
+  const RuleCase rc = rule_cases()[1];  // AdamW
+  Trained a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
+  lo::GradientRelease release(*b.opt);
+  for (int64_t s = 0; s < 3; ++s) {
+    a.opt->zero_grad();
+    for (int64_t m = 0; m < 3; ++m) loss_of(*a.net, 10 * s + m).backward();
+    a.opt->step();
+    for (int64_t m = 0; m < 3; ++m) {
+      release.set_accumulating(m < 2);
+      loss_of(*b.net, 10 * s + m).backward();
+      if (m < 2) ASSERT_TRUE(b.params[0].grad().defined());
+    }
+    ASSERT_FALSE(b.params[0].grad().defined());
+  }
+  expect_same(a, b);
+}
+
+TEST(GradientRelease, SchedulersAndCheckpointsWorkAsBefore) {
+  const RuleCase rc = rule_cases()[0];  // Adam
+  Trained a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
+  lo::GradientRelease release(*b.opt);
+  torch::optim::StepLR sa(*a.opt, 1, 0.5), sb(*b.opt, 1, 0.5);
+  for (int64_t s = 0; s < 3; ++s) {
+    a.opt->zero_grad();
+    loss_of(*a.net, s).backward();
+    a.opt->step();
+    sa.step();
+    loss_of(*b.net, s).backward();
+    sb.step();
+  }
+  expect_same(a, b);
+  std::stringstream ca, cb;
+  torch::serialize::OutputArchive oa, ob;
+  a.opt->save(oa);
+  b.opt->save(ob);
+  oa.save_to(ca);
+  ob.save_to(cb);
+  EXPECT_EQ(ca.str().size(), cb.str().size());
+}
+
+TEST(GradientRelease, NonFiniteGradientSkipsOnlyThatParameter) {
+  const RuleCase rc = rule_cases()[1];
+  Trained b = make(rc, StateFormat::Q8);
+  lo::GradientRelease release(*b.opt);
+  loss_of(*b.net, 0).backward();
+  std::vector<at::Tensor> before;
+  for (const auto& p : b.params) before.push_back(p.detach().clone());
+  // A hook that poisons fc1's weight gradient before it is accumulated.
+  b.net->fc1->weight.register_hook([](at::Tensor g) { return g * std::numeric_limits<float>::infinity(); });
+  loss_of(*b.net, 1).backward();
+  EXPECT_TRUE(bitwise_equal(b.net->fc1->weight.detach(), before[0]));
+  EXPECT_FALSE(bitwise_equal(b.net->fc1->bias.detach(), before[1]));
+  EXPECT_EQ(b.opt->skipped_steps(), 1);
+}
+
+TEST(GradientRelease, RefusesClippingAndASecondRelease) {
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  auto params = net->parameters();
+  lo::AdamW clipped(params, lo::AdamWOptions().max_grad_norm(1.0));
+  try {
+    lo::GradientRelease r(clipped);
+    FAIL() << "clipping was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_grad_norm"), std::string::npos) << e.what();
+  }
+  lo::AdamW opt(params, lo::AdamWOptions());
+  lo::GradientRelease first(opt);
+  try {
+    lo::GradientRelease second(opt);
+    FAIL() << "two releases on one parameter";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already has a post-accumulate-grad hook"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GradientRelease, RemovingTheReleaseRestoresPlainBackward) {
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  auto params = net->parameters();
+  lo::AdamW opt(params, lo::AdamWOptions());
+  { lo::GradientRelease r(opt); }
+  loss_of(*net, 0).backward();
+  for (const auto& p : params) EXPECT_TRUE(p.grad().defined());
+}
+
+}  // namespace

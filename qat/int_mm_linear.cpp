@@ -75,5 +75,9 @@ int64_t set_int8_matmul(const std::shared_ptr<torch::nn::Module>& root, bool on)
   return count;
 }
 
+int64_t set_int8_matmul(const torch::nn::Sequential& root, bool on) {
+  return set_int8_matmul(std::static_pointer_cast<torch::nn::Module>(root.ptr()), on);
+}
+
 }  // namespace qat
 }  // namespace lowbit

@@ -48,6 +48,7 @@ at::Tensor int_mm_linear(const at::Tensor& x_codes, const at::Tensor& x_scale, c
 // Turns the int8 path on or off for every QuantizedLinear under root whose config it can run;
 // returns how many it turned on.
 int64_t set_int8_matmul(const std::shared_ptr<torch::nn::Module>& root, bool on = true);
+int64_t set_int8_matmul(const torch::nn::Sequential& root, bool on = true);
 
 }  // namespace qat
 }  // namespace lowbit

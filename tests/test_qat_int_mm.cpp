@@ -111,7 +111,8 @@ TEST(QatIntMm, BoundIsTightEnoughToCatchAMisplacedScale) {
   const Tensor x = at::randn({m, k}) + 0.5;
   const Tensor want = model->forward(x).detach();
   const Tensor b = bound(fq->activation_fake_quant->forward(x).detach(), fq->fake_quantized_weight().detach(), fq->bias.detach(), k / g);
-  auto q = qat::convert(model)[0]->as<qat::QuantizedLinear>();
+  auto converted = qat::convert(model);  // keeps the layer alive
+  auto q = converted[0]->as<qat::QuantizedLinear>();
   auto [xs, xz] = q->activation_fake_quant->qparams(x);
   const Tensor codes = lowbit::ops::quantize_codes_reference(x, xs, xz, k, 8, true);
   const Tensor xq = (codes.to(at::kInt) - 128).to(at::kChar);

@@ -18,7 +18,13 @@ at::Tensor int8_matmul(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(!a.is_cuda() || int_mm_cuda_shape_ok(a.size(0), a.size(1), b.size(1)), "lowbit::qat::int8_matmul: "
               "at::_int_mm on CUDA needs m > 16 and k, n multiples of 8, got m ", a.size(0), ", k ", a.size(1), ", n ",
               b.size(1));
-  return at::_int_mm(a, b);
+  if (a.is_cuda()) return at::_int_mm(a, b);
+  // CPU: torch 2.11's _int_mm takes every shape but runs a slow loop (bench_fake_quant: 23x a float
+  // matmul at k = 32). A float matmul of the integers is exact instead: |products| <= 2^14, so every
+  // partial sum, in any order and with FMA, is an integer of magnitude <= k * 2^14, exact in float32
+  // while that is <= 2^24 (k <= 1024) and in float64 up to k = 2^39.
+  const at::ScalarType t = a.size(1) <= 1024 ? at::kFloat : at::kDouble;
+  return at::mm(a.to(t), b.to(t)).to(at::kInt);
 }
 
 at::Tensor int8_matmul_reference(const at::Tensor& a, const at::Tensor& b) {

@@ -30,8 +30,8 @@ namespace qat {
 // Whether at::_int_mm accepts [m, k] x [k, n] on CUDA (torch 2.11: m > 16, k and n positive
 // multiples of 8). On the CPU it takes every shape.
 bool int_mm_cuda_shape_ok(int64_t m, int64_t k, int64_t n);
-// int32 [m, n] = a [m, k] x b [k, n], both int8, exactly: at::_int_mm (CPU: any shape; CUDA: where
-// int_mm_cuda_shape_ok, refused otherwise).
+// int32 [m, n] = a [m, k] x b [k, n], both int8, exactly: at::_int_mm on CUDA (where
+// int_mm_cuda_shape_ok, refused otherwise); on the CPU an exact float32 / float64 matmul (same result).
 at::Tensor int8_matmul(const at::Tensor& a, const at::Tensor& b);
 // The same in float64 (every partial sum an integer below 2^53, so exact): the test oracle.
 at::Tensor int8_matmul_reference(const at::Tensor& a, const at::Tensor& b);

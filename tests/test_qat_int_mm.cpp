@@ -41,10 +41,15 @@ TEST(QatIntMm, Int8MatmulIsExactOnEveryCpuShape) {
     EXPECT_EQ(got.scalar_type(), at::kInt);
     EXPECT_TRUE(at::equal(got, qat::int8_matmul_reference(a, b.t()))) << m << " " << k << " " << n;
     EXPECT_TRUE(at::equal(got, at::mm(a.to(at::kLong), b.t().to(at::kLong)).to(at::kInt)));
+    EXPECT_TRUE(at::equal(got, at::_int_mm(a, b.t())));  // torch's own integer matmul on the CPU
   }
   // Extremes: every product -128 * -128, k = 4096: 2^26, exact in int32 and in float64.
   const Tensor a = at::full({17, 4096}, -128, at::kChar);
   EXPECT_EQ(qat::int8_matmul(a, a.t()).max().item<int64_t>(), int64_t(1) << 26);
+  // 127 * 127 * 4095 = 66048255: odd and above 2^24, so a float32 accumulation cannot hold it.
+  const Tensor c = at::full({17, 4095}, 127, at::kChar);
+  EXPECT_TRUE(at::equal(qat::int8_matmul(c, c.t()), at::full({17, 17}, 66048255, at::kInt)));
+  EXPECT_TRUE(at::equal(qat::int8_matmul(c, c.t()), at::_int_mm(c, c.t())));
   EXPECT_THROW(qat::int8_matmul(a.to(at::kFloat), a.t()), c10::Error);
 }
 

@@ -108,7 +108,7 @@ void bench_linear(int64_t rows, int64_t in, int64_t out, bool cuda, const at::Te
   const double i_q = lowbit_bench::time_ms([&] { q->forward(x); }, cuda, reps);
   std::printf("inference forward: plain %.3f ms, fake-quantized %.3f ms, converted (packed int4, %lld of %lld bytes) %.3f ms\n",
               i_plain, i_fq, (long long)q->weight_bytes(), (long long)(in * out * 4), i_q);
-  // The same converted layer through the int8 x int8 matmul (at::_int_mm per weight group of 32).
+  // The same converted layer through the int8 x int8 matmul (one integer matmul per weight group of 32).
   q->set_int8_matmul(true);
   const double i_int8 = lowbit::qat::int_mm_cuda_shape_ok(rows, 32, out) || !cuda
                             ? lowbit_bench::time_ms([&] { q->forward(x); }, cuda, reps)
@@ -117,7 +117,7 @@ void bench_linear(int64_t rows, int64_t in, int64_t out, bool cuda, const at::Te
   const double rel = ((q->forward(x) - ref).abs().max() / ref.abs().max()).item<double>();
   std::printf("inference forward, converted through the int8 x int8 matmul (%s, one per group of 32): %.3f ms "
               "(%.2fx the dequantize path; max |diff| / max |y| vs fake-quant %.2g)\n",
-              q->uses_int8_matmul(x) ? "at::_int_mm" : "fell back to dequantize", i_int8, i_int8 / i_q, rel);
+              q->uses_int8_matmul(x) ? (cuda ? "at::_int_mm" : "exact float matmul of the integers") : "fell back to dequantize", i_int8, i_int8 / i_q, rel);
   // Per-channel int8 weights: one integer matmul for the whole layer (torchao's 8da8w).
   torch::nn::Linear base8(in, out);
   base8->to(opts.device());

@@ -3,6 +3,7 @@
 // copy bandwidth of the same tensor as the ceiling; and one training step of a fake-quantized
 // Linear layer against the plain layer.
 //   bench_fake_quant [--device cpu|cuda] [--rows N] [--cols N] [--reps N]
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -107,6 +108,27 @@ void bench_linear(int64_t rows, int64_t in, int64_t out, bool cuda, const at::Te
   const double i_q = lowbit_bench::time_ms([&] { q->forward(x); }, cuda, reps);
   std::printf("inference forward: plain %.3f ms, fake-quantized %.3f ms, converted (packed int4, %lld of %lld bytes) %.3f ms\n",
               i_plain, i_fq, (long long)q->weight_bytes(), (long long)(in * out * 4), i_q);
+  // The same converted layer through the int8 x int8 matmul (one integer matmul per weight group of 32).
+  q->set_int8_matmul(true);
+  const double i_int8 = lowbit::qat::int_mm_cuda_shape_ok(rows, 32, out) || !cuda
+                            ? lowbit_bench::time_ms([&] { q->forward(x); }, cuda, reps)
+                            : NAN;
+  const Tensor ref = fq->forward(x);
+  const double rel = ((q->forward(x) - ref).abs().max() / ref.abs().max()).item<double>();
+  std::printf("inference forward, converted through the int8 x int8 matmul (%s, one per group of 32): %.3f ms "
+              "(%.2fx the dequantize path; max |diff| / max |y| vs fake-quant %.2g)\n",
+              q->uses_int8_matmul(x) ? (cuda ? "at::_int_mm" : "exact float matmul of the integers") : "fell back to dequantize", i_int8, i_int8 / i_q, rel);
+  // Per-channel int8 weights: one integer matmul for the whole layer (torchao's 8da8w).
+  torch::nn::Linear base8(in, out);
+  base8->to(opts.device());
+  qat::FakeQuantizedLinear fq8(base8, qat::FakeQuantConfig::int8_per_token_asymmetric(),
+                               qat::FakeQuantConfig::int8_per_channel_symmetric());
+  auto q8 = qat::QuantizedLinearImpl::from_fake_quantized(*fq8);
+  const double i_q8 = lowbit_bench::time_ms([&] { q8->forward(x); }, cuda, reps);
+  q8->set_int8_matmul(true);
+  const double i_q8_int = lowbit_bench::time_ms([&] { q8->forward(x); }, cuda, reps);
+  std::printf("inference forward, 8da8w per-channel: dequantize path %.3f ms, int8 x int8 matmul %.3f ms (%.2fx)\n", i_q8,
+              i_q8_int, i_q8_int / i_q8);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // QuantizedLinear and QuantizedEmbedding: what qat::convert turns the fake-quantized modules into.
-// Weights are stored as packed integer codes (bits <= 4: two per byte; else one) plus a float32
-// scale and zero point per group; forward dequantizes them with the same formula the fake quantizer
-// applied, so in float32 the outputs equal the fake-quantized model's bit for bit.
+// Integer weights are stored as packed codes (bits <= 4: two per byte; else one) plus a float32
+// scale and zero point per group; float8 / MXFP4 / NVFP4 weights as their codes and scales
+// (qat/packed_weight.h). Forward dequantizes them with the same formula the fake quantizer applied,
+// so in float32 the outputs equal the fake-quantized model's bit for bit.
 // Save and load with torch::save / torch::load into a module of the same options (for example the
 // result of prepare + convert on a freshly built model).
 #pragma once
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "fake_quantized_modules.h"
+#include "packed_weight.h"
 
 namespace lowbit {
 namespace qat {
@@ -39,13 +41,26 @@ class QuantizedLinearImpl : public torch::nn::Module {
   at::Tensor dequantized_weight() const;
   // Bytes the weight takes (codes + scales + zero points), the bias excluded.
   int64_t weight_bytes() const;
+  // Opt-in: forward through an int8 x int8 matmul (qat/int_mm_linear.h: exact integer sums, scales
+  // applied after, so within a proven bound of the fake-quantized model, not bit for bit), where
+  // the shapes allow it (CPU: always; CUDA: at::_int_mm's constraints), else the default path.
+  // Refuses configs it cannot run, naming the module and why.
+  void set_int8_matmul(bool on);
+  bool int8_matmul() const { return int8_matmul_; }
+  // Whether the next forward of x takes the int8 path.
+  bool uses_int8_matmul(const at::Tensor& x) const;
 
   QuantizedLinearOptions options;
   int64_t group_size;       // elements per (scale, zero point), along each row
   at::Tensor packed;        // uint8 [out, packed bytes per row]
-  at::Tensor scale, zero_point;  // float32 [out * in / group_size]
+  at::Tensor scale, zero_point;  // integer: float32 [out * in / group_size]; float formats: packed_weight.h
+  at::Tensor tensor_scale;  // NVFP4 only
   at::Tensor bias;
   FakeQuantizer activation_fake_quant{nullptr};
+
+ private:
+  at::Tensor int8_forward(const at::Tensor& x2);
+  bool int8_matmul_ = false;
 };
 TORCH_MODULE(QuantizedLinear);
 
@@ -69,15 +84,9 @@ class QuantizedEmbeddingImpl : public torch::nn::Module {
 
   QuantizedEmbeddingOptions options;
   int64_t group_size;
-  at::Tensor packed, scale, zero_point;
+  at::Tensor packed, scale, zero_point, tensor_scale;  // as in QuantizedLinear
 };
 TORCH_MODULE(QuantizedEmbedding);
-
-// Row-wise packing of uint8 codes [rows, cols]: each row packs on its own (a 4-bit row of odd
-// length gets a zero tail nibble), so rows can be selected from the packed tensor.
-at::Tensor pack_rows(const at::Tensor& codes, int64_t bits);
-at::Tensor unpack_rows(const at::Tensor& packed, int64_t bits, int64_t cols);
-int64_t packed_row_bytes(int64_t cols, int64_t bits);
 
 }  // namespace qat
 }  // namespace lowbit

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "fake_quant_ops.h"
+#include "float_codes.h"  // round_to_float_format: the rounding convert() stores too
 
 namespace lowbit {
 namespace ops {
@@ -121,20 +122,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_float8_reference(const
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale};
 }
 
-namespace {
-
-// Nearest value of a small float format (mantissa bits m, smallest normal exponent emin), ties to
-// even, for |v| <= its max: v rounded at the spacing of its binade (fake_quant_math.h).
-at::Tensor round_minifloat(const at::Tensor& v, int m, int emin) {
-  const at::Tensor a = v.abs();
-  at::Tensor e = at::bitwise_and(at::bitwise_right_shift(a.view(at::kInt), 23), 0xFF) - 127;
-  e = at::clamp_min(e, emin);
-  const at::Tensor quantum = at::bitwise_left_shift(e - m + 127, 23).to(at::kInt).view(at::kFloat);
-  const at::Tensor r = at::round(a / quantum) * quantum;
-  return at::where(at::signbit(v), -r, r);
-}
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_block_float_reference(const at::Tensor& input,
                                                                                std::string_view format, double eps) {
@@ -161,7 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_block_float_reference(
   const at::Tensor xs = xf / scale.unsqueeze(1);
   const at::Tensor inside = at::logical_and(xs >= -f.max, xs <= f.max);
   const at::Tensor c = at::clamp(xs, -f.max, f.max);
-  const at::Tensor r = f.mantissa_bits == 1 ? round_minifloat(c, f.mantissa_bits, f.min_exponent)
+  const at::Tensor r = f.mantissa_bits == 1 ? round_to_float_format(c, kernels::Float8Format{f.mantissa_bits, f.min_exponent, f.max})
                                              : c.to(f.mantissa_bits == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2).to(at::kFloat);
   const at::Tensor y = r * scale.unsqueeze(1);
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale};

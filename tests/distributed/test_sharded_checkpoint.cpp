@@ -59,32 +59,33 @@ void set_grads(std::vector<at::Tensor>& sharded, std::vector<at::Tensor>& ref, i
   }
 }
 
-TEST(ShardedCheckpoint, RanksToOneProcessAndBackAreBitExact) {
+// N ranks' checkpoint -> one process -> N ranks, compared with one process that never stopped.
+void ranks_to_one_and_back(StateFormat fmt) {
   const int world = comm().size();
   std::vector<at::Tensor> params = make_params(at::kBFloat16, device()), ref_params = make_params(at::kBFloat16, device());
-  auto ref = make_opt(ref_params);
-  ld::ShardedOptimizer sharded(std::shared_ptr<lo::LowbitOptimizer>(make_opt(params)), comm_ptr());
+  auto ref = make_opt(ref_params, fmt);
+  ld::ShardedOptimizer sharded(std::shared_ptr<lo::LowbitOptimizer>(make_opt(params, fmt)), comm_ptr());
   for (int s = 1; s <= 2; ++s) {
     set_grads(params, ref_params, s, world);
     sharded.step();
     ref->step();
   }
-  const std::string pre = prefix_for("to_one");
+  const std::string pre = prefix_for(std::string("to_one_") + lowbit::state_format_name(fmt));
   sharded.save(pre);
   // N ranks' files -> one unsharded optimizer (every rank does it on its own).
   std::vector<at::Tensor> one_params = make_params(at::kBFloat16, device());
-  auto one = make_opt(one_params);
+  auto one = make_opt(one_params, fmt);
   ld::load_fragments(*one, pre);
   const auto want = all_state(*ref, ref_params), got = all_state(*one, one_params);
   ASSERT_EQ(want.size(), got.size());
   for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
   // One unsharded optimizer's fragments -> N ranks, which then step on exactly like it.
-  const std::string back = prefix_for("from_one");
+  const std::string back = prefix_for(std::string("from_one_") + lowbit::state_format_name(fmt));
   if (comm().rank() == 0) ld::save_fragments(*ref, back);
   comm().barrier();
   std::vector<at::Tensor> p2 = make_params(at::kBFloat16, device());
   for (size_t k = 0; k < p2.size(); ++k) p2[k].detach().copy_(ref_params[k].detach());
-  ld::ShardedOptimizer resumed(std::shared_ptr<lo::LowbitOptimizer>(make_opt(p2)), comm_ptr());
+  ld::ShardedOptimizer resumed(std::shared_ptr<lo::LowbitOptimizer>(make_opt(p2, fmt)), comm_ptr());
   resumed.load(back);
   expect_fragments_match(resumed, *ref, ref_params);
   for (int s = 3; s <= 4; ++s) {
@@ -94,6 +95,13 @@ TEST(ShardedCheckpoint, RanksToOneProcessAndBackAreBitExact) {
   }
   for (size_t k = 0; k < p2.size(); ++k) EXPECT_TRUE(bitwise_equal(p2[k], ref_params[k])) << "parameter " << k;
   expect_fragments_match(resumed, *ref, ref_params);
+}
+
+TEST(ShardedCheckpoint, RanksToOneProcessAndBackAreBitExact) {
+  for (StateFormat f : {StateFormat::Q4, StateFormat::FP32}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    ranks_to_one_and_back(f);
+  }
 }
 
 std::string load_error(lo::LowbitOptimizer& o, const std::string& prefix) {

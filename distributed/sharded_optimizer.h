@@ -9,6 +9,7 @@
 // unsharded optimizer fed the averaged gradients (see the note on clipping at step()).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>

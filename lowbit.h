@@ -7,3 +7,8 @@
 #include <lowbit/optim/gradient_release.h>
 #include <lowbit/optim/optimizers.h>
 #include <lowbit/qat/qat.h>
+// distributed/: with MPI compiled in (lowbit_add_distributed in cmake/LowbitDistributed.cmake).
+#include <lowbit/build_config.h>
+#if LOWBIT_WITH_MPI
+#include <lowbit/distributed/distributed.h>
+#endif

@@ -161,7 +161,8 @@ void LowbitOptimizer::check_grad(const at::Tensor& p, const at::Tensor& g, int64
 }
 
 ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
-                                       const std::vector<at::Tensor>& values) const {
+                                       const std::vector<at::Tensor>& values, int64_t numel) const {
+  if (numel < 0) numel = p.numel();
   const CommonOptions c = common(options);
   ParamState st;
   st.counters = at::zeros({2}, p.options().dtype(at::kLong));
@@ -186,13 +187,13 @@ ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::
     if (!s.defined()) continue;
     if (kernels::is_correction(s.type.storage)) {
       // The master starts as the parameter itself: a zero correction.
-      s.dense = at::zeros({p.numel()}, p.options().dtype(s.type.storage == kernels::SlotStorage::Int16 ? at::kShort
+      s.dense = at::zeros({numel}, p.options().dtype(s.type.storage == kernels::SlotStorage::Int16 ? at::kShort
                                                                                                     : at::kChar));
       continue;
     }
     at::Tensor init = k < values.size() && values[k].defined()
-                          ? values[k].detach().to(p.device(), at::kFloat).reshape({p.numel()})
-                          : at::full({p.numel()}, initial_state_value(options, static_cast<int>(k)), fopts);
+                          ? values[k].detach().to(p.device(), at::kFloat).reshape({numel})
+                          : at::full({numel}, initial_state_value(options, static_cast<int>(k)), fopts);
     if (s.type.storage == kernels::SlotStorage::Quant) {
       s.quantized = quantize(init, s.type.format, st.block_size);
     } else {
@@ -356,7 +357,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
       a.params.push_back(p);
       a.grads.push_back(p.grad());
       a.counters.push_back(st.counters);
-      a.rng_keys.push_back(static_cast<int64_t>(gi * 7919u + i));
+      a.rng_keys.push_back(rng_key(gi, i));
       for (const StateSlot& s : st.slots) {
         if (s.type.storage == kernels::SlotStorage::Quant) {
           a.state.push_back(s.quantized.codes());

@@ -43,7 +43,8 @@ struct ParamState {
   int64_t step() const;                    // steps taken (a device read for GPU parameters)
 };
 
-struct StepTesting;  // optim/step_testing.h: the tests' switches (reference path, scalar loop)
+struct StepTesting;     // optim/step_testing.h: the tests' switches (reference path, scalar loop)
+struct FragmentAccess;  // optim/fragment_access.h: what distributed/ needs to step a range of a parameter
 
 class LowbitOptimizer : public torch::optim::Optimizer {
  public:
@@ -113,15 +114,19 @@ class LowbitOptimizer : public torch::optim::Optimizer {
 
  private:
   friend struct StepTesting;
+  friend struct FragmentAccess;
   enum class StepPath { Fused, Reference, ScalarLoop };
 
   kernels::Rule rule() const { return config(defaults()).rule; }
   void step_only(const std::unordered_set<c10::TensorImpl*>* only);  // null: every parameter
   ParamState& ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options, int64_t group,
                            int64_t index);
-  // A fresh state for p in its resolved format; slot k starts from values[k] when given.
+  // A fresh state for p in its resolved format; slot k starts from values[k] when given. numel >= 0:
+  // the state of a block-aligned range of that many elements (a shard), laid out by p's whole numel.
   ParamState make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
-                        const std::vector<at::Tensor>& values) const;
+                        const std::vector<at::Tensor>& values, int64_t numel = -1) const;
+  // The stochastic-rounding key of parameter `index` of group `group` (the same wherever it steps).
+  static int64_t rng_key(size_t group, size_t index) { return static_cast<int64_t>(group * 7919u + index); }
   // Reads a checkpoint of libtorch's torch::optim::Adam / AdamW into this (Adam / AdamW) optimizer.
   void load_torch_adam(torch::serialize::InputArchive& archive);
   void check_grad(const at::Tensor& p, const at::Tensor& g, int64_t group, int64_t index) const;

@@ -27,9 +27,9 @@ std::string build_info() {
     s << "yes (archs " << LOWBIT_HIP_ARCHS << ")\n";
   else
     s << "compiled, not linked (kernels for " << LOWBIT_HIP_ARCHS << "; libtorch is not a ROCm build)\n";
-  // distributed/ links MPI and NCCL once it exists; until then report what the build found.
-  s << "  mpi   " << (LOWBIT_WITH_MPI ? "found (for distributed/, not built yet)" : "no") << "\n";
-  s << "  nccl  " << (LOWBIT_WITH_NCCL ? "found (for distributed/, not built yet)" : "no") << "\n";
+  // distributed/: MpiCommunicator + ShardedOptimizer with MPI, NcclCommunicator with NCCL too.
+  s << "  mpi   " << (LOWBIT_WITH_MPI ? "yes (distributed/: MpiCommunicator, ShardedOptimizer)" : "no") << "\n";
+  s << "  nccl  " << (LOWBIT_WITH_NCCL ? "yes (distributed/: NcclCommunicator)" : "no") << "\n";
   return s.str();
 }
 

@@ -1,0 +1,100 @@
+// bench_sharded_step (under mpirun): one ShardedOptimizer step (AdamW, Q8 state) split into its
+// parts, each timed alone over the same bytes: reduce-scatter of the gradients, the local update
+// of 1/N of the elements (an unsharded optimizer on that many), the all-gather of the parameters;
+// and the bus bandwidth of the communicator's all_reduce of the same bytes (nccl-tests' formula:
+// algbw * 2(N-1)/N for all_reduce, algbw * (N-1)/N for reduce-scatter and all-gather). Reports the
+// step against (reduce-scatter + all-gather at that bus bandwidth + the local update), and the
+// per-rank optimizer state against the unsharded optimizer's. Medians over the repetitions.
+//   mpirun -np 2 bench_sharded_step [--cuda] [params=64] [numel=4194304] [reps=10]
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include <lowbit/lowbit.h>
+
+#include "timing.h"
+
+namespace ld = lowbit::distributed;
+using lowbit_bench::median;
+using lowbit_bench::now_ms;
+
+int main(int argc, char** argv) {
+  bool cuda = false;
+  std::vector<int64_t> nums;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--cuda") == 0)
+      cuda = true;
+    else
+      nums.push_back(std::atoll(argv[i]));
+  }
+  const int64_t count = nums.size() > 0 ? nums[0] : 64, numel = nums.size() > 1 ? nums[1] : 4194304;
+  const int reps = nums.size() > 2 ? static_cast<int>(nums[2]) : 10;
+  ld::InitOptions io;
+  io.device_type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  auto comm = ld::init_from_env(io);
+  const int n = comm->size(), rank = comm->rank();
+  const at::Device dev = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ld::launch_env().local_rank)) : at::Device(at::kCPU);
+  const auto sync = [&] {
+    if (cuda) torch::cuda::synchronize(dev.index());
+  };
+  const auto time = [&](const std::function<void()>& f) {
+    f();  // warm-up
+    sync();
+    std::vector<double> ms;
+    for (int r = 0; r < reps; ++r) {
+      comm->barrier();
+      const double t0 = now_ms();
+      f();
+      sync();
+      ms.push_back(now_ms() - t0);
+    }
+    return median(ms);
+  };
+
+  std::vector<at::Tensor> params;
+  for (int64_t k = 0; k < count; ++k) params.push_back(at::randn({numel}, at::TensorOptions().device(dev)).set_requires_grad(true));
+  auto opt = std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-4));
+  ld::ShardedOptimizer sharded(opt, comm);
+  for (auto& p : params) p.mutable_grad() = at::randn_like(p) * 1e-3;
+  const double step_ms = time([&] { sharded.step(); });
+
+  // The parts alone, over the same bytes.
+  const int64_t total = count * numel, chunk = (total + n - 1) / n;
+  at::Tensor flat = at::randn({chunk * n}, at::TensorOptions().device(dev)), shard = at::empty({chunk}, flat.options());
+  const double rs_ms = time([&] { comm->reduce_scatter(flat, shard, ld::ReduceOp::Avg); });
+  const double ag_ms = time([&] { comm->all_gather(flat.narrow(0, rank * chunk, chunk), flat); });
+  const double ar_ms = time([&] { comm->all_reduce(flat, ld::ReduceOp::Sum); });
+  std::vector<at::Tensor> local;
+  for (int64_t k = 0; k < count; ++k) local.push_back(at::randn({(numel + n - 1) / n}, at::TensorOptions().device(dev)).set_requires_grad(true));
+  lowbit::optim::AdamW local_opt(local, lowbit::optim::AdamWOptions(1e-4));
+  for (auto& p : local) p.mutable_grad() = at::randn_like(p) * 1e-3;
+  const double update_ms = time([&] { local_opt.step(); });
+
+  const double bytes = 4.0 * chunk * n;
+  const double ar_busbw = bytes / (ar_ms * 1e-3) * 2.0 * (n - 1) / n / 1e9;  // GB/s
+  // reduce-scatter and all-gather each move (N-1)/N of the bytes per rank: at the all_reduce's bus
+  // bandwidth each takes half of its time.
+  const double rs_at_bw = n > 1 ? bytes * (n - 1) / n / (ar_busbw * 1e9) * 1e3 : 0.0;
+  const double model_ms = 2 * rs_at_bw + update_ms;
+  at::Tensor bytes_t = at::full({1}, static_cast<double>(sharded.state_bytes()), at::TensorOptions().dtype(at::kDouble).device(dev));
+  comm->all_reduce(bytes_t);
+  const double all_state = bytes_t.cpu()[0].item<double>();
+  if (rank == 0) {
+    std::printf("bench_sharded_step: %d rank(s) (%s), %lld params x %lld elements (fp32), AdamW Q8\n", n, comm->backend(),
+                static_cast<long long>(count), static_cast<long long>(numel));
+    std::printf("  sharded step          %9.3f ms\n", step_ms);
+    std::printf("  reduce_scatter alone  %9.3f ms   busbw %7.2f GB/s\n", rs_ms,
+                n > 1 ? bytes * (n - 1) / n / (rs_ms * 1e-3) / 1e9 : 0.0);
+    std::printf("  local update (1/N)    %9.3f ms\n", update_ms);
+    std::printf("  all_gather alone      %9.3f ms   busbw %7.2f GB/s\n", ag_ms,
+                n > 1 ? bytes * (n - 1) / n / (ag_ms * 1e-3) / 1e9 : 0.0);
+    std::printf("  all_reduce same bytes %9.3f ms   busbw %7.2f GB/s\n", ar_ms, ar_busbw);
+    std::printf("  model: rs + ag at that busbw + update = %.3f ms; step / model = %.2f (target <= 1.2)\n", model_ms,
+                step_ms / model_ms);
+    std::printf("  state bytes: rank 0 %.1f MB, all ranks %.1f MB (= unsharded), ratio %.3f (1/N = %.3f)\n",
+                sharded.state_bytes() / 1e6, all_state / 1e6, sharded.state_bytes() / all_state, 1.0 / n);
+  }
+  return 0;
+}

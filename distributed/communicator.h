@@ -1,0 +1,45 @@
+// The collectives lowbit's sharded optimizer needs, on tensors, whatever carries them (MPI for CPU
+// tensors, NCCL/RCCL for GPU tensors, a c10d process group). Every call is collective: all ranks make
+// it in the same order with the same sizes. A failure (a dead or hung peer, a timeout) is an error on
+// every rank that names the collective and the rank; it never hangs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+namespace lowbit {
+namespace distributed {
+
+// Avg = the sum divided by size(), each rounded once in the tensor's precision (float32 for
+// bfloat16 / float16 tensors, which are summed in float32 and rounded back).
+enum class ReduceOp { Sum, Avg };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "mpi", "nccl", ...
+
+  // In place: every rank ends with the reduction over ranks of `tensor`.
+  virtual void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  // input holds size() chunks of output.numel() elements; rank r receives the reduction of chunk r.
+  virtual void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum) = 0;
+  // output receives size() chunks, chunk r = rank r's input. input may be output's chunk rank()
+  // (in place: no copy).
+  virtual void all_gather(const at::Tensor& input, at::Tensor& output) = 0;
+  // In place: every rank ends with root's `tensor`.
+  virtual void broadcast(at::Tensor& tensor, int root = 0) = 0;
+  virtual void barrier() = 0;
+};
+
+// Checks shared by the backends; errors name the backend, the collective and the argument.
+void check_collective_tensor(const char* who, const char* collective, const char* arg, const at::Tensor& t);
+void check_same_kind(const char* who, const char* collective, const at::Tensor& a, const at::Tensor& b);
+// True when `input` is exactly output's chunk `rank` of `chunks` (all_gather in place).
+bool is_chunk_of(const at::Tensor& input, const at::Tensor& output, int rank);
+
+}  // namespace distributed
+}  // namespace lowbit

@@ -1,0 +1,47 @@
+// init_from_env: launcher variables -> MPI -> the communicator of the requested device type.
+#include "init.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <lowbit/build_config.h>
+
+#include "mpi_communicator.h"
+#if LOWBIT_WITH_NCCL
+#include "nccl_communicator.h"
+#endif
+
+namespace lowbit {
+namespace distributed {
+
+std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
+  const LaunchEnv env = launch_env();
+  init_mpi();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  TORCH_CHECK(env.source == "none" || (env.rank == rank && env.world_size == size), "init_from_env: the ",
+              env.source, " variables say rank ", env.rank, " of ", env.world_size, " but MPI says rank ", rank,
+              " of ", size, "; start the job with mpirun or srun (lowbit's communicators are bootstrapped by MPI)");
+  MpiOptions mo;
+  mo.timeout_s = options.timeout_s;
+  mo.abort_on_failure = options.abort_on_failure;
+  auto mpi = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, mo);
+  if (options.device_type == c10::DeviceType::CPU) return mpi;
+  TORCH_CHECK(options.device_type == c10::DeviceType::CUDA, "init_from_env: device_type ", options.device_type,
+              " is not supported; use CPU (MPI) or CUDA (NCCL)");
+#if LOWBIT_WITH_NCCL
+  const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const int devices = static_cast<int>(guard->deviceCount());
+  TORCH_CHECK(devices > 0, "init_from_env: device_type CUDA but no CUDA device is visible on rank ", rank);
+  const int device = env.local_rank % devices;
+  guard->setDevice(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  NcclOptions no;
+  no.timeout_s = options.timeout_s;
+  return std::make_shared<NcclCommunicator>(mpi, device, no);
+#else
+  TORCH_CHECK(false, "init_from_env: device_type CUDA needs NCCL, and this build of lowbit has none (LOWBIT_NCCL)");
+#endif
+}
+
+}  // namespace distributed
+}  // namespace lowbit

@@ -1,0 +1,27 @@
+// Reshardable checkpoints of sharded optimizer state. Each rank writes its fragments (parameter
+// group and index, element offset, numel, the whole parameter's numel, state format, block size,
+// slot storage, step counters) with the format version and the stochastic-rounding seed, to
+// `prefix`.rank-R-of-N. Loading reads the files of all N writers, checks that they cover every
+// parameter exactly once and match the optimizer (shapes, formats, block sizes, version), and only
+// then takes the ranges it needs: N ranks' files load on M ranks and into one unsharded optimizer,
+// and an unsharded optimizer's save_fragments loads on any number of ranks, bit-exact.
+#pragma once
+
+#include <string>
+
+#include <lowbit/optim/lowbit_optimizer.h>
+
+namespace lowbit {
+namespace distributed {
+
+constexpr int64_t kFragmentFormatVersion = 1;
+
+// The file rank `rank` of `world_size` writes for `prefix`.
+std::string fragment_file(const std::string& prefix, int rank, int world_size);
+
+// An unsharded optimizer's state as fragments (one writer: `prefix`.rank-0-of-1), and back.
+void save_fragments(const optim::LowbitOptimizer& optimizer, const std::string& prefix);
+void load_fragments(optim::LowbitOptimizer& optimizer, const std::string& prefix);
+
+}  // namespace distributed
+}  // namespace lowbit

@@ -1,0 +1,50 @@
+// What distributed/ (ShardedOptimizer, fragment checkpoints) needs from a LowbitOptimizer to step a
+// block-aligned range of a parameter itself: the group's rule and options, the state a range gets,
+// the seed and keys of stochastic rounding, and the optimizer's own per-parameter state. Not installed.
+#pragma once
+
+#include "lowbit_optimizer.h"
+#include "state_layout.h"
+
+namespace lowbit {
+namespace optim {
+
+struct FragmentAccess {
+  using O = LowbitOptimizer;
+  static const char* name(const O& o) { return o.name(); }
+  static kernels::StepConfig config(const O& o, size_t group) { return o.config(o.param_groups_[group].options()); }
+  static CommonOptions common(const O& o, size_t group) { return o.common(o.param_groups_[group].options()); }
+
+  // The layout of `p`'s state (decided by its whole numel, and any override_state_format).
+  static StateLayout layout(const O& o, size_t group, const at::Tensor& p) {
+    const auto& options = o.param_groups_[group].options();
+    const CommonOptions c = o.common(options);
+    auto ov = o.overrides_.find(p.unsafeGetTensorImpl());
+    return state_layout(o.config(options), ov != o.overrides_.end() ? ov->second : c.state_format, p.numel(),
+                        c.block_size, c.min_quant_numel, c.fp8_second_moment, o.name());
+  }
+  // A fresh state for `numel` elements of `p` starting at a block boundary; slot k from values[k] if given.
+  static ParamState make_state(const O& o, size_t group, const at::Tensor& p, int64_t numel,
+                               const std::vector<at::Tensor>& values = {}) {
+    return o.make_state(p, o.param_groups_[group].options(), values, numel);
+  }
+
+  static uint64_t seed(const O& o) { return o.seed_; }
+  static void set_seed(O& o, uint64_t seed) { o.seed_ = seed; }
+  static int64_t rng_key(size_t group, size_t index) { return O::rng_key(group, index); }
+  static at::Tensor lr_tensor(O& o, size_t group, at::Device device) { return o.lr_tensor(group, device); }
+  static bool reference_path(const O& o) { return o.path_ == O::StepPath::Reference; }
+  static bool scalar_loop(const O& o) { return o.path_ == O::StepPath::ScalarLoop; }
+
+  // The optimizer's own state of `p` (nullptr before its first step), and replacing it (checkpoints).
+  static const ParamState* state(const O& o, const at::Tensor& p) { return o.state_of(p); }
+  static void set_state(O& o, const at::Tensor& p, ParamState st) { o.states_[p.unsafeGetTensorImpl()] = std::move(st); }
+  static int64_t skipped(const O& o) { return o.skipped_steps(); }
+  static void set_skipped(O& o, int64_t n) {
+    o.skipped_ = at::Tensor();
+    o.skipped_loaded_ = n;
+  }
+};
+
+}  // namespace optim
+}  // namespace lowbit

@@ -1,0 +1,146 @@
+// ShardedOptimizer against one unsharded process fed the averaged gradients: parameters and every
+// rank's state (codes, absmax, dense values, step counts) bit for bit, for every rule and state
+// format, bf16 parameters with stochastic rounding, clipping, the non-finite skip and ZeRO-1.
+#include "dist_util.h"
+
+#include "../../distributed/fragment_state.h"
+
+namespace lowbit_test {
+namespace {
+
+using Factory = std::function<std::unique_ptr<lo::LowbitOptimizer>(std::vector<at::Tensor>&)>;
+// Rank r's gradient of parameter k at step s (CPU); the reference gets the mean over ranks of it.
+using GradFn = std::function<at::Tensor(int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype)>;
+
+at::Tensor default_grad(int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+  return rank_grad(r, s, k, shape, dtype);
+}
+
+struct Outcome {
+  int64_t sharded_state_bytes = 0, unsharded_state_bytes = 0;
+};
+
+Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
+                               const GradFn& grad = default_grad) {
+  const int rank = comm().rank(), world = comm().size();
+  std::vector<at::Tensor> ref_params = make_params(dtype, device()), params = make_params(dtype, device());
+  std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
+  std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
+  ld::ShardedOptimizer sharded(inner, comm_ptr(), so);
+  for (int s = 1; s <= steps; ++s) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto shape = params[k].sizes();
+      params[k].mutable_grad() = grad(rank, s, static_cast<int>(k), shape, dtype).to(device());
+      at::Tensor sum = at::zeros(shape, at::kFloat);
+      for (int r = 0; r < world; ++r) sum += grad(r, s, static_cast<int>(k), shape, dtype).to(at::kFloat);
+      ref_params[k].mutable_grad() = (sum / world).to(dtype).to(device());
+    }
+    sharded.step();
+    ref->step();
+  }
+  for (size_t k = 0; k < params.size(); ++k)
+    EXPECT_TRUE(bitwise_equal(params[k], ref_params[k])) << "parameter " << k << " max |diff| "
+        << (params[k].to(at::kFloat) - ref_params[k].to(at::kFloat)).abs().max().item<float>();
+  EXPECT_FALSE(sharded.fragments().empty() && world == 1);
+  for (const ld::Fragment& f : sharded.fragments()) {
+    const lo::ParamState* want = ref->state_of(ref_params[f.index]);
+    if (!want) {
+      EXPECT_FALSE(f.state.counters.defined() && f.state.step() > 0) << "parameter " << f.index;
+      continue;
+    }
+    if (!f.state.counters.defined()) {
+      ADD_FAILURE() << "parameter " << f.index << " has no state";
+      continue;
+    }
+    EXPECT_EQ(f.state.format, want->format);
+    EXPECT_EQ(f.state.step(), want->step()) << "parameter " << f.index;
+    std::vector<at::Tensor> a, b;
+    ld::append_state_range(f.state, 0, f.numel, a);
+    ld::append_state_range(*want, f.offset, f.numel, b);
+    EXPECT_EQ(a.size(), b.size());
+    for (size_t t = 0; t < a.size() && t < b.size(); ++t)
+      EXPECT_TRUE(bitwise_equal(a[t], b[t])) << "parameter " << f.index << " elements " << f.offset << ".."
+                                             << f.offset + f.numel << " state tensor " << t;
+  }
+  EXPECT_EQ(sharded.skipped_steps(), ref->skipped_steps());
+  return {sharded.state_bytes(), ref->state_bytes()};
+}
+
+const StateFormat kFormats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8};
+
+TEST(ShardedOptimizer, EveryRuleAndStateFormatMatchesOneProcess) {
+  for (const RuleCase& rc : rule_cases())
+    for (StateFormat f : kFormats) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, f, false); }, at::kFloat, {}, 3);
+    }
+}
+
+TEST(ShardedOptimizer, Bf16ParametersWithStochasticRoundingMatchOneProcess) {
+  for (const RuleCase& rc : rule_cases())
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4}) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, f, true); }, at::kBFloat16, {}, 3);
+    }
+}
+
+TEST(ShardedOptimizer, Zero1MatchesOneProcess) {
+  ld::ShardedOptions so;
+  so.zero1 = true;
+  for (const RuleCase& rc : rule_cases()) {
+    SCOPED_TRACE(rc.name);
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q8, false); }, at::kFloat, so, 3);
+  }
+}
+
+TEST(ShardedOptimizer, ClippingAndTheNonFiniteSkipMatchOneProcess) {
+  // The same gradient on every rank: the mean is exact, so are the squares clipping adds up, and
+  // one process's norm is reached in any order. Step 2 carries an Inf from the last rank only: every
+  // rank must skip it.
+  const int last = comm().size() - 1;
+  const GradFn grad = [last](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+    at::Tensor g = rank_grad(0, s, k, shape, dtype);
+    if (s == 2 && k == 3 && r == last) g.view(-1)[4100] = std::numeric_limits<float>::infinity();
+    return g;
+  };
+  for (StateFormat f : {StateFormat::Q8, StateFormat::FP32}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
+      return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).max_grad_norm(0.5).state_format(f));
+    }, at::kFloat, {}, 4, grad);
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
+      return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).max_grad_norm(0.5).state_format(f));
+    }, at::kFloat, {}, 4, grad);
+  }
+}
+
+TEST(ShardedOptimizer, EachRankHoldsItsShareOfTheState) {
+  for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP32}) {
+    const Outcome run = expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
+      return std::make_unique<lo::Adam>(p, lo::AdamOptions(1e-3).state_format(f));
+    }, at::kFloat, {}, 1);
+    at::Tensor total = at::full({1}, run.sharded_state_bytes, at::TensorOptions().dtype(at::kLong).device(device()));
+    comm().all_reduce(total);
+    // The ranks' pieces tile every parameter on block boundaries: nothing is held twice.
+    EXPECT_EQ(total.cpu().item<int64_t>(), run.unsharded_state_bytes) << lowbit::state_format_name(f);
+    // Each rank ~ 1/N of it: its range is total/N elements (+ alignment), at most 2 slots of 4 bytes.
+    const int64_t n = comm().size();
+    EXPECT_LE(run.sharded_state_bytes, run.unsharded_state_bytes / n + 2 * 4 * 2048 + 64)
+        << lowbit::state_format_name(f) << " rank " << comm().rank();
+  }
+}
+
+TEST(ShardedOptimizer, MissingGradientIsAClearError) {
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  std::shared_ptr<lo::LowbitOptimizer> inner = std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3));
+  ld::ShardedOptimizer sharded(inner, comm_ptr());
+  try {
+    sharded.step();
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 0 of group 0 has no gradient"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lowbit_test

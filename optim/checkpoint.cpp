@@ -40,7 +40,7 @@ class Writer {
   void put(const std::string& key, c10::IValue v) { entries_.emplace(key, std::move(v)); }
   void put(const std::string& key, const at::Tensor& t) {
     tensors_.emplace(key, t.cpu());
-    entries_.emplace(key + "/digest", c10::IValue(tensor_digest(tensors_.at(key))));
+    entries_.emplace(key + "/digest", c10::IValue(tensor_digest(key, tensors_.at(key))));
   }
   void write(torch::serialize::OutputArchive& a) const {
     for (const auto& [k, v] : entries_) a.write(k, v);
@@ -229,9 +229,8 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
 }
 
 void load_checkpoint(LowbitOptimizer& optimizer, const std::string& path) {
-  check_checkpoint_file(path);
   torch::serialize::InputArchive archive;
-  archive.load_from(path);
+  load_checkpoint_archive(path, archive);
   optimizer.load(archive);
 }
 

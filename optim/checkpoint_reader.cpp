@@ -20,10 +20,11 @@ namespace optim {
 // Digests
 // ---------------------------------------------------------------------------------------------
 
-int64_t tensor_digest(const at::Tensor& t) {
+int64_t tensor_digest(const std::string& key, const at::Tensor& t) {
   const at::Tensor c = t.detach().cpu().contiguous();
   const int64_t dtype = static_cast<int64_t>(c.scalar_type());
-  uint64_t h = digest_bytes(&dtype, sizeof dtype);
+  uint64_t h = digest_bytes(key.data(), key.size());
+  h = digest_bytes(&dtype, sizeof dtype, h);
   h = digest_bytes(c.sizes().data(), c.sizes().size() * sizeof(int64_t), h);
   h = digest_bytes(c.data_ptr(), c.nbytes(), h);
   int64_t out;
@@ -83,6 +84,17 @@ void check_checkpoint_file(const std::string& path) {
   }
 }
 
+void load_checkpoint_archive(const std::string& path, torch::serialize::InputArchive& archive) {
+  check_checkpoint_file(path);
+  try {
+    archive.load_from(path);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "lowbit checkpoint: '", path, "' is damaged: libtorch cannot read it (", e.what(), ")");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The entries
 // ---------------------------------------------------------------------------------------------
@@ -127,9 +139,11 @@ class Reader {
                 ", expected ", dtype);
     TORCH_CHECK(t.device().is_cpu(), who_, ": checkpoint tensor '", key, "' is on ", t.device(), ", expected cpu");
     TORCH_CHECK(t.layout() == at::kStrided, who_, ": checkpoint tensor '", key, "' has layout ", t.layout());
+    // State is written flat; another shape of the same numel is not what any writer produced.
+    TORCH_CHECK(t.dim() == 1, who_, ": checkpoint tensor '", key, "' has shape ", t.sizes(), ", expected 1-D");
     if (version >= kCheckpointVersionDigests) {
       const int64_t want = get_int(key + "/digest");
-      const int64_t got = tensor_digest(t);
+      const int64_t got = tensor_digest(key, t);
       TORCH_CHECK(got == want, who_, ": checkpoint tensor '", key, "' is corrupt: its digest is ", got,
                   ", the checkpoint recorded ", want);
     }

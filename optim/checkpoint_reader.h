@@ -58,9 +58,14 @@ CheckpointContents read_checkpoint(torch::serialize::InputArchive& archive, cons
 // would otherwise make libtorch allocate what the field says, e.g. many GiB).
 void check_checkpoint_file(const std::string& path);
 
-// Digests (format version 2). A tensor's: its dtype, sizes and bytes. The header's: every
-// non-tensor entry (key and value, in key order) but the header digest itself.
-int64_t tensor_digest(const at::Tensor& t);
+// check_checkpoint_file, then libtorch's reader; whatever libtorch throws on a damaged file
+// (it raises std::out_of_range and the like from its parsers) becomes a c10::Error naming the file.
+void load_checkpoint_archive(const std::string& path, torch::serialize::InputArchive& archive);
+
+// Digests (format version 2). A tensor's: its entry's key (so that tensors swapped with their
+// digests are caught), dtype, sizes and bytes. The header's: every non-tensor entry (key and
+// value, in key order) but the header digest itself.
+int64_t tensor_digest(const std::string& key, const at::Tensor& t);
 int64_t header_digest(const std::map<std::string, c10::IValue>& entries);
 
 }  // namespace optim

@@ -27,11 +27,11 @@ inline Entries read_entries(const std::string& path) {
   return e;
 }
 
-// Recomputes every tensor's digest entry and the header digest.
-inline void resign(Entries& e) {
+// Recomputes every tensor's digest entry (unless `header_only`) and the header digest.
+inline void resign(Entries& e, bool header_only = false) {
   std::map<std::string, c10::IValue> header;
   for (auto& [k, v] : e)
-    if (v.isTensor()) e[k + "/digest"] = c10::IValue(lowbit::optim::tensor_digest(v.toTensor()));
+    if (v.isTensor() && !header_only) e[k + "/digest"] = c10::IValue(lowbit::optim::tensor_digest(k, v.toTensor()));
   for (const auto& [k, v] : e)
     if (!v.isTensor() && k != "lowbit/header_digest") header.emplace(k, v);
   e["lowbit/header_digest"] = c10::IValue(lowbit::optim::header_digest(header));

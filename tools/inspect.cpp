@@ -24,9 +24,8 @@ std::string fmt(const char* f, ...) {
 }  // namespace
 
 void inspect_checkpoint(const std::string& path, std::ostream& out) {
-  optim::check_checkpoint_file(path);
   torch::serialize::InputArchive a;
-  a.load_from(path);
+  optim::load_checkpoint_archive(path, a);
   const optim::CheckpointContents c = optim::read_checkpoint(a, path);
   // Everything is checked: print into a buffer first, so a damaged file prints nothing but the error.
   std::ostringstream s;

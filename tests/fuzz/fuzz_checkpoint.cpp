@@ -350,6 +350,8 @@ int main(int argc, char** argv) {
   int64_t cases = 600;
   uint64_t seed = 1;
   int only_kind = -1;
+  int64_t first = 0;  // --from N: start at case N (each case is reproducible alone)
+  const bool verbose = std::getenv("LOWBIT_FUZZ_VERBOSE") != nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage();
@@ -359,6 +361,8 @@ int main(int argc, char** argv) {
         cases = std::stoll(v);
       } else if (a == "--seed") {
         seed = std::stoull(v);
+      } else if (a == "--from") {
+        first = std::stoll(v);
       } else if (a == "--kind") {
         for (int k = 0; k < kNumKinds; ++k)
           if (v == kKinds[k]) only_kind = k;
@@ -381,10 +385,13 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t n = 0; n < cases; ++n) {
     const Original& o = originals[pick(rng, originals.size())];
+    if (n < first) continue;
     const int kind = only_kind >= 0 ? only_kind : static_cast<int>(n % kNumKinds);
     Rng case_rng(seed * 0x9E3779B97F4A7C15ull + n);  // each case reproducible alone
     std::string note, why;
     lowbit_test::write_file(path, mutate(o, kind, case_rng, &note));
+    if (verbose) std::fprintf(stderr, "case %lld %s %s %s %s\n", (long long)n, kKinds[kind], note.c_str(), o.name.c_str(),
+                              lowbit::state_format_name(o.format));
     if (!run_case(o, path, counts[kind], &why)) {
       ++failures;
       std::printf("FAIL case %lld (%s %s, %s %s): %s\n", (long long)n, kKinds[kind], note.c_str(), o.name.c_str(),

@@ -218,6 +218,9 @@ ParamState& LowbitOptimizer::ensure_state(const at::Tensor& p, const torch::opti
 at::Tensor LowbitOptimizer::lr_tensor(size_t group, at::Device device) {
   if (lr_tensors_.size() < param_groups_.size()) lr_tensors_.resize(param_groups_.size());
   const double lr = param_groups_[group].options().get_lr();
+  // Also what options().lr(x) set, which bypasses set_lr's check.
+  TORCH_CHECK(std::isfinite(lr) && lr >= 0, name(), ": group ", group, " has learning rate ", lr,
+              "; it must be finite and >= 0");
   for (LrTensor& t : lr_tensors_[group]) {
     if (t.value.device() != device) continue;
     if (t.written != lr) {

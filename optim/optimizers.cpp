@@ -3,10 +3,15 @@
 // schedules) is derived where the step runs (kernels/common/step_config.h).
 #include "optimizers.h"
 
+#include <cmath>
+
 namespace lowbit {
 namespace optim {
 
 namespace {
+
+// NaN fails every comparison, but Inf passes ">= 0": hyper-parameters must be finite too.
+bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
 
 void check_betas(double b1, double b2) {
   TORCH_CHECK(0 <= b1 && b1 < 1, "Invalid beta parameter at index 0: ", b1);
@@ -39,8 +44,8 @@ kernels::StepConfig Adam::config(const torch::optim::OptimizerOptions& o) const 
 }
 void Adam::validate(const AdamOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 kernels::StepConfig AdamW::config(const torch::optim::OptimizerOptions& o) const {
@@ -48,8 +53,8 @@ kernels::StepConfig AdamW::config(const torch::optim::OptimizerOptions& o) const
 }
 void AdamW::validate(const AdamWOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 kernels::StepConfig SGD::config(const torch::optim::OptimizerOptions& oo) const {
@@ -64,8 +69,9 @@ kernels::StepConfig SGD::config(const torch::optim::OptimizerOptions& oo) const 
   return c;
 }
 void SGD::validate(const SGDOptions& o) {
-  TORCH_CHECK(o.momentum() >= 0, "Invalid momentum value: ", o.momentum());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.momentum()), "Invalid momentum value: ", o.momentum());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(std::isfinite(o.dampening()), "Invalid dampening value: ", o.dampening());
   TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
               "Nesterov momentum requires a momentum and zero dampening");
 }
@@ -77,7 +83,7 @@ kernels::StepConfig Lion::config(const torch::optim::OptimizerOptions& oo) const
 }
 void Lion::validate(const LionOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 kernels::StepConfig RMSprop::config(const torch::optim::OptimizerOptions& oo) const {
@@ -93,10 +99,10 @@ kernels::StepConfig RMSprop::config(const torch::optim::OptimizerOptions& oo) co
   return c;
 }
 void RMSprop::validate(const RMSpropOptions& o) {
-  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(o.momentum() >= 0, "Invalid momentum value: ", o.momentum());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK(o.alpha() >= 0, "Invalid alpha value: ", o.alpha());
+  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(finite_nonneg(o.momentum()), "Invalid momentum value: ", o.momentum());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.alpha()), "Invalid alpha value: ", o.alpha());
 }
 
 kernels::StepConfig Adagrad::config(const torch::optim::OptimizerOptions& oo) const {
@@ -113,11 +119,11 @@ double Adagrad::initial_state_value(const torch::optim::OptimizerOptions& o, int
   return opts(o).initial_accumulator_value();
 }
 void Adagrad::validate(const AdagradOptions& o) {
-  TORCH_CHECK(o.lr_decay() >= 0, "Invalid lr_decay value: ", o.lr_decay());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK(o.initial_accumulator_value() >= 0, "Invalid initial_accumulator_value value: ",
+  TORCH_CHECK(finite_nonneg(o.lr_decay()), "Invalid lr_decay value: ", o.lr_decay());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.initial_accumulator_value()), "Invalid initial_accumulator_value value: ",
               o.initial_accumulator_value());
-  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
 }
 
 kernels::StepConfig AdEMAMix::config(const torch::optim::OptimizerOptions& oo) const {
@@ -133,9 +139,9 @@ void AdEMAMix::validate(const AdEMAMixOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
   TORCH_CHECK(0 <= std::get<2>(o.betas()) && std::get<2>(o.betas()) < 1, "Invalid beta parameter at index 2: ",
               std::get<2>(o.betas()));
-  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(o.alpha() >= 0, "Invalid alpha value: ", o.alpha());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(finite_nonneg(o.alpha()), "Invalid alpha value: ", o.alpha());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
   TORCH_CHECK(o.t_alpha_beta3() >= 0, "Invalid t_alpha_beta3 value: ", o.t_alpha_beta3());
 }
 
@@ -146,8 +152,8 @@ kernels::StepConfig LAMB::config(const torch::optim::OptimizerOptions& oo) const
 }
 void LAMB::validate(const LAMBOptions& o) {
   check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
+  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 }  // namespace optim

@@ -3,6 +3,8 @@
 //   lowbit::optim::AdamW opt(model->parameters(), lowbit::optim::AdamWOptions(1e-3).state_format(lowbit::StateFormat::Q8));
 #pragma once
 
+#include <cmath>
+
 #include "lowbit_optimizer.h"
 
 namespace lowbit {
@@ -27,9 +29,10 @@ class OptimizerWith : public LowbitOptimizer {
 
  private:
   static void check_common(const Options& o) {
-    TORCH_CHECK(o.lr() >= 0, "Invalid learning rate: ", o.lr());
+    TORCH_CHECK(std::isfinite(o.lr()) && o.lr() >= 0, "Invalid learning rate: ", o.lr());
     TORCH_CHECK(o.min_quant_numel() >= 0, "Invalid min_quant_numel: ", o.min_quant_numel());
-    TORCH_CHECK(o.max_grad_norm() >= 0, "Invalid max_grad_norm: ", o.max_grad_norm());
+    TORCH_CHECK(std::isfinite(o.max_grad_norm()) && o.max_grad_norm() >= 0, "Invalid max_grad_norm: ",
+                o.max_grad_norm());
     if (o.block_size() != 0) resolve_block_size(QuantFormat::Dyn8Signed, o.block_size(), "lowbit optimizer options");
     TORCH_CHECK(o.fp8_second_moment() == QuantFormat::FP8E4M3 || o.fp8_second_moment() == QuantFormat::FP8E5M2,
                 "Invalid fp8_second_moment: ", format_name(o.fp8_second_moment()), "; expected FP8E4M3 or FP8E5M2");

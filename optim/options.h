@@ -4,6 +4,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "state_format.h"
@@ -42,7 +43,10 @@ namespace optim {
                                                                      \
  public:                                                             \
   double get_lr() const override { return lr(); }                    \
-  void set_lr(const double v) override { lr(v); }
+  void set_lr(const double v) override {                             \
+    TORCH_CHECK(std::isfinite(v) && v >= 0, "Invalid learning rate: ", v); \
+    lr(v);                                                           \
+  }
 
 struct CommonOptions {
   StateFormat state_format;

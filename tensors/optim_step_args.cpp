@@ -3,7 +3,11 @@
 // per-step scalars are where the step reads them. Errors name the op, the argument, the parameter.
 #include <c10/util/Exception.h>
 
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "optim_ops.h"
 
@@ -28,6 +32,44 @@ std::string slot_list(const std::vector<kernels::SlotType>& slots) {
   std::string s;
   for (size_t k = 0; k < slots.size(); ++k) s += (k ? ", " : "") + slot_type_name(slots[k]);
   return s;
+}
+
+// What the step writes (parameters, counters, state) must not share memory: not between two
+// tensors (a parameter passed twice, a state aliasing a parameter) and not within one (an expanded
+// tensor), or elements would be updated twice or from a half-written state.
+void check_outputs_do_not_overlap(const StepCall& c, int num_slots, const char* op) {
+  struct Range {
+    uintptr_t lo, hi;
+    std::string what;
+  };
+  std::vector<Range> ranges;
+  const auto add = [&](const at::Tensor& t, const std::string& what) {
+    if (!t.defined() || t.numel() == 0 || t.is_meta()) return;
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", what,
+                " has elements that share memory (e.g. an expanded tensor); the step writes it");
+    int64_t extent = 1;
+    for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+    const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr());
+    ranges.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), what});
+  };
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    const StepParam& p = c.params[i];
+    const std::string pi = "parameter " + std::to_string(i);
+    add(p.param, pi);
+    add(p.counters, "counters[" + std::to_string(i) + "]");
+    for (int s = 0; s < num_slots; ++s) {
+      const std::string of = " of slot " + std::to_string(s) + " of " + pi;
+      add(p.values[s], "the values" + of);
+      add(p.codes[s], "the codes" + of);
+      add(p.absmax[s], "the absmax" + of);
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  for (size_t k = 1, widest = 0; k < ranges.size(); ++k) {
+    TORCH_CHECK(ranges[k].lo >= ranges[widest].hi, op, ": ", ranges[k].what, " and ", ranges[widest].what,
+                " share memory; the step writes both (overlapping outputs)");
+    if (ranges[k].hi > ranges[widest].hi) widest = k;
+  }
 }
 
 }  // namespace
@@ -206,6 +248,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                   p.absmax[s].scalar_type());
     }
   }
+  check_outputs_do_not_overlap(c, c.num_slots, op);
   return c;
 }
 

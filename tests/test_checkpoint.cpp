@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint_edit.h"
 #include "test_util.h"
 
 using lowbit::StateFormat;
@@ -131,6 +132,88 @@ TEST(Checkpoint, MismatchedOrCorruptCheckpointsAreRefusedAndChangeNothing) {
   for (const auto& f : {path, cut, foreign}) std::filesystem::remove(f);
 }
 
+// libtorch does not check its archive's CRCs on load: a flipped bit in a tensor's data loads
+// silently. Version 2's digests refuse it, and the header's digest refuses a changed step count.
+TEST(Checkpoint, FlippedBitsAreCaughtByTheDigests) {
+  auto p = params();
+  lo::AdamW opt(p, lo::AdamWOptions().state_format(StateFormat::Q8));
+  train(opt, p, grad_stream(p, 3), 0, 3);
+  const std::string path = temp_path("digest"), bad = temp_path("digest_bad");
+  torch::save(opt, path);
+  const std::string data = lowbit_test::read_file(path);
+  // The largest data record: a tensor's bytes.
+  std::pair<size_t, size_t> span{0, 0};
+  for (const auto& [name, s] : lowbit_test::record_spans(path))
+    if (name.rfind("data/", 0) == 0 && s.second > span.second) span = s;
+  ASSERT_GT(span.second, 1000u);
+  std::string flipped = data;
+  flipped[span.first + span.second / 2] ^= 0x10;
+  lowbit_test::write_file(bad, flipped);
+  {
+    torch::serialize::InputArchive a;
+    EXPECT_NO_THROW(a.load_from(bad));  // libtorch itself notices nothing
+  }
+  const auto before = opt.export_state_fp32(p[2]);
+  try {
+    lo::load_checkpoint(opt, bad);
+    ADD_FAILURE() << "a flipped data bit loaded";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("is corrupt: its digest"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+  const auto after = opt.export_state_fp32(p[2]);
+  for (size_t k = 0; k < before.size(); ++k) EXPECT_TRUE(lowbit_test::bitwise_equal(before[k], after[k]));
+  // A changed integer in the header (the step count), digests left as written.
+  auto e = lowbit_test::read_entries(path);
+  e["param/0/2/step"] = c10::IValue(int64_t(4));
+  lowbit_test::write_entries(e, bad);
+  lo::AdamW fresh(p, lo::AdamWOptions().state_format(StateFormat::Q8));
+  EXPECT_THROW(
+      {
+        try {
+          lo::load_checkpoint(fresh, bad);
+        } catch (const c10::Error& err) {
+          EXPECT_NE(std::string(err.what_without_backtrace()).find("header is corrupt"), std::string::npos);
+          throw;
+        }
+      },
+      c10::Error);
+  EXPECT_EQ(fresh.state_of(p[0]), nullptr);
+  std::filesystem::remove(path);
+  std::filesystem::remove(bad);
+}
+
+// A version-1 checkpoint (no digests) still loads, and resumes bit-exact.
+TEST(Checkpoint, VersionOneStillLoads) {
+  auto p0 = params();
+  const auto gs = grad_stream(p0, 6);
+  std::vector<at::Tensor> a, b;
+  for (auto& t : p0) {
+    a.push_back(t.clone());
+    b.push_back(t.clone());
+  }
+  const auto opts = lo::AdamWOptions(1e-2).state_format(StateFormat::Q4);
+  lo::AdamW straight(a, opts);
+  train(straight, a, gs, 0, 6);
+  lo::AdamW first(b, opts);
+  train(first, b, gs, 0, 3);
+  const std::string path = temp_path("v1");
+  torch::save(first, path);
+  auto e = lowbit_test::read_entries(path);
+  for (auto it = e.begin(); it != e.end();) it = it->first.find("digest") != std::string::npos ? e.erase(it) : ++it;
+  e["lowbit/version"] = c10::IValue(int64_t(1));
+  lowbit_test::write_entries(e, path);
+  lo::AdamW resumed(b, opts);
+  lo::load_checkpoint(resumed, path);
+  train(resumed, b, gs, 3, 6);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(lowbit_test::bitwise_equal(a[i], b[i])) << "param " << i;
+  // Version 3 is refused by name.
+  e["lowbit/version"] = c10::IValue(int64_t(3));
+  lowbit_test::write_entries(e, path);
+  EXPECT_THROW(lo::load_checkpoint(resumed, path), c10::Error);
+  std::filesystem::remove(path);
+}
+
 // A libtorch AdamW checkpoint loads into lowbit's AdamW (state quantized when asked), and lowbit's
 // fp32 export continues in libtorch's AdamW.
 TEST(Checkpoint, InteropWithLibtorchAdamW) {
@@ -211,7 +294,7 @@ TEST(Checkpoint, InspectCommandListsParametersFormatsAndBytes) {
   ASSERT_EQ(std::system((std::string(LOWBIT_CLI_PATH) + " inspect " + path + " > " + out).c_str()), 0);
   std::ifstream in(out);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("lowbit::optim::AdamW checkpoint, format version 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("lowbit::optim::AdamW checkpoint, format version 2"), std::string::npos) << text;
   EXPECT_NE(text.find("DE4Signed:"), std::string::npos) << text;
   EXPECT_NE(text.find("Linear4Unsigned:"), std::string::npos) << text;
   EXPECT_NE(text.find("bytes of state"), std::string::npos) << text;

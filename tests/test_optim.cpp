@@ -498,6 +498,7 @@ TEST(OptimOp, NonContiguousParametersTakeTheReferencePathAndAgree) {
 TEST(OptimOp, BadArgumentsNameTheParameter) {
   const at::Tensor p = at::randn({1000}), g = at::randn({1000});
   const auto codes = at::zeros({1000}, at::kByte), absmax = at::zeros({4});
+  const auto codes2 = at::zeros({1000}, at::kByte), absmax2 = at::zeros({4});  // slots never share memory
   const auto args = [&] {
     lowbit::ops::StepArgs a;
     a.params = {p};
@@ -507,7 +508,7 @@ TEST(OptimOp, BadArgumentsNameTheParameter) {
     a.config.rule = lowbit::kernels::Rule::AdamW;
     a.slots = {{lowbit::kernels::SlotStorage::Quant, lowbit::QuantFormat::Dyn8Signed},
                {lowbit::kernels::SlotStorage::Quant, lowbit::QuantFormat::Dyn8Unsigned}};
-    a.state = {codes, absmax, codes, absmax};
+    a.state = {codes, absmax, codes2, absmax2};
     return a;
   };
   const auto error_of = [&](const std::function<void(lowbit::ops::StepArgs&)>& change) {

@@ -1,0 +1,259 @@
+// read_checkpoint, check_checkpoint_file and the version-2 digests (checkpoint_reader.h).
+#include "checkpoint_reader.h"
+
+#include <caffe2/serialize/inline_container.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <lowbit/tensors/qtensor.h>
+#include <lowbit/tensors/quant_format.h>
+
+#include "checkpoint_digest.h"
+#include "state_format.h"
+
+namespace lowbit {
+namespace optim {
+
+// ---------------------------------------------------------------------------------------------
+// Digests
+// ---------------------------------------------------------------------------------------------
+
+int64_t tensor_digest(const std::string& key, const at::Tensor& t) {
+  const at::Tensor c = t.detach().cpu().contiguous();
+  const int64_t dtype = static_cast<int64_t>(c.scalar_type());
+  uint64_t h = digest_bytes(key.data(), key.size());
+  h = digest_bytes(&dtype, sizeof dtype, h);
+  h = digest_bytes(c.sizes().data(), c.sizes().size() * sizeof(int64_t), h);
+  h = digest_bytes(c.data_ptr(), c.nbytes(), h);
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
+
+int64_t header_digest(const std::map<std::string, c10::IValue>& entries) {
+  uint64_t h = kDigestSeed;
+  for (const auto& [key, v] : entries) {
+    h = digest_bytes(key.data(), key.size(), h);
+    if (v.isInt()) {
+      const int64_t x = v.toInt();
+      const char tag = 'i';
+      h = digest_bytes(&tag, 1, h);
+      h = digest_bytes(&x, sizeof x, h);
+    } else if (v.isDouble()) {
+      const double x = v.toDouble();
+      const char tag = 'd';
+      h = digest_bytes(&tag, 1, h);
+      h = digest_bytes(&x, sizeof x, h);
+    } else {
+      TORCH_CHECK(v.isString(), "lowbit checkpoint: entry '", key, "' has an unexpected type ", v.tagKind());
+      const std::string& s = v.toStringRef();
+      const char tag = 's';
+      h = digest_bytes(&tag, 1, h);
+      h = digest_bytes(s.data(), s.size(), h);
+    }
+  }
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file
+// ---------------------------------------------------------------------------------------------
+
+void check_checkpoint_file(const std::string& path) {
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(path, ec);
+  TORCH_CHECK(!ec, "lowbit checkpoint: cannot read '", path, "': ", ec.message());
+  caffe2::serialize::PyTorchStreamReader reader(path);  // throws c10::Error on a damaged zip directory
+  for (const std::string& name : reader.getAllRecords()) {
+    const size_t size = reader.getRecordSize(name);
+    const size_t offset = reader.getRecordOffset(name);
+    if (name.rfind("data/", 0) == 0) {
+      // Tensor storages are stored uncompressed: their bytes lie inside the file.
+      TORCH_CHECK(offset <= file_size && size <= file_size - offset, "lowbit checkpoint: '", path, "': record '",
+                  name, "' declares ", size, " bytes at offset ", offset, ", past the end of the file (", file_size,
+                  " bytes): a damaged size field");
+    } else {
+      // Other records (pickles, code) may be deflated, which expands at most 1032-fold.
+      TORCH_CHECK(size / 1032 <= file_size, "lowbit checkpoint: '", path, "': record '", name, "' declares ", size,
+                  " bytes, more than the ", file_size, "-byte file can hold: a damaged size field");
+    }
+  }
+}
+
+void load_checkpoint_archive(const std::string& path, torch::serialize::InputArchive& archive) {
+  check_checkpoint_file(path);
+  try {
+    archive.load_from(path);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "lowbit checkpoint: '", path, "' is damaged: libtorch cannot read it (", e.what(), ")");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entries
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+class Reader {
+ public:
+  Reader(torch::serialize::InputArchive& a, std::string who) : a_(a), who_(std::move(who)) {}
+
+  int64_t version = 0;
+
+  int64_t get_int(const std::string& key) {
+    c10::IValue v;
+    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
+    TORCH_CHECK(v.isInt(), who_, ": checkpoint entry '", key, "' is not an integer (", v.tagKind(), ")");
+    return v.toInt();
+  }
+  int64_t get_int(const std::string& key, int64_t lo, int64_t hi) {
+    const int64_t x = get_int(key);
+    TORCH_CHECK(x >= lo && x <= hi, who_, ": checkpoint entry '", key, "' is ", x, ", expected ", lo, "..", hi);
+    return x;
+  }
+  double get_double(const std::string& key) {
+    c10::IValue v;
+    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
+    TORCH_CHECK(v.isDouble(), who_, ": checkpoint entry '", key, "' is not a number (", v.tagKind(), ")");
+    return v.toDouble();
+  }
+  std::string get_string(const std::string& key) {
+    c10::IValue v;
+    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
+    TORCH_CHECK(v.isString(), who_, ": checkpoint entry '", key, "' is not a string (", v.tagKind(), ")");
+    return v.toStringRef();
+  }
+  // A tensor of `dtype`; version 2 also checks its digest.
+  at::Tensor get_tensor(const std::string& key, at::ScalarType dtype) {
+    at::Tensor t;
+    TORCH_CHECK(a_.try_read(key, t), who_, ": checkpoint tensor '", key, "' is missing");
+    TORCH_CHECK(t.defined(), who_, ": checkpoint tensor '", key, "' is undefined");
+    TORCH_CHECK(t.scalar_type() == dtype, who_, ": checkpoint tensor '", key, "' has dtype ", t.scalar_type(),
+                ", expected ", dtype);
+    TORCH_CHECK(t.device().is_cpu(), who_, ": checkpoint tensor '", key, "' is on ", t.device(), ", expected cpu");
+    TORCH_CHECK(t.layout() == at::kStrided, who_, ": checkpoint tensor '", key, "' has layout ", t.layout());
+    // State is written flat; another shape of the same numel is not what any writer produced.
+    TORCH_CHECK(t.dim() == 1, who_, ": checkpoint tensor '", key, "' has shape ", t.sizes(), ", expected 1-D");
+    if (version >= kCheckpointVersionDigests) {
+      const int64_t want = get_int(key + "/digest");
+      const int64_t got = tensor_digest(key, t);
+      TORCH_CHECK(got == want, who_, ": checkpoint tensor '", key, "' is corrupt: its digest is ", got,
+                  ", the checkpoint recorded ", want);
+    }
+    return t;
+  }
+
+  // Version 2: the header digest over every non-tensor entry.
+  void check_header_digest() {
+    std::map<std::string, c10::IValue> entries;
+    for (const std::string& key : a_.keys()) {
+      if (key == "lowbit/header_digest") continue;
+      c10::IValue v;
+      TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' cannot be read");
+      if (v.isTensor()) continue;  // covered by its own digest, an integer entry
+      entries.emplace(key, v);
+    }
+    const int64_t want = get_int("lowbit/header_digest");
+    const int64_t got = header_digest(entries);
+    TORCH_CHECK(got == want, who_, ": checkpoint header is corrupt: its digest is ", got,
+                ", the checkpoint recorded ", want);
+  }
+
+  const std::string& who() const { return who_; }
+
+ private:
+  torch::serialize::InputArchive& a_;
+  std::string who_;
+};
+
+constexpr int64_t kMaxCount = int64_t(1) << 40;  // above any real count of groups, parameters or steps
+constexpr int64_t kMaxSlots = 16;
+
+CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_t block_size) {
+  CheckpointSlot s;
+  s.storage = r.get_int(sk + "/storage", -1, kStorageInt8Correction);
+  if (s.storage < 0) return s;
+  if (is_correction_storage(s.storage)) {
+    s.values = r.get_tensor(sk + "/values", s.storage == kStorageInt16Correction ? at::kShort : at::kChar);
+    TORCH_CHECK(s.values.numel() == numel, r.who(), ": checkpoint tensor '", sk, "/values' has ", s.values.numel(),
+                " values, expected ", numel);
+    return s;
+  }
+  const auto storage = static_cast<StateFormat>(s.storage);
+  if (is_quantized(storage)) {
+    s.qformat = r.get_int(sk + "/qformat", 0, kNumQuantFormats - 1);
+    s.codes = r.get_tensor(sk + "/codes", at::kByte);
+    s.absmax = r.get_tensor(sk + "/absmax", at::kFloat);
+    // The QTensor constructor checks that codes and absmax fit the shape and block size.
+    s.quantized = QTensor(s.codes, s.absmax, {numel}, static_cast<QuantFormat>(s.qformat), block_size);
+    TORCH_CHECK(s.absmax.numel() == 0 || (s.absmax.isfinite().all().item<bool>() && s.absmax.min().item<float>() >= 0),
+                r.who(), ": checkpoint tensor '", sk, "/absmax' holds a negative or non-finite block scale");
+  } else {
+    s.values = r.get_tensor(sk + "/values", storage == StateFormat::BF16 ? at::kBFloat16 : at::kFloat);
+    TORCH_CHECK(s.values.numel() == numel, r.who(), ": checkpoint tensor '", sk, "/values' has ", s.values.numel(),
+                " values, expected ", numel);
+  }
+  return s;
+}
+
+}  // namespace
+
+CheckpointContents read_checkpoint(torch::serialize::InputArchive& a, const std::string& who) {
+  Reader r(a, who);
+  c10::IValue magic;
+  TORCH_CHECK(a.try_read("lowbit/magic", magic) && magic.isInt() && magic.toInt() == kCheckpointMagic, who,
+              ": not a lowbit optimizer checkpoint (no lowbit magic number)");
+  CheckpointContents c;
+  c.version = r.get_int("lowbit/version");
+  TORCH_CHECK(c.version == 1 || c.version == kCheckpointVersionDigests, who, ": checkpoint format version ", c.version,
+              " is not supported (this build reads versions 1 and ", kCheckpointVersionDigests, ")");
+  r.version = c.version;
+  // Version 2: the header first, so that no count or size below is trusted before its digest.
+  if (c.version >= kCheckpointVersionDigests) r.check_header_digest();
+  c.optimizer = r.get_string("lowbit/optimizer");
+  c.seed = r.get_int("lowbit/seed");
+  c.skipped_steps = r.get_int("lowbit/skipped_steps", 0, kMaxCount);
+  const int64_t groups = r.get_int("lowbit/groups", 0, kMaxCount);
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const std::string gk = "group/" + std::to_string(gi);
+    CheckpointGroup g;
+    g.lr = r.get_double(gk + "/lr");
+    TORCH_CHECK(std::isfinite(g.lr) && g.lr >= 0, who, ": checkpoint entry '", gk, "/lr' is ", g.lr,
+                ", expected a finite value >= 0");
+    const int64_t n = r.get_int(gk + "/params", 0, kMaxCount);
+    for (int64_t i = 0; i < n; ++i) {
+      const std::string k = "param/" + std::to_string(gi) + "/" + std::to_string(i);
+      CheckpointParam p;
+      p.numel = r.get_int(k + "/numel", 0, kMaxCount);
+      p.offset = r.get_int(k + "/offset", 0, 0);  // fragments of sharded parameters: not in this format yet
+      p.has_state = r.get_int(k + "/has_state", 0, 1) == 1;
+      if (p.has_state) {
+        p.step = r.get_int(k + "/step", 0, kMaxCount);
+        p.format = r.get_int(k + "/format", 0, static_cast<int64_t>(StateFormat::FP8));
+        p.block_size = r.get_int(k + "/block_size", 1, kMaxCount);
+        if (is_quantized(static_cast<StateFormat>(p.format))) {
+          // A valid block size of the format (a power of two in range), as written.
+          const QuantFormat qf = quant_format_for(static_cast<StateFormat>(p.format), true);
+          TORCH_CHECK(resolve_block_size(qf, p.block_size, who.c_str()) == p.block_size, who, ": checkpoint entry '",
+                      k, "/block_size' is ", p.block_size);
+        }
+        const int64_t nslots = r.get_int(k + "/slots", 0, kMaxSlots);
+        for (int64_t s = 0; s < nslots; ++s)
+          p.slots.push_back(read_slot(r, k + "/slot/" + std::to_string(s), p.numel, p.block_size));
+      }
+      g.params.push_back(std::move(p));
+    }
+    c.groups.push_back(std::move(g));
+  }
+  return c;
+}
+
+}  // namespace optim
+}  // namespace lowbit

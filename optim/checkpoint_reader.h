@@ -1,0 +1,76 @@
+// Reading a lowbit optimizer checkpoint: every entry read and checked (version, format ids, block
+// sizes, tensor dtypes and sizes, version 2's digests) into plain structs before anything is
+// assigned. Shared by LowbitOptimizer::load and `lowbit inspect`.
+#pragma once
+
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <lowbit/tensors/qtensor.h>
+
+namespace lowbit {
+namespace optim {
+
+constexpr int64_t kCheckpointMagic = 0x6C6F7762697401;  // "lowbit" + 1
+constexpr int64_t kCheckpointVersionDigests = 2;       // first version with digests
+
+// Storage ids of a master-weight correction (the last slot; kernels/common/master_weight.h).
+constexpr int64_t kStorageInt16Correction = 5, kStorageInt8Correction = 6;
+inline bool is_correction_storage(int64_t id) { return id == kStorageInt16Correction || id == kStorageInt8Correction; }
+
+// One state slot as stored: storage -1 (unused), a StateFormat id (FP32, BF16: `values`; Q8, Q4,
+// FP8: `codes` + `absmax` in QuantFormat `qformat`), or a correction id (`values`, int16 / int8).
+struct CheckpointSlot {
+  int64_t storage = -1;
+  int64_t qformat = -1;
+  at::Tensor values, codes, absmax;
+  QTensor quantized;  // codes + absmax, checked to fit numel and the block size
+};
+
+struct CheckpointParam {
+  int64_t numel = 0;
+  int64_t offset = 0;
+  bool has_state = false;
+  int64_t step = 0;
+  int64_t format = 0;  // StateFormat id
+  int64_t block_size = 0;
+  std::vector<CheckpointSlot> slots;
+};
+
+struct CheckpointGroup {
+  double lr = 0;
+  std::vector<CheckpointParam> params;
+};
+
+struct CheckpointContents {
+  int64_t version = 0;
+  std::string optimizer;
+  int64_t seed = 0;
+  int64_t skipped_steps = 0;
+  std::vector<CheckpointGroup> groups;
+};
+
+// Reads and checks everything a checkpoint says about itself; throws c10::Error naming the entry
+// and the bad value. `who` prefixes messages (the optimizer's name, or the file).
+CheckpointContents read_checkpoint(torch::serialize::InputArchive& archive, const std::string& who);
+
+// Before libtorch reads a file: its zip records must lie inside the file (a damaged size field
+// would otherwise make libtorch allocate what the field says, e.g. many GiB).
+void check_checkpoint_file(const std::string& path);
+
+// check_checkpoint_file, then libtorch's reader; whatever libtorch throws on a damaged file
+// (it raises std::out_of_range and the like from its parsers) becomes a c10::Error naming the file.
+void load_checkpoint_archive(const std::string& path, torch::serialize::InputArchive& archive);
+
+// Digests (format version 2). A tensor's: its entry's key (so that tensors swapped with their
+// digests are caught), dtype, sizes and bytes. The header's: every non-tensor entry (key and
+// value, in key order) but the header digest itself.
+int64_t tensor_digest(const std::string& key, const at::Tensor& t);
+int64_t header_digest(const std::map<std::string, c10::IValue>& entries);
+
+}  // namespace optim
+}  // namespace lowbit

@@ -1,0 +1,203 @@
+// Bad input at every public C++ entry point, as a table: each row one call that must raise a
+// c10::Error whose message names the argument (and, where it has one, the bad value).
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "test_util.h"
+
+namespace lo = lowbit::optim;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Row {
+  std::string name;
+  std::function<void()> call;
+  std::vector<std::string> want;  // substrings of the message
+};
+
+at::Tensor dequant(const at::Tensor& codes, const at::Tensor& absmax, const std::string& f, int64_t b,
+                   std::vector<int64_t> shape) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lowbit::dequantize_blockwise", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, std::string_view, int64_t,
+                                         at::IntArrayRef, std::optional<at::ScalarType>)>();
+  return op.call(codes, absmax, f, b, shape, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> quant(const at::Tensor& x, const std::string& f, int64_t b) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lowbit::quantize_blockwise", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, std::string_view, int64_t)>();
+  return op.call(x, f, b);
+}
+
+// One step of `make`'s optimizer over `params` (gradients of ones).
+template <typename Opt, typename Options>
+void step_with(std::vector<at::Tensor> params, Options o) {
+  Opt opt(params, o);
+  for (auto& p : params) p.mutable_grad() = at::ones_like(p);
+  opt.step();
+}
+
+// The optimizer options rows: every optimizer's hyper-parameters NaN / Inf / negative.
+template <typename Opt, typename Options>
+void option_rows(std::vector<Row>& rows, const std::string& opt, const std::vector<std::pair<std::string,
+                 std::function<Options(double)>>>& fields) {
+  for (const auto& [field, set] : fields)
+    for (double bad : {kNaN, kInf, -1.0}) {
+      std::ostringstream v;
+      v << bad;
+      rows.push_back({opt + " " + field + "=" + v.str(), [set = set, bad] {
+                        Opt o({at::zeros({4})}, set(bad));
+                      },
+                      {field, v.str()}});
+    }
+}
+
+std::vector<Row> rows() {
+  std::vector<Row> r;
+  const auto x = at::randn({1000});
+  // ---- quantize / dequantize ops
+  r.push_back({"quantize: unknown format", [=] { quant(x, "Dyn9", 0); }, {"Dyn9"}});
+  r.push_back({"quantize: block_size not a power of two", [=] { quant(x, "Dyn8Signed", 100); }, {"block_size", "100"}});
+  r.push_back({"quantize: block_size negative", [=] { quant(x, "Dyn8Signed", -256); }, {"block_size", "-256"}});
+  r.push_back({"quantize: wrong dtype", [=] { quant(x.to(at::kLong), "Dyn8Signed", 0); }, {"Long"}});
+  r.push_back({"quantize: sparse layout", [=] { quant(x.to_sparse(), "Dyn8Signed", 0); }, {"input"}});
+  const auto [codes, absmax] = quant(x, "Dyn8Signed", 0);
+  r.push_back({"dequantize: codes wrong dtype", [c = codes, m = absmax] { dequant(c.to(at::kFloat), m, "Dyn8Signed", 0, {1000}); },
+               {"codes", "Float"}});
+  r.push_back({"dequantize: absmax too short", [c = codes, m = absmax] { dequant(c, m.narrow(0, 0, 1), "Dyn8Signed", 0, {1000}); },
+               {"absmax"}});
+  r.push_back({"dequantize: shape mismatch", [c = codes, m = absmax] { dequant(c, m, "Dyn8Signed", 0, {999}); },
+               {"999"}});
+  r.push_back({"dequantize: unknown format", [c = codes, m = absmax] { dequant(c, m, "nope", 0, {1000}); }, {"nope"}});
+  r.push_back({"dequantize: block_size 0 resolved, 3 refused", [c = codes, m = absmax] { dequant(c, m, "Dyn8Signed", 3, {1000}); },
+               {"block_size", "3"}});
+
+  // ---- optimizer options: common ones and each optimizer's hyper-parameters
+  r.push_back({"lr NaN", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions(kNaN)); }, {"learning rate", "nan"}});
+  r.push_back({"lr Inf", [] { lo::Lion o({at::zeros({4})}, lo::LionOptions(kInf)); }, {"learning rate", "inf"}});
+  r.push_back({"lr negative", [] { lo::SGD o({at::zeros({4})}, lo::SGDOptions(-0.5)); }, {"learning rate", "-0.5"}});
+  r.push_back({"set_lr NaN", [] {
+                 lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
+                 o.param_groups()[0].options().set_lr(kNaN);
+               }, {"learning rate", "nan"}});
+  r.push_back({"options().lr(NaN) then step", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 static_cast<lo::AdamWOptions&>(o.param_groups()[0].options()).lr(kNaN);
+                 p[0].mutable_grad() = at::ones({4});
+                 o.step();
+               }, {"learning rate", "nan"}});
+  r.push_back({"block_size not a power of two", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().block_size(100)); },
+               {"block_size", "100"}});
+  r.push_back({"block_size negative", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().block_size(-1)); },
+               {"block_size", "-1"}});
+  r.push_back({"min_quant_numel negative", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().min_quant_numel(-1)); },
+               {"min_quant_numel", "-1"}});
+  r.push_back({"max_grad_norm NaN", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().max_grad_norm(kNaN)); },
+               {"max_grad_norm", "nan"}});
+  r.push_back({"max_grad_norm Inf", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().max_grad_norm(kInf)); },
+               {"max_grad_norm", "inf"}});
+  r.push_back({"fp8_second_moment not float8", [] {
+                 lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().fp8_second_moment(lowbit::QuantFormat::Dyn8Signed));
+               }, {"fp8_second_moment", "Dyn8Signed"}});
+  option_rows<lo::Adam, lo::AdamOptions>(r, "Adam", {
+      {"epsilon", [](double v) { return lo::AdamOptions().eps(v); }},
+      {"weight_decay", [](double v) { return lo::AdamOptions().weight_decay(v); }},
+      {"beta parameter at index 0", [](double v) { return lo::AdamOptions().betas({v, 0.999}); }},
+      {"beta parameter at index 1", [](double v) { return lo::AdamOptions().betas({0.9, v}); }}});
+  option_rows<lo::AdamW, lo::AdamWOptions>(r, "AdamW", {
+      {"epsilon", [](double v) { return lo::AdamWOptions().eps(v); }},
+      {"weight_decay", [](double v) { return lo::AdamWOptions().weight_decay(v); }},
+      {"beta parameter at index 0", [](double v) { return lo::AdamWOptions().betas({v, 0.999}); }}});
+  option_rows<lo::SGD, lo::SGDOptions>(r, "SGD", {
+      {"momentum", [](double v) { return lo::SGDOptions(0.1).momentum(v); }},
+      {"weight_decay", [](double v) { return lo::SGDOptions(0.1).weight_decay(v); }}});
+  option_rows<lo::Lion, lo::LionOptions>(r, "Lion", {
+      {"weight_decay", [](double v) { return lo::LionOptions().weight_decay(v); }},
+      {"beta parameter at index 1", [](double v) { return lo::LionOptions().betas({0.9, v}); }}});
+  option_rows<lo::RMSprop, lo::RMSpropOptions>(r, "RMSprop", {
+      {"epsilon", [](double v) { return lo::RMSpropOptions().eps(v); }},
+      {"momentum", [](double v) { return lo::RMSpropOptions().momentum(v); }},
+      {"alpha", [](double v) { return lo::RMSpropOptions().alpha(v); }},
+      {"weight_decay", [](double v) { return lo::RMSpropOptions().weight_decay(v); }}});
+  option_rows<lo::Adagrad, lo::AdagradOptions>(r, "Adagrad", {
+      {"lr_decay", [](double v) { return lo::AdagradOptions().lr_decay(v); }},
+      {"initial_accumulator_value", [](double v) { return lo::AdagradOptions().initial_accumulator_value(v); }},
+      {"epsilon", [](double v) { return lo::AdagradOptions().eps(v); }}});
+  option_rows<lo::AdEMAMix, lo::AdEMAMixOptions>(r, "AdEMAMix", {
+      {"alpha", [](double v) { return lo::AdEMAMixOptions().alpha(v); }},
+      {"epsilon", [](double v) { return lo::AdEMAMixOptions().eps(v); }},
+      {"beta parameter at index 2", [](double v) { return lo::AdEMAMixOptions().betas({0.9, 0.999, v}); }}});
+  option_rows<lo::LAMB, lo::LAMBOptions>(r, "LAMB", {
+      {"epsilon", [](double v) { return lo::LAMBOptions().eps(v); }},
+      {"weight_decay", [](double v) { return lo::LAMBOptions().weight_decay(v); }}});
+  r.push_back({"SGD dampening NaN", [] { lo::SGD o({at::zeros({4})}, lo::SGDOptions(0.1).dampening(kNaN)); },
+               {"dampening", "nan"}});
+
+  // ---- the step: parameters and gradients
+  r.push_back({"step: integer parameter", [] { step_with<lo::AdamW>({at::zeros({4}, at::kLong)}, lo::AdamWOptions()); },
+               {"parameter 0", "Long"}});
+  r.push_back({"step: sparse gradient", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 p[0].mutable_grad() = at::ones({4}).to_sparse();
+                 o.step();
+               }, {"parameter 0", "sparse"}});
+  r.push_back({"step: gradient of another shape", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 p[0].mutable_grad() = at::ones({5});
+                 o.step();
+               }, {"parameter 0", "[5]"}});
+  r.push_back({"step: one parameter passed twice (overlapping outputs)", [] {
+                 const at::Tensor p = at::zeros({64});
+                 step_with<lo::AdamW>({p, p.view({8, 8})}, lo::AdamWOptions());
+               }, {"parameter 1", "parameter 0", "share memory"}});
+  r.push_back({"step: parameters overlapping in part", [] {
+                 const at::Tensor base = at::zeros({100});
+                 step_with<lo::SGD>({base.narrow(0, 0, 60), base.narrow(0, 50, 50)}, lo::SGDOptions(0.1).momentum(0.9));
+               }, {"parameter", "share memory"}});
+  r.push_back({"step: expanded parameter (internal overlap)", [] {
+                 step_with<lo::Lion>({at::zeros({1}).expand({16})}, lo::LionOptions());
+               }, {"parameter 0", "share memory"}});
+  r.push_back({"override_state_format after the first step", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 p[0].mutable_grad() = at::ones({4});
+                 o.step();
+                 o.override_state_format(p[0], lowbit::StateFormat::FP32);
+               }, {"override_state_format"}});
+  r.push_back({"set_overflow_check_interval negative", [] {
+                 lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
+                 o.set_overflow_check_interval(-3);
+               }, {"interval", "-3"}});
+  return r;
+}
+
+}  // namespace
+
+TEST(EntryPoints, EveryRowRaisesAnErrorNamingTheArgument) {
+  int n = 0;
+  for (const Row& row : rows()) {
+    ++n;
+    SCOPED_TRACE(row.name);
+    if (std::getenv("LOWBIT_TEST_VERBOSE")) std::fprintf(stderr, "row: %s\n", row.name.c_str());
+    try {
+      row.call();
+      ADD_FAILURE() << row.name << ": no error";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what_without_backtrace();
+      for (const auto& w : row.want)
+        EXPECT_NE(msg.find(w), std::string::npos) << row.name << ": the message does not name '" << w << "': " << msg;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << row.name << ": not a c10::Error: " << e.what();
+    }
+  }
+  std::printf("%d rows\n", n);
+}

@@ -56,8 +56,8 @@ void inspect_checkpoint(const std::string& path, std::ostream& out) {
         total += bytes;
         slots += std::string(" ") +
                  (q ? format_name(static_cast<QuantFormat>(slot.qformat))
-                    : slot.storage == kStorageInt16Correction ? "master-int16"
-                    : slot.storage == kStorageInt8Correction  ? "master-int8"
+                    : slot.storage == optim::kStorageInt16Correction ? "master-int16"
+                    : slot.storage == optim::kStorageInt8Correction  ? "master-int8"
                                                               : state_format_name(static_cast<StateFormat>(slot.storage))) +
                  ":" + std::to_string(bytes);
       }

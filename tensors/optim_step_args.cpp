@@ -248,7 +248,9 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                   p.absmax[s].scalar_type());
     }
   }
-  check_outputs_do_not_overlap(c, c.num_slots, op);
+  // Only the step writes; optim_lamb_norms reads (the sharded optimizer passes it one scratch
+  // counter for every parameter).
+  if (std::string(op) != "lowbit::optim_lamb_norms") check_outputs_do_not_overlap(c, c.num_slots, op);
   return c;
 }
 

@@ -20,7 +20,7 @@ struct ReleaseHook : torch::autograd::PostAccumulateGradHook {
   void operator()(const torch::autograd::Variable& param) override {
     if (shared->accumulating || !param.grad().defined()) return;
     shared->opt->step_parameters({param});
-    // MUTATION param.mutable_grad().reset();  // released: the next backward starts from nothing
+    param.mutable_grad().reset();  // released: the next backward starts from nothing
     ++shared->released;
   }
   std::shared_ptr<GradientRelease::Shared> shared;

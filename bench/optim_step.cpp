@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   auto report = [&](const char* name, StateFormat f, const Timing& t) {
     rows.push_back({name, lowbit::state_format_name(f), t});
   };
-  for (StateFormat f : {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+  for (StateFormat f : lowbit::kAllStateFormats) {
     at::Tensor p = at::randn({n});
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f));
     report("AdamW", f, time_steps(opt, p));

@@ -163,6 +163,9 @@ int main(int argc, char** argv) {
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), F, 2, 1, false, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW Q4", lo::AdamWOptions(1e-3).state_format(StateFormat::Q4), F, 2, 0.5, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW FP8", lo::AdamWOptions(1e-3).state_format(StateFormat::FP8), F, 2, 1, true, T, R, C);
+  // Companded 8-bit state (arithmetic encode, block 64): 1 + 4/64 bytes per state element.
+  lowbit_row<lo::AdamW>("lowbit AdamW C8", lo::AdamWOptions(1e-3).state_format(StateFormat::C8), F, 2, 1.0625, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW C8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::C8), F, 2, 1.0625, false, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW BF16", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), F, 2, 2, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW FP32", lo::AdamWOptions(1e-3).state_format(StateFormat::FP32), F, 2, 4, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params SR", lo::AdamWOptions(1e-3).bf16_stochastic_round(true).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
@@ -171,8 +174,12 @@ int main(int argc, char** argv) {
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C, false, 1);
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8), BF, 2, 1, false, T, R, C, false, 1);
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 32-bit master", lo::AdamWOptions(1e-3).master_weight_bits(32).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C, false, 2);
+  lowbit_row<lo::AdamW>("lowbit AdamW C8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::C8), BF, 2, 1.0625, true, T, R, C, false, 1);
+  lowbit_row<lo::AdamW>("lowbit AdamW C8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::C8), BF, 2, 1.0625, false, T, R, C, false, 1);
   lowbit_row<lo::AdamW>("lowbit AdamW Q4, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q4), BF, 2, 0.5, false, T, R, C, false, 1);
   lowbit_row<lo::Adam>("lowbit Adam Q8", lo::AdamOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
+  lowbit_row<lo::SGD>("lowbit SGD momentum C8", lo::SGDOptions(1e-2).momentum(0.9).state_format(StateFormat::C8), F, 1, 1.0625, true, T, R, C);
+  lowbit_row<lo::AdEMAMix>("lowbit AdEMAMix C8", lo::AdEMAMixOptions(1e-3).state_format(StateFormat::C8), F, 3, 1.0625, true, T, R, C);
   lowbit_row<lo::SGD>("lowbit SGD momentum Q8", lo::SGDOptions(1e-2).momentum(0.9).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
   lowbit_row<lo::Lion>("lowbit Lion Q8", lo::LionOptions(1e-4).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
   lowbit_row<lo::RMSprop>("lowbit RMSprop Q8", lo::RMSpropOptions(1e-3).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
@@ -185,6 +192,7 @@ int main(int argc, char** argv) {
     const int64_t many = T * R * C / (256 * 1024);
     lowbit_row<lo::AdamW>("lowbit AdamW Q8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, many, 256, 1024, true);
     aten_fused_row("ATen _fused_adamw_ fp32, small tensors", many, 256, 1024, at::kFloat, n, true);
+    lowbit_row<lo::AdamW>("lowbit AdamW C8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::C8), F, 2, 1.0625, true, many, 256, 1024, true);
     lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off, " + std::to_string(many) + " small tensors",
                           lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8),
                           BF, 2, 1, false, many, 256, 1024, true, 1);

@@ -82,6 +82,7 @@ def main():
         ("lowbit AdamW Q8, fp32", torch.float32, lambda p: lowbit_step(p, "Q8")),
         ("lowbit AdamW Q4, fp32", torch.float32, lambda p: lowbit_step(p, "Q4")),
         ("lowbit AdamW FP8, fp32", torch.float32, lambda p: lowbit_step(p, "FP8")),
+        ("lowbit AdamW C8, fp32", torch.float32, lambda p: lowbit_step(p, "C8")),
     ]
     try:
         import bitsandbytes as bnb
@@ -107,6 +108,9 @@ def main():
     cases.append(("lowbit AdamW Q8, bf16 + 24-bit master", torch.bfloat16, lambda p: lowbit_step(p, "Q8", 24)))
     cases.append(("lowbit AdamW Q8, bf16 + 24-bit master, no check", torch.bfloat16,
                   lambda p: lowbit_step(p, "Q8", 24, check=False)))
+    cases.append(("lowbit AdamW C8, bf16 + 24-bit master", torch.bfloat16, lambda p: lowbit_step(p, "C8", 24)))
+    cases.append(("lowbit AdamW C8, bf16 + 24-bit master, no check", torch.bfloat16,
+                  lambda p: lowbit_step(p, "C8", 24, check=False)))
     cases.append(("lowbit AdamW Q8, bf16 + 32-bit master", torch.bfloat16, lambda p: lowbit_step(p, "Q8", 32)))
     cases.append(("torch AdamW fused, bf16", torch.bfloat16, lambda p: peer("torchbf", lambda q: torch.optim.AdamW(q, lr=1e-3, fused=True), p)))
     base = None

@@ -236,7 +236,7 @@ CheckpointContents read_checkpoint(torch::serialize::InputArchive& a, const std:
       p.has_state = r.get_int(k + "/has_state", 0, 1) == 1;
       if (p.has_state) {
         p.step = r.get_int(k + "/step", 0, kMaxCount);
-        p.format = r.get_int(k + "/format", 0, static_cast<int64_t>(StateFormat::FP8));
+        p.format = r.get_int(k + "/format", 0, kNumStateFormats - 1);
         p.block_size = r.get_int(k + "/block_size", 1, kMaxCount);
         if (is_quantized(static_cast<StateFormat>(p.format))) {
           // A valid block size of the format (a power of two in range), as written.

@@ -64,7 +64,7 @@ std::tuple<std::vector<std::string>, int64_t> state_layout_op(std::string_view r
   TORCH_CHECK(found, op, ": unknown rule '", rule, "'");
   StateFormat f;
   TORCH_CHECK(parse_state_format(std::string(state_format), &f), op, ": unknown state_format '", state_format,
-              "'; expected FP32, BF16, Q8, Q4 or FP8");
+              "'; expected one of ", all_state_format_names());
   TORCH_CHECK(numel >= 0, op, ": numel must be >= 0, got ", numel);
   c.momentum = momentum;
   c.centered = centered;

@@ -38,7 +38,7 @@ void train(lo::LowbitOptimizer& opt, std::vector<at::Tensor>& p, const std::vect
 }  // namespace
 
 TEST(Checkpoint, ResumeIsBitExactForEveryFormat) {
-  for (StateFormat f : {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+  for (StateFormat f : lowbit::kAllStateFormats) {
     auto p0 = params();
     const auto gs = grad_stream(p0, 100);
     std::vector<at::Tensor> a, b;

@@ -147,8 +147,7 @@ TEST(MasterWeight, AtenHelpersEqualTheKernelFunctions) {
 
 // ---- the optimizers ---------------------------------------------------------------------------
 
-const std::vector<StateFormat> kFormats = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4,
-                                           StateFormat::FP8};
+const std::vector<StateFormat> kFormats(std::begin(lowbit::kAllStateFormats), std::end(lowbit::kAllStateFormats));
 
 // Initial fp32 weights of a few shapes (odd sizes, one below min_quant_numel), extreme ones included.
 std::vector<at::Tensor> initial_weights() {

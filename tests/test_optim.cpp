@@ -12,8 +12,7 @@ namespace lo = lowbit::optim;
 
 namespace {
 
-const StateFormat kAllFormats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4,
-                                   StateFormat::FP8};
+const auto& kAllFormats = lowbit::kAllStateFormats;
 
 // Parameters of odd sizes: one below min_quant_numel (FP32 state), two above (one not a multiple
 // of any block), one 2-D.
@@ -261,7 +260,7 @@ TEST(OptimQuantized, ResultDoesNotDependOnThreadCountOrGrouping) {
   // Q8 and FP8 take the pipelined 8-bit loop (one block carried into the next on a thread's
   // share), Q4 the per-block loop; 1, 2 and 3 threads cut the parameters at different blocks.
   const int saved = omp_get_max_threads();
-  for (StateFormat f : {StateFormat::Q4, StateFormat::Q8, StateFormat::FP8}) {
+  for (StateFormat f : {StateFormat::Q4, StateFormat::Q8, StateFormat::FP8, StateFormat::C8}) {
     SCOPED_TRACE(lowbit::state_format_name(f));
     auto p1 = make_params(), p2 = clone_all(p1), p3 = clone_all(p1);
     std::vector<std::vector<at::Tensor>> grads;
@@ -328,7 +327,8 @@ TEST(OptimBehaviour, NonFiniteGradientSkipsTheWholeStep) {
 TEST(OptimBehaviour, StateBytesPerFormat) {
   std::vector<at::Tensor> p = {at::randn({1 << 20})};
   const std::pair<StateFormat, double> limits[] = {
-      {StateFormat::FP32, 8.0}, {StateFormat::BF16, 4.0}, {StateFormat::Q8, 2.04}, {StateFormat::Q4, 1.07}, {StateFormat::FP8, 2.04}};
+      {StateFormat::FP32, 8.0}, {StateFormat::BF16, 4.0}, {StateFormat::Q8, 2.04}, {StateFormat::Q4, 1.07}, {StateFormat::FP8, 2.04},
+      {StateFormat::C8, 2.13}};  // block 64: 2 x (1 + 4/64)
   for (auto [f, limit] : limits) {
     lo::AdamW opt(p, lo::AdamWOptions().state_format(f));
     p[0].mutable_grad() = at::randn({1 << 20});
@@ -466,7 +466,8 @@ TEST(OptimQuality, FormatsTrackFp32On500StepRegression) {
   const double start = Y.pow(2).mean().item<double>();
   EXPECT_LT(base, start * 0.05);
   for (auto [f, tol] : {std::pair{StateFormat::BF16, 0.001}, std::pair{StateFormat::Q8, 0.002},
-                        std::pair{StateFormat::FP8, 0.005}, std::pair{StateFormat::Q4, 0.03}}) {
+                        std::pair{StateFormat::FP8, 0.005}, std::pair{StateFormat::C8, 0.005},
+                        std::pair{StateFormat::Q4, 0.03}}) {
     const double l = train(f);
     std::printf("500-step regression: %s final loss %.5f (FP32 %.5f, start %.2f)\n", lowbit::state_format_name(f), l,
                 base, start);
@@ -558,7 +559,7 @@ TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
       EXPECT_TRUE(lowbit_test::bitwise_equal(pc[i], pg[i].cpu())) << what << " param " << i;
     EXPECT_EQ(a.state_bytes(), b.state_bytes()) << what;
   };
-  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8})
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8, StateFormat::C8})
     check(at::kFloat, lo::AdamWOptions(1e-2).state_format(f), lowbit::state_format_name(f));
   // bf16 parameters rounded stochastically: the reference's int64 hash on the GPU draws the same
   // noise as the CPU kernel.
@@ -571,7 +572,7 @@ TEST(OptimOp, CudaParametersStepThroughTheReferenceAndMatchTheCpuKernel) {
 // says which parameter lost its state instead of leaving NaN blocks behind silently. Both paths.
 TEST(OptimOp, StateOverflowIsReportedWithTheParameter) {
   for (bool reference : {false, true}) {
-    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP8, StateFormat::C8}) {
       std::vector<at::Tensor> p = {at::randn({5000}), at::randn({8192})};
       lo::Adagrad opt(p, lo::AdagradOptions(0.1).state_format(f));
       lo::StepTesting::use_reference_step(opt, reference);

@@ -22,8 +22,7 @@ namespace {
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
-const StateFormat kAllFormats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4,
-                                   StateFormat::FP8};
+const auto& kAllFormats = lowbit::kAllStateFormats;
 
 // Sizes: below min_quant_numel (FP32 state), empty, a few blocks and a ragged end, 2-D.
 std::vector<at::Tensor> make_params(at::ScalarType dt) {
@@ -102,7 +101,7 @@ TEST(OptimCuda, EveryRuleFormatAndDtypeEqualsTheCpuKernel) {
 
 TEST(OptimCuda, ClippingMaximizeAndAmsgradEqualTheCpuKernel) {
   SKIP_WITHOUT_CUDA();
-  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8, StateFormat::C8}) {
     SCOPED_TRACE(lowbit::state_format_name(f));
     EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).max_grad_norm(0.5).maximize(true).amsgrad(true).state_format(f)); },
                                make_params(at::kFloat), 3), "");

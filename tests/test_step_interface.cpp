@@ -146,8 +146,7 @@ TEST(StepInterface, DeviceStepStateEqualsHostDrivenSteps) {
 // every rule, every state format, bf16 parameters with stochastic rounding, clipping on.
 TEST(StepInterface, BlockAlignedShardsStepLikeTheWholeParameter) {
   const int64_t n = 70001, split = 256 * 37;  // a multiple of every format's block
-  const StateFormat formats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4,
-                                 StateFormat::FP8};
+  const auto& formats = lowbit::kAllStateFormats;
   for (const RuleCase& rc : rule_cases()) {
     for (StateFormat f : formats) {
       for (bool bf16_sr : {false, true}) {

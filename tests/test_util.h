@@ -56,6 +56,12 @@ inline double roundtrip_bound(lowbit::QuantFormat f) {
   double bound = std::max(v.front() - lo, 1.0 - v.back());
   for (size_t i = 0; i + 1 < v.size(); ++i)
     if (v[i + 1] >= lo) bound = std::max(bound, (v[i + 1] - v[i]) / 2);
+  // The companded formats round sqrt|x| to the nearest step, not x to the nearest value: the
+  // crossover of neighbours c/m, (c+1)/m sits ((c+1/2)/m)^2, 1/(4 m^2) below their value midpoint.
+  if (lowbit::is_arithmetic_format(f)) {
+    const double m = lowbit::format_is_signed(f) ? 127.0 : 255.0;
+    bound += 0.25 / (m * m);
+  }
   // Slack for the float rounding of decode (codebook * absmax) and of the error itself.
   return bound + 1e-6;
 }

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "compand.h"
 #include "quant_format.h"
 
 namespace lowbit {
@@ -99,6 +100,11 @@ inline std::vector<float> make_codebook(QuantFormat fmt) {
       }
       return v;
     }
+    case CodebookKind::Power: {
+      std::vector<float> v(256);
+      for (int c = 0; c < 256; ++c) v[c] = pow8_decode(static_cast<uint32_t>(c), f.is_signed);
+      return v;
+    }
   }
   return {};
 }
@@ -129,6 +135,40 @@ inline float make_threshold(float a, float b, int ca, int cb) {
   return t;
 }
 
+inline float float_of_order_key(uint32_t key) {
+  const uint32_t u = (key & 0x80000000u) ? key ^ 0x80000000u : ~key;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline uint32_t order_key_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
+
+// Thresholds of a format encoded by arithmetic (compand.h): its encode is monotone in x and its
+// codes are in value order, so threshold i is the largest float x with encode(x) <= i, found by
+// bisection over the floats in order; then #{thresholds < x} == encode(x) for every non-NaN x, and
+// the table-driven paths give the arithmetic's codes (tests/test_codebooks.cpp checks all floats).
+inline void arithmetic_thresholds(QuantFormat fmt, EncodeTable& tab) {
+  const bool is_signed = format_is_signed(fmt);
+  for (int i = 0; i < tab.num_values; ++i)
+    if (tab.sorted_codes[i] != i) throw std::logic_error("arithmetic_thresholds: codes not in value order");
+  const uint32_t lo_key = order_key_of(-INFINITY), hi_key = order_key_of(INFINITY);
+  for (int i = 0; i + 1 < tab.num_values; ++i) {
+    uint32_t lo = lo_key, hi = hi_key;  // encode(lo) <= i < encode(hi)
+    if (pow8_encode(float_of_order_key(lo), is_signed) > i || pow8_encode(float_of_order_key(hi), is_signed) <= i)
+      throw std::logic_error("arithmetic_thresholds: code out of range");
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (pow8_encode(float_of_order_key(mid), is_signed) <= i) lo = mid;
+      else hi = mid;
+    }
+    tab.thresholds[i] = float_of_order_key(lo);
+  }
+}
+
 inline EncodeTable make_encode_table(QuantFormat fmt) {
   EncodeTable tab;
   tab.bits = format_bits(fmt);
@@ -149,8 +189,12 @@ inline EncodeTable make_encode_table(QuantFormat fmt) {
     tab.eytzinger[i] = INFINITY;
   }
   for (int i = 0; i < tab.num_values; ++i) tab.sorted_codes[i] = static_cast<uint8_t>(uniq[i].second);
-  for (int i = 0; i + 1 < tab.num_values; ++i)
-    tab.thresholds[i] = make_threshold(uniq[i].first, uniq[i + 1].first, uniq[i].second, uniq[i + 1].second);
+  if (format_spec(fmt).codebook == CodebookKind::Power) {
+    arithmetic_thresholds(fmt, tab);
+  } else {
+    for (int i = 0; i + 1 < tab.num_values; ++i)
+      tab.thresholds[i] = make_threshold(uniq[i].first, uniq[i + 1].first, uniq[i].second, uniq[i + 1].second);
+  }
   // In-order walk of the perfect tree assigns the sorted keys.
   const int nkeys = (1 << tab.depth) - 1;
   int next = 0;

@@ -17,15 +17,18 @@ enum class QuantFormat : int32_t {
   Linear4Unsigned = 3,  // (i+1)/16, no zero
   FP8E4M3 = 4,          // e4m3fn codes, scale absmax/448
   FP8E5M2 = 5,          // e5m2 codes, scale absmax/57344
+  Pow8Signed = 6,       // sign(c) (c/127)^2, c = code - 127: square-root companding (compand.h)
+  Pow8Unsigned = 7,     // (code/255)^2: square-root companding, a positive value never encodes to 0
 };
 
-constexpr int kNumQuantFormats = 6;
+constexpr int kNumQuantFormats = 8;
 
 // How a format's codebook is made (kernels/common/code_tables.h: make_codebook).
 enum class CodebookKind : int32_t {
   DynamicTree,  // Dettmers et al.'s dynamic map with `exponent_bits` decades (arXiv 2110.02861)
   Linear,       // (i + 1) / 2^bits for code i: evenly spaced, zero excluded
   Float8,       // the values of an 8-bit float, divided by its largest finite value
+  Power,        // squares of an even grid, encoded arithmetically (compand.h), no table needed
 };
 
 struct FormatSpec {
@@ -49,6 +52,10 @@ constexpr FormatSpec kFormatSpecs[kNumQuantFormats] = {
     {"Linear4Unsigned", 4, false, 128, CodebookKind::Linear, 0, 0, 0, false, 1.0},
     {"FP8E4M3", 8, true, 256, CodebookKind::Float8, 4, 3, 7, false, 448.0},
     {"FP8E5M2", 8, true, 256, CodebookKind::Float8, 5, 2, 15, true, 57344.0},
+    // Block 64: the fp32 absmax costs what FlashOptim's 16-bit scale per 32 costs (1/16 B per
+    // element), and a block spans less dynamic range than 256 would.
+    {"Pow8Signed", 8, true, 64, CodebookKind::Power, 0, 0, 0, false, 1.0},
+    {"Pow8Unsigned", 8, false, 64, CodebookKind::Power, 0, 0, 0, false, 1.0},
 };
 
 inline bool is_valid_format(int32_t id) { return id >= 0 && id < kNumQuantFormats; }
@@ -59,6 +66,8 @@ inline const char* format_name(QuantFormat f) {
 inline int format_bits(QuantFormat f) { return format_spec(f).bits; }
 inline bool format_is_signed(QuantFormat f) { return format_spec(f).is_signed; }
 inline int64_t default_block_size(QuantFormat f) { return format_spec(f).default_block; }
+// Encoded and decoded by arithmetic (compand.h) where a kernel wants no table.
+inline bool is_arithmetic_format(QuantFormat f) { return format_spec(f).codebook == CodebookKind::Power; }
 
 constexpr int64_t kMinBlockSize = 32;
 constexpr int64_t kMaxBlockSize = 4096;

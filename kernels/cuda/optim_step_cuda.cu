@@ -97,7 +97,10 @@ cudaError_t launch_lamb_sums_warp(const Chunk& c, const Args& a, int family, int
   switch (family) {
     case kF32: lamb_sums_kernel<T, kF32, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
     case kBF16: lamb_sums_kernel<T, kBF16, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
-    case kCodes8: lamb_sums_kernel<T, kCodes8, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
+    case kCodes8:
+    case kPow8:  // decodes through the codebook (== pow8_decode): one read pass, not worth a variant
+      lamb_sums_kernel<T, kCodes8, WARP><<<grid, kThreads, 0, stream>>>(c, a);
+      break;
     case kCodes4: lamb_sums_kernel<T, kCodes4, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
     default: return cudaErrorInvalidValue;
   }
@@ -161,7 +164,9 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     if (t.storage == SlotStorage::None) continue;
     const int f = t.storage == SlotStorage::F32    ? kF32
                   : t.storage == SlotStorage::BF16 ? kBF16
-                                                   : (format_bits(t.format) == 8 ? kCodes8 : kCodes4);
+                  : is_arithmetic_format(t.format)  ? kPow8
+                  : format_bits(t.format) == 8      ? kCodes8
+                                                    : kCodes4;
     if (family >= 0 && f != family) return "every slot of a GPU step must be stored the same way";
     family = f;
     a.used_mask |= 1 << k;
@@ -179,14 +184,14 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     if (found < 0) {
       if (a.num_distinct == 2) return "a GPU step takes at most two quantization formats";
       a.distinct[a.num_distinct] = df;
-      if (gpu_tables(t.format).scan > kGpuMaxScan) return "a quantization format needs more encode compares than the GPU kernels make";
+      if (!is_arithmetic_format(t.format) && gpu_tables(t.format).scan > kGpuMaxScan) return "a quantization format needs more encode compares than the GPU kernels make";
       a.identity[a.num_distinct] = gpu_tables(t.format).identity ? 1 : 0;
       found = a.num_distinct++;
     }
     a.format_of_slot[k] = found;
   }
   plan->family = family < 0 ? kF32 : family;
-  const bool quant = plan->family == kCodes8 || plan->family == kCodes4;
+  const bool quant = is_quant_family(plan->family);
   plan->unit = quant ? std::max<int64_t>(s.block_size, 8 * plan->warp) : 8 * plan->warp;
   a.unit = plan->unit;
   a.scalars = static_cast<ParamScalars*>(s.scratch);

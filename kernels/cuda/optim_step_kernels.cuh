@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "../common/compand.h"
 #include "../common/encode.h"
 #include "../common/master_weight.h"
 #include "../common/optim_rules.h"
@@ -35,8 +36,14 @@ namespace gpu_step {
 constexpr int kThreads = 256;
 constexpr int kChunk = kDescriptorsPerLaunch;
 
-// How a launch's state is stored: every used slot the same way.
-enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
+// How a launch's state is stored: every used slot the same way. kCodes8 / kCodes4: codes of
+// table-driven formats (shared-memory tables); kPow8: 8-bit codes of the companded formats,
+// encoded and decoded by arithmetic (compand.h), no tables.
+enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3, kPow8 = 4 };
+
+constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4 || f == kPow8; }
+constexpr bool has_tables(int f) { return f == kCodes8 || f == kCodes4; }
+constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
 
 // Slots a rule's update reads and writes with every option on.
 template <Rule R>
@@ -264,11 +271,18 @@ struct Lane {
         load8<FULL>(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
       } else if (FULL || i < n) {
         uint8_t c[8];
-        load_codes8<FAMILY == kCodes8 ? 8 : 4, FULL>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
+        load_codes8<code_bits(FAMILY), FULL>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
         const float amax = P.absmax[k][i >> a.block_shift];
-        const float* cb = sh[a.format_of_slot[k]].codebook;
+        if (FAMILY == kPow8) {
+          // codebook[c] == pow8_decode(c) exactly, so the product is the table path's.
+          const bool sgn = (a.slot_signed_mask >> k) & 1;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
+          for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? pow8_decode(c[e], sgn) * amax : 0.0f;
+        } else {
+          const float* cb = sh[a.format_of_slot[k]].codebook;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
+        }
       }
     }
 #pragma unroll
@@ -325,13 +339,19 @@ struct Lane {
   __device__ __forceinline__ void encode_slot(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int k,
                                               float amax, int64_t i, bool vec) const {
     const Normalizer nz = make_normalizer(amax);
-    const int d = a.format_of_slot[k];
-    const SharedFormat& f = sh[d];
-    const bool identity = a.identity[d] != 0;
     uint8_t c[8];
+    if (FAMILY == kPow8) {
+      const bool sgn = (a.slot_signed_mask >> k) & 1;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), identity);
-    store_codes8<FAMILY == kCodes8 ? 8 : 4, FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
+      for (int e = 0; e < 8; ++e) c[e] = pow8_encode(normalize(nz, s[k][e]), sgn);
+    } else {
+      const int d = a.format_of_slot[k];
+      const SharedFormat& f = sh[d];
+      const bool identity = a.identity[d] != 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), identity);
+    }
+    store_codes8<code_bits(FAMILY), FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
   }
 };
 
@@ -346,7 +366,7 @@ template <Rule R, typename T, int FAMILY, int NS, int WARP, bool FULL>
 __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
                                                  uint64_t seed, const SharedFormat* sh, int64_t i, bool vec,
                                                  int lane, int group) {
-  constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  constexpr bool kQuant = is_quant_family(FAMILY);
   Lane<R, T, FAMILY, NS> L;
   L.template load_update<FULL>(P, a, h, grad_mult, sh, i, vec);
   if (kQuant) {
@@ -376,10 +396,10 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
 #endif
 template <Rule R, typename T, int FAMILY, int NS, int WARP>
 __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
-  constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  constexpr bool kQuant = is_quant_family(FAMILY);
   constexpr bool kCopyDescriptor = FAMILY == kF32;
-  __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];
-  if (kQuant) stage_formats(sh, a);
+  __shared__ __align__(16) SharedFormat sh[has_tables(FAMILY) ? 2 : 1];  // unused (and dropped) without tables
+  if (has_tables(FAMILY)) stage_formats(sh, a);
   if (a.found_inf && *a.found_inf != 0.0f) return;
   const int lane = threadIdx.x % WARP;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / WARP);
@@ -577,6 +597,7 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int grid, cu
     case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, grid, stream);                    \
     case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, grid, stream);                \
     case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, grid, stream);                \
+    case kPow8: return launch_typed<R, T, kPow8, W>(chunk, a, ns, grid, stream);                    \
   }                                                                                             \
   return cudaErrorInvalidValue;
 

@@ -7,6 +7,7 @@
 // Either way one group owns a block, so codes and absmax match the CPU loop bit for bit.
 #include <algorithm>
 
+#include "../common/compand.h"
 #include "../common/encode.h"
 #include "gpu_tables.cuh"
 #include "quantize_cuda.h"
@@ -51,8 +52,10 @@ __device__ __forceinline__ void stage_encode(SharedEncode& sh, const uint8_t* st
 // thresholds any bucket of the format holds); formats whose codes are in value order (IDENTITY:
 // the dynamic maps and the 4-bit ones) need no final code lookup. Both are compile-time, so each
 // format's kernel issues only the instructions it needs (the kernel is bound by instructions).
+// SCAN 0: a companded format, encoded by arithmetic (compand.h), no table.
 template <int SCAN, bool IDENTITY>
-__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, float x) {
+__device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, float x, bool is_signed) {
+  if constexpr (SCAN == 0) return pow8_encode(x, is_signed);
   const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
   int c = s;
 #pragma unroll
@@ -63,10 +66,10 @@ __device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, float x) {
 // Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
 template <int BITS, int SCAN, bool IDENTITY>
 __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const SharedEncode& sh,
-                                              uint8_t* codes, int64_t i, int64_t n, bool vec) {
+                                              bool is_signed, uint8_t* codes, int64_t i, int64_t n, bool vec) {
   uint8_t c[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = encode_one<SCAN, IDENTITY>(sh, normalize(nz, v[k]));
+  for (int k = 0; k < 8; ++k) c[k] = encode_one<SCAN, IDENTITY>(sh, normalize(nz, v[k]), is_signed);
   store_codes8<BITS>(codes, i, n, vec, c);
 }
 
@@ -81,7 +84,7 @@ __device__ __forceinline__ void quantize_group8(const float (&v)[8], int64_t i, 
   group_reduce<GROUP>(s);
   const float amax = block_absmax(s, is_signed);
   if (lane % GROUP == 0 && i < n) absmax[i / BLOCK] = amax;
-  if (i < n) encode_store8<BITS, SCAN, IDENTITY>(v, make_normalizer(amax), sh, codes, i, n, vec);
+  if (i < n) encode_store8<BITS, SCAN, IDENTITY>(v, make_normalizer(amax), sh, is_signed, codes, i, n, vec);
 }
 
 template <typename T, int BITS, int SCAN, bool IDENTITY, int BLOCK, int WARP>
@@ -89,9 +92,11 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
                                                             float* __restrict__ absmax, int64_t n, bool is_signed,
                                                             bool vec, const uint8_t* __restrict__ starts,
                                                             GpuTables tables) {
-  __shared__ __align__(16) SharedEncode sh;
-  stage_encode<IDENTITY>(sh, starts, tables);
-  __syncthreads();
+  __shared__ __align__(16) SharedEncode sh;  // unused (and dropped) by SCAN 0
+  if (SCAN != 0) {
+    stage_encode<IDENTITY>(sh, starts, tables);
+    __syncthreads();
+  }
 
   constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
   constexpr int kGroup = BLOCK <= kElemsPerThread * WARP ? BLOCK / kElemsPerThread : WARP;
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
         if (i >= n) break;
         float v[8];
         load8(x, i, n, vec, v);
-        encode_store8<BITS, SCAN, IDENTITY>(v, nz, sh, codes, i, n, vec);
+        encode_store8<BITS, SCAN, IDENTITY>(v, nz, sh, is_signed, codes, i, n, vec);
       }
     }
   }
@@ -184,6 +189,7 @@ template <typename T, int WARP>
 cudaError_t dispatch_format(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
   const GpuTables& t = gpu_tables(p.format);
   const int bits = format_bits(p.format);
+  if (is_arithmetic_format(p.format)) return dispatch_block<T, 8, 0, true, WARP>(p, dev, s);  // Pow8*
   if (bits == 4 && t.scan == 1 && t.identity) return dispatch_block<T, 4, 1, true, WARP>(p, dev, s);
   if (bits == 8 && t.scan == 1 && !t.identity) return dispatch_block<T, 8, 1, false, WARP>(p, dev, s);  // fp8
   if (bits == 8 && t.scan == 2 && t.identity) return dispatch_block<T, 8, 2, true, WARP>(p, dev, s);    // Dyn8Signed

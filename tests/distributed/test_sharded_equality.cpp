@@ -66,7 +66,7 @@ Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld
   return {sharded.state_bytes(), ref->state_bytes()};
 }
 
-const StateFormat kFormats[] = {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8};
+const auto& kFormats = lowbit::kAllStateFormats;
 
 TEST(ShardedOptimizer, EveryRuleAndStateFormatMatchesOneProcess) {
   for (const RuleCase& rc : rule_cases())

@@ -73,7 +73,7 @@ void step(lo::LowbitOptimizer& opt, std::vector<at::Tensor>& p, const std::vecto
 std::vector<Original> make_originals(const std::string& tmp) {
   std::vector<Original> out;
   for (const auto& [name, make] : optimizers()) {
-    for (StateFormat f : {StateFormat::FP32, StateFormat::BF16, StateFormat::Q8, StateFormat::Q4, StateFormat::FP8}) {
+    for (StateFormat f : lowbit::kAllStateFormats) {
       at::manual_seed(out.size());
       Original o{name, make, f, {at::randn({4608}), at::randn({70})}, {}, {}, {}, {}};
       auto opt = make(o.params, f);

@@ -41,9 +41,9 @@ constexpr int kChunk = kDescriptorsPerLaunch;
 // encoded and decoded by arithmetic (compand.h), no tables.
 enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3, kPow8 = 4 };
 
-constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4 || f == kPow8; }
-constexpr bool has_tables(int f) { return f == kCodes8 || f == kCodes4; }
-constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
+LOWBIT_HD constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4 || f == kPow8; }
+LOWBIT_HD constexpr bool has_tables(int f) { return f == kCodes8 || f == kCodes4; }
+LOWBIT_HD constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
 
 // Slots a rule's update reads and writes with every option on.
 template <Rule R>

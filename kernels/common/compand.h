@@ -47,10 +47,9 @@ LOWBIT_HD float pow8_decode(uint32_t code, bool is_signed) {
 
 // y: a normalized value (encode.h: normalize); NaN encodes to 0, the code every table encode gives it.
 LOWBIT_HD uint8_t pow8_encode_unsigned(float y) {
-  float r = rintf(sqrtf(y) * kPow8UnsignedMax);  // NaN for NaN and for y < 0
-  r = r < kPow8UnsignedMax ? r : kPow8UnsignedMax;
+  float r = rintf(sqrtf(y) * kPow8UnsignedMax);   // NaN for NaN and for y < 0
   r = r >= 1.0f ? r : (y > 0.0f ? 1.0f : 0.0f);  // NaN fails both compares: 0
-  return static_cast<uint8_t>(r);
+  return static_cast<uint8_t>(r < kPow8UnsignedMax ? r : kPow8UnsignedMax);
 }
 
 LOWBIT_HD uint8_t pow8_encode_signed(float y) {

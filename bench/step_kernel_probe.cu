@@ -3,8 +3,8 @@
 // with nvcc and runs beside the default in one device call (scripts/gpu_session kernel-variants).
 // Prints ms per step (median of CUDA-event timings) and % of a device copy of the bytes the step
 // moves (p read + written, g read, each state slot read + written; no gradient pre-pass here: the
-// full op's numbers come from bench/optim_step_gpu).
-//   step_kernel_probe <state: q8|q4|fp8|f32|bf16> <param: f32|bf16> [tensors=64] [numel=16777216] [reps=20]
+// full op's numbers come from bench/optim_step_gpu). PROBE_BLOCK=N: another quantization block.
+//   step_kernel_probe <state: q8|c8|q4|fp8|f32|bf16> <param: f32|bf16> [tensors=64] [numel=16777216] [reps=20]
 //                     [rule: adamw|lamb|ademamix]  (LAMB: both passes; bytes counted for one)
 #include <cuda_runtime.h>
 
@@ -104,6 +104,12 @@ int main(int argc, char** argv) {
     s.slots[2] = {SlotStorage::Quant, QuantFormat::Dyn8Unsigned};
     s.block_size = 256;
     slot_bytes = 1 + 4.0 / 256;
+  } else if (state == "c8") {
+    s.slots[0] = {SlotStorage::Quant, QuantFormat::Pow8Signed};
+    s.slots[1] = {SlotStorage::Quant, slots == 3 ? QuantFormat::Pow8Signed : QuantFormat::Pow8Unsigned};
+    s.slots[2] = {SlotStorage::Quant, QuantFormat::Pow8Unsigned};
+    s.block_size = 64;
+    slot_bytes = 1 + 4.0 / 64;
   } else if (state == "q4") {
     s.slots[0] = {SlotStorage::Quant, QuantFormat::DE4Signed};
     s.slots[1] = {SlotStorage::Quant, QuantFormat::Linear4Unsigned};
@@ -123,6 +129,11 @@ int main(int argc, char** argv) {
     s.block_size = 1024;
   }
   const bool quant = s.slots[0].storage == SlotStorage::Quant;
+  if (quant && std::getenv("PROBE_BLOCK")) {  // another quantization block, e.g. to compare formats at one size
+    const int64_t b = std::atoll(std::getenv("PROBE_BLOCK"));
+    slot_bytes += 4.0 / b - 4.0 / s.block_size;
+    s.block_size = b;
+  }
   const bool four_bit = state == "q4";
   s.param_type = bf16_params ? ElemType::BF16 : ElemType::F32;
   s.stochastic_round = bf16_params;

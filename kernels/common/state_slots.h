@@ -86,36 +86,52 @@ struct RuleSlots {
   const char* names[kMaxSlots] = {};  // torch.optim's state names
 };
 
+// Whether slot k of rule r holds signed values (moments of g, momentum) or not (moments of g^2,
+// sums): fixed by the rule alone, so kernels can know it at compile time.
+LOWBIT_HD constexpr bool slot_is_signed(Rule r, int k) {
+  switch (r) {
+    case Rule::Adam:
+    case Rule::AdamW:
+    case Rule::LAMB: return k == 0;
+    case Rule::SGD:
+    case Rule::Lion: return true;
+    case Rule::RMSprop: return k != 0;
+    case Rule::Adagrad: return false;
+    case Rule::AdEMAMix: return k != 2;
+  }
+  return true;
+}
+
 inline RuleSlots rule_slots(const StepConfig& c) {
   RuleSlots s;
-  const auto add = [&](int k, bool is_signed, const char* name, bool used = true) {
+  const auto add = [&](int k, const char* name, bool used = true) {
     s.count = k + 1;
     s.used[k] = used;
-    s.is_signed[k] = is_signed;
+    s.is_signed[k] = slot_is_signed(c.rule, k);
     s.names[k] = name;
   };
   switch (c.rule) {
     case Rule::Adam:
     case Rule::AdamW:
     case Rule::LAMB:
-      add(0, true, "exp_avg");
-      add(1, false, "exp_avg_sq");
-      if (c.amsgrad && c.rule != Rule::LAMB) add(2, false, "max_exp_avg_sq");
+      add(0, "exp_avg");
+      add(1, "exp_avg_sq");
+      if (c.amsgrad && c.rule != Rule::LAMB) add(2, "max_exp_avg_sq");
       break;
     case Rule::SGD:
-      if (c.momentum != 0.0) add(0, true, "momentum_buffer");
+      if (c.momentum != 0.0) add(0, "momentum_buffer");
       break;
-    case Rule::Lion: add(0, true, "exp_avg"); break;
+    case Rule::Lion: add(0, "exp_avg"); break;
     case Rule::RMSprop:
-      add(0, false, "square_avg");
-      add(1, true, "momentum_buffer", c.momentum > 0.0);
-      add(2, true, "grad_avg", c.centered);
+      add(0, "square_avg");
+      add(1, "momentum_buffer", c.momentum > 0.0);
+      add(2, "grad_avg", c.centered);
       break;
-    case Rule::Adagrad: add(0, false, "sum"); break;
+    case Rule::Adagrad: add(0, "sum"); break;
     case Rule::AdEMAMix:
-      add(0, true, "exp_avg_fast");
-      add(1, true, "exp_avg_slow");
-      add(2, false, "exp_avg_sq");
+      add(0, "exp_avg_fast");
+      add(1, "exp_avg_slow");
+      add(2, "exp_avg_sq");
       break;
   }
   return s;

@@ -172,6 +172,8 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     a.used_mask |= 1 << k;
     if (t.storage != SlotStorage::Quant) continue;
     if (format_is_signed(t.format)) a.slot_signed_mask |= 1 << k;
+    if (f == kPow8 && format_is_signed(t.format) != slot_is_signed(s.config.rule, k))
+      return "a companded format's sign must be its slot's (Pow8Signed for signed moments, Pow8Unsigned for the others)";
     // The format's staged table: one already staged, or one more (at most two per layout).
     const DeviceFormat* df = nullptr;
     e = device_format(t.format, stream, &df);

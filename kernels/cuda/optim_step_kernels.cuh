@@ -274,8 +274,9 @@ struct Lane {
         load_codes8<code_bits(FAMILY), FULL>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
         const float amax = P.absmax[k][i >> a.block_shift];
         if (FAMILY == kPow8) {
-          // codebook[c] == pow8_decode(c) exactly, so the product is the table path's.
-          const bool sgn = (a.slot_signed_mask >> k) & 1;
+          // codebook[c] == pow8_decode(c) exactly, so the product is the table path's. The sign is
+          // the rule's (make_plan checks the formats agree), a constant once k is unrolled.
+          const bool sgn = slot_is_signed(R, k);
 #pragma unroll
           for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? pow8_decode(c[e], sgn) * amax : 0.0f;
         } else {
@@ -341,7 +342,7 @@ struct Lane {
     const Normalizer nz = make_normalizer(amax);
     uint8_t c[8];
     if (FAMILY == kPow8) {
-      const bool sgn = (a.slot_signed_mask >> k) & 1;
+      const bool sgn = slot_is_signed(R, k);
 #pragma unroll
       for (int e = 0; e < 8; ++e) c[e] = pow8_encode(normalize(nz, s[k][e]), sgn);
     } else {

@@ -68,7 +68,7 @@ std::string usage() {
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP\n"
          "  presets   --tiny (CPU, seconds)\n"
-         "  checks    --check-decreases --check-resume\n"
+         "  checks    --check-decreases --check-resume --check-recompute\n"
          "  probe     --probe-max-size --probe-steps N --probe-max-layers N --probe-save FILE\n";
 }
 
@@ -139,6 +139,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--stop-after") f.stop_after = to_int(a, next(), 1, kMax);
     else if (a == "--check-decreases") f.check_decreases = true;
     else if (a == "--check-resume") f.check_resume = true;
+    else if (a == "--check-recompute") f.check_recompute = true;
     else if (a == "--probe-max-size") f.probe = true;
     else if (a == "--probe-steps") f.probe_steps = to_int(a, next(), 2, 1000);
     else if (a == "--probe-max-layers") f.probe_max_layers = to_int(a, next(), 1, 100000);

@@ -20,7 +20,7 @@ struct Flags {
   int64_t data_limit = 0;          // bytes of the corpus to use (0: all)
   int64_t val_every = 10;          // every val_every-th chunk of the text is validation
   // ---- training
-  int64_t steps = 2000, batch = 32, warmup = 100;
+  int64_t steps = 1000, batch = 32, warmup = 100;
   double lr = 1e-3, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   std::string optimizer = "adamw";  // adamw adam lion sgd rmsprop adagrad ademamix lamb torch-adamw
   lowbit::StateFormat state_format = lowbit::StateFormat::Q8;
@@ -36,7 +36,7 @@ struct Flags {
   std::string save, resume;         // checkpoint folders
   int64_t stop_after = 0;           // stop (and --save) after this step, schedule unchanged
   // ---- checks (what CTest runs)
-  bool check_decreases = false, check_resume = false;
+  bool check_decreases = false, check_resume = false, check_recompute = false;
   // ---- the largest model that trains
   bool probe = false;
   int64_t probe_steps = 3, probe_max_layers = 4096;

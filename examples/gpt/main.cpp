@@ -1,9 +1,11 @@
 // gpt: a GPT-2-style decoder trained on real English text (Debian's fortunes by default) with any
 // lowbit optimizer and state format, or ATen's fused AdamW; the checks CTest runs
-// (--check-decreases, --check-resume); and --probe-max-size, the largest model that trains.
+// (--check-decreases, --check-resume, --check-recompute); and --probe-max-size, the largest model that trains.
 // Flags: `gpt --help`; README.md in this folder.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 
@@ -36,6 +38,19 @@ int check_resume(const gpt::Flags& f, const gpt::Corpus& c) {
   std::printf("resume check: parameter digests %016llx vs %016llx, training losses equal for %zu of %zu steps: %s\n",
               (unsigned long long)a.digest, (unsigned long long)b2.digest, same, a.losses.size(),
               ok ? "bit for bit" : "DIFFERENT");
+  return ok ? 0 : 1;
+}
+
+// Activation checkpointing recomputes exactly what the forward computed: the same losses and
+// parameters, bit for bit, with and without it.
+int check_recompute(const gpt::Flags& f, const gpt::Corpus& c) {
+  gpt::Flags plain = f, recompute = f;
+  plain.checkpoint_activations = false, recompute.checkpoint_activations = true;
+  plain.out = f.out + "_plain", recompute.out = f.out + "_recompute";
+  const gpt::RunResult a = gpt::train(plain, c, true), b = gpt::train(recompute, c, true);
+  const bool ok = a.digest == b.digest && a.losses == b.losses;
+  std::printf("recompute check: parameter digests %016llx (stored activations) vs %016llx (checkpointed): %s\n",
+              (unsigned long long)a.digest, (unsigned long long)b.digest, ok ? "bit for bit" : "DIFFERENT");
   return ok ? 0 : 1;
 }
 
@@ -76,6 +91,7 @@ int main(int argc, char** argv) {
                   (long long)c.bpe.vocab(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (f.check_resume) return check_resume(f, c);
     if (f.check_decreases) return check_decreases(f, c);
+    if (f.check_recompute) return check_recompute(f, c);
     gpt::train(f, c);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "gpt: %s\n", e.what_without_backtrace());

@@ -16,7 +16,9 @@ namespace gpt {
 
 std::string gib(int64_t bytes) {
   char s[32];
-  std::snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t(1) << 30) || bytes <= -(int64_t(1) << 30)) std::snprintf(s, sizeof s, "%.2f GiB", b / (1 << 30));
+  else std::snprintf(s, sizeof s, "%.1f MiB", b / (1 << 20));
   return s;
 }
 

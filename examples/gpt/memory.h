@@ -23,6 +23,6 @@ int64_t host_peak_rss();  // bytes (getrusage)
 // and allocator slack (reserved but not allocated). On the CPU: the host's peak resident set.
 std::string memory_breakdown(at::Device d, int64_t weight_bytes, int64_t grad_bytes, int64_t state_bytes);
 
-std::string gib(int64_t bytes);  // "1.23 GiB"
+std::string gib(int64_t bytes);  // "1.23 GiB", or "12.3 MiB" below 1 GiB
 
 }  // namespace gpt

@@ -32,7 +32,9 @@ struct Trial {
 };
 
 bool is_oom(const std::string& what) {
-  return what.find("out of memory") != std::string::npos || what.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos;
+  return what.find("out of memory") != std::string::npos || what.find("not enough memory") != std::string::npos ||
+         what.find("can't allocate memory") != std::string::npos ||
+         what.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos;
 }
 
 Trial run_trial(const Flags& f, int64_t layers, at::Device dev, const std::string& save_path) {
@@ -98,10 +100,13 @@ Trial run_trial(const Flags& f, int64_t layers, at::Device dev, const std::strin
 }
 
 void print_trial(const Trial& t, const Flags& f) {
-  if (t.ok)
+  if (t.ok && t.peak_reserved > 0)
     std::printf("  %5lld layers %8.3fB params  ok   peak allocated %s, reserved %s, %.1f ms/step, %.0f tok/s\n",
                 (long long)t.layers, t.params / 1e9, gib(t.peak_allocated).c_str(), gib(t.peak_reserved).c_str(), t.step_ms,
                 f.batch * f.context / (t.step_ms / 1e3));
+  else if (t.ok)
+    std::printf("  %5lld layers %8.3fB params  ok   host peak resident set %s, %.1f ms/step, %.0f tok/s\n", (long long)t.layers,
+                t.params / 1e9, gib(host_peak_rss()).c_str(), t.step_ms, f.batch * f.context / (t.step_ms / 1e3));
   else
     std::printf("  %5lld layers %8.3fB params  FAIL %s\n", (long long)t.layers, t.params / 1e9, t.why.c_str());
   std::fflush(stdout);
@@ -153,10 +158,11 @@ int run_probe(const Flags& f) {
     std::printf("probe: not even %lld layer(s) trained (%s)\n", (long long)bad, trials.back().why.c_str());
     return 1;
   }
-  std::printf("largest: %lld layers, %.3fB parameters, peak allocated %s, step %.1f ms%s\n", (long long)best->layers,
-              best->params / 1e9, gib(best->peak_allocated).c_str(), best->step_ms,
+  std::printf("largest: %lld layers, %.3fB parameters, %s %s, step %.1f ms%s\n", (long long)best->layers,
+              best->params / 1e9, best->peak_reserved > 0 ? "peak allocated" : "host peak resident set (of every trial)",
+              gib(best->peak_reserved > 0 ? best->peak_allocated : host_peak_rss()).c_str(), best->step_ms,
               bad ? "" : " (the --probe-max-layers cap; no failure reached)");
-  if (best->peak_allocated > 0) {
+  if (best->peak_reserved > 0) {
     const int64_t other = best->peak_allocated - best->weights - best->grads - best->state;
     std::printf("  at the peak: weights %s + gradients %s + optimizer state %s + activations and temporaries %s; "
                 "reserved %s (allocator slack %s)\n",

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "memory.h"
 #include "model.h"
@@ -76,12 +77,21 @@ void save_checkpoint(const std::string& dir, const Flags& f, const Corpus& c, GP
 
 int64_t load_checkpoint(const std::string& dir, const Flags& f, const Corpus& c, GPT& model, TrainOptimizer& opt,
                         at::Device dev) {
+  struct stat st {};
+  TORCH_CHECK(stat((dir + "/meta.pt").c_str(), &st) == 0 && stat((dir + "/model.pt").c_str(), &st) == 0 &&
+                  stat((dir + "/optimizer.pt").c_str(), &st) == 0,
+              "--resume ", dir, ": no checkpoint there (it holds meta.pt, model.pt and optimizer.pt, written by --save)");
   torch::serialize::InputArchive meta;
   meta.load_from(dir + "/meta.pt");
   c10::IValue key;
   meta.read("key", key);
-  TORCH_CHECK(key.toStringRef() == resume_key(f), "--resume ", dir, ": the checkpoint was written with other flags.\n  checkpoint: ",
-              key.toStringRef(), "\n  this run:   ", resume_key(f));
+  if (key.toStringRef() != resume_key(f)) {
+    std::istringstream saved(key.toStringRef()), now(resume_key(f));
+    std::string a, b, diff;
+    while (saved >> a && now >> b)
+      if (a != b) diff += "\n  " + a.substr(0, a.find('=')) + ": checkpoint " + a.substr(a.find('=') + 1) + ", this run " + b.substr(b.find('=') + 1);
+    TORCH_CHECK(false, "--resume ", dir, ": the checkpoint was written with other flags:", diff);
+  }
   at::Tensor step, digest;
   meta.read("step", step);
   meta.read("data_digest", digest);
@@ -154,8 +164,9 @@ at::Device device_of(const Flags& f) {
   const at::Device dev(f.device);
   if (f.threads > 0) at::set_num_threads(f.threads);
   if (dev.is_cuda()) {
-    TORCH_CHECK(torch::cuda::is_available(), "--device ", f.device, ": no CUDA device here (this libtorch ",
-                torch::cuda::is_available() ? "sees one" : "sees none", ")");
+    TORCH_CHECK(torch::cuda::is_available(), "--device ", f.device, ": libtorch sees no CUDA device here");
+    TORCH_CHECK(!dev.has_index() || dev.index() < static_cast<int>(torch::cuda::device_count()), "--device ", f.device,
+                ": there are ", torch::cuda::device_count(), " CUDA devices");
     at::globalContext().setAllowTF32CuBLAS(f.tf32);
   }
   return dev;

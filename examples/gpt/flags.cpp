@@ -62,7 +62,7 @@ std::string usage() {
          "            --dtype fp32|bf16 --checkpoint-activations\n"
          "  data      --data FILE|DIR (default /usr/share/games/fortunes) --data-limit BYTES --val-every N\n"
          "  training  --steps N --batch N --warmup N --lr X --min-lr-ratio X --weight-decay X --beta1 X --beta2 X\n"
-         "            --eps X --clip X (0 = off) --seed N --device cpu|cuda[:i] --threads N --no-tf32\n"
+         "            --eps X --clip X (0 = off) --seed N --device cpu|cuda[:i] --threads N --no-tf32 --deterministic\n"
          "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
          "            --state-format FP32|BF16|Q8|Q4|FP8 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
@@ -129,6 +129,7 @@ Flags parse_flags(int argc, char** argv) {
       }
     } else if (a == "--threads") f.threads = static_cast<int>(to_int(a, next(), 0, 4096));
     else if (a == "--no-tf32") f.tf32 = false;
+    else if (a == "--deterministic") f.deterministic = true;
     else if (a == "--out") f.out = next();
     else if (a == "--log-every") f.log_every = to_int(a, next(), 1, kMax);
     else if (a == "--eval-every") f.eval_every = to_int(a, next(), 1, kMax);

@@ -30,6 +30,7 @@ struct Flags {
   std::string device = "cpu";
   int threads = 0;                  // 0: libtorch's default
   bool tf32 = true;                 // fp32 matmuls on CUDA through TF32
+  bool deterministic = false;       // at::globalContext().setDeterministicAlgorithms (CUDA: attention backward)
   // ---- output
   int64_t log_every = 10, eval_every = 100, eval_batches = 8, sample = 0;
   std::string out = "gpt";          // prefix of OUT.csv, OUT.png

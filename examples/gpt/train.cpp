@@ -168,6 +168,10 @@ at::Device device_of(const Flags& f) {
     TORCH_CHECK(!dev.has_index() || dev.index() < static_cast<int>(torch::cuda::device_count()), "--device ", f.device,
                 ": there are ", torch::cuda::device_count(), " CUDA devices");
     at::globalContext().setAllowTF32CuBLAS(f.tf32);
+    // Bit-identical CUDA runs (and so resumes): deterministic kernels where ATen has them (the
+    // attention backward's atomics otherwise reorder sums); cuBLAS also wants
+    // CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment.
+    if (f.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   }
   return dev;
 }

@@ -1,0 +1,184 @@
+// Flag parsing for examples/gpt: a bad value names the flag and the value.
+#include "flags.h"
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace gpt {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& flag, const std::string& value, const std::string& want) {
+  throw std::invalid_argument(flag + " " + value + ": expected " + want);
+}
+
+int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || x < lo || x > hi)
+    bad(flag, "'" + v + "'", "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+double to_double(const std::string& flag, const std::string& v, double lo, double hi) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || !std::isfinite(x) || x < lo || x > hi) {
+    std::ostringstream s;
+    s << "a number in [" << lo << ", " << hi << "]";
+    bad(flag, "'" + v + "'", s.str());
+  }
+  return x;
+}
+
+const char* kOptimizers[] = {"adamw", "adam", "lion", "sgd", "rmsprop", "adagrad", "ademamix", "lamb", "torch-adamw"};
+
+// The tiny config: what CI runs on two CPU cores in a few seconds.
+void tiny(Flags& f) {
+  f.layers = 2, f.width = 64, f.heads = 4, f.context = 64, f.vocab = 320;
+  f.batch = 16, f.steps = 60, f.warmup = 10, f.lr = 3e-3;
+  f.data_limit = 400000, f.log_every = 5, f.eval_every = 20, f.eval_batches = 4;
+}
+
+}  // namespace
+
+std::string usage() {
+  return "usage: gpt [flags]\n"
+         "  model     --layers N --width N --heads N --context N --vocab N (256 = bytes, more = BPE)\n"
+         "            --dtype fp32|bf16 --checkpoint-activations\n"
+         "  data      --data FILE|DIR (default /usr/share/games/fortunes) --data-limit BYTES --val-every N\n"
+         "  training  --steps N --batch N --warmup N --lr X --min-lr-ratio X --weight-decay X --beta1 X --beta2 X\n"
+         "            --eps X --clip X (0 = off) --seed N --device cpu|cuda[:i] --threads N --no-tf32 --deterministic\n"
+         "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
+         "            --state-format FP32|BF16|Q8|Q4|FP8 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
+         "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
+         "            --save DIR --resume DIR --stop-after STEP\n"
+         "  presets   --tiny (CPU, seconds)\n"
+         "  checks    --check-decreases --check-resume --check-recompute\n"
+         "  probe     --probe-max-size --probe-steps N --probe-max-layers N --probe-save FILE\n";
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  const int64_t kMax = int64_t(1) << 40;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + ": missing value");
+      return argv[++i];
+    };
+    if (a == "--tiny") tiny(f);
+    else if (a == "--layers") f.layers = to_int(a, next(), 1, 100000);
+    else if (a == "--width") f.width = to_int(a, next(), 1, 1 << 20);
+    else if (a == "--heads") f.heads = to_int(a, next(), 1, 1 << 16);
+    else if (a == "--context") f.context = to_int(a, next(), 2, 1 << 20);
+    else if (a == "--vocab") f.vocab = to_int(a, next(), 256, 65536);
+    else if (a == "--dtype") {
+      f.dtype = next();
+      if (f.dtype != "fp32" && f.dtype != "bf16") bad(a, "'" + f.dtype + "'", "fp32 or bf16");
+    } else if (a == "--checkpoint-activations") f.checkpoint_activations = true;
+    else if (a == "--data") f.data = next();
+    else if (a == "--data-limit") f.data_limit = to_int(a, next(), 0, kMax);
+    else if (a == "--val-every") f.val_every = to_int(a, next(), 2, 1000);
+    else if (a == "--steps") f.steps = to_int(a, next(), 1, kMax);
+    else if (a == "--batch") f.batch = to_int(a, next(), 1, 1 << 20);
+    else if (a == "--warmup") f.warmup = to_int(a, next(), 0, kMax);
+    else if (a == "--lr") f.lr = to_double(a, next(), 0, 10);
+    else if (a == "--min-lr-ratio") f.min_lr_ratio = to_double(a, next(), 0, 1);
+    else if (a == "--weight-decay") f.weight_decay = to_double(a, next(), 0, 10);
+    else if (a == "--beta1") f.beta1 = to_double(a, next(), 0, 0.999999);
+    else if (a == "--beta2") f.beta2 = to_double(a, next(), 0, 0.999999);
+    else if (a == "--eps") f.eps = to_double(a, next(), 0, 1);
+    else if (a == "--clip") f.clip = to_double(a, next(), 0, 1e6);
+    else if (a == "--optimizer") {
+      f.optimizer = next();
+      bool known = false;
+      for (const char* o : kOptimizers) known |= f.optimizer == o;
+      if (!known) bad(a, "'" + f.optimizer + "'", "one of adamw adam lion sgd rmsprop adagrad ademamix lamb torch-adamw");
+    } else if (a == "--state-format") {
+      const std::string v = next();
+      if (!lowbit::parse_state_format(v, &f.state_format)) bad(a, "'" + v + "'", "FP32, BF16, Q8, Q4 or FP8");
+    } else if (a == "--block-size") f.block_size = to_int(a, next(), 0, 1 << 20);
+    else if (a == "--master-weight-bits") {
+      const std::string v = next();
+      f.master_weight_bits = to_int(a, v, 0, 32);
+      if (f.master_weight_bits != 0 && f.master_weight_bits != 24 && f.master_weight_bits != 32) bad(a, "'" + v + "'", "0, 24 or 32");
+    } else if (a == "--stochastic-round") f.stochastic_round = true;
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(to_int(a, next(), 0, kMax));
+    else if (a == "--device") {
+      f.device = next();
+      try {
+        c10::Device d(f.device);
+        if (!d.is_cpu() && !d.is_cuda()) bad(a, "'" + f.device + "'", "cpu or cuda[:index]");
+      } catch (const c10::Error&) {
+        bad(a, "'" + f.device + "'", "cpu or cuda[:index]");
+      }
+    } else if (a == "--threads") f.threads = static_cast<int>(to_int(a, next(), 0, 4096));
+    else if (a == "--no-tf32") f.tf32 = false;
+    else if (a == "--deterministic") f.deterministic = true;
+    else if (a == "--out") f.out = next();
+    else if (a == "--log-every") f.log_every = to_int(a, next(), 1, kMax);
+    else if (a == "--eval-every") f.eval_every = to_int(a, next(), 1, kMax);
+    else if (a == "--eval-batches") f.eval_batches = to_int(a, next(), 1, 1 << 20);
+    else if (a == "--sample") f.sample = to_int(a, next(), 0, 1 << 20);
+    else if (a == "--save") f.save = next();
+    else if (a == "--resume") f.resume = next();
+    else if (a == "--stop-after") f.stop_after = to_int(a, next(), 1, kMax);
+    else if (a == "--check-decreases") f.check_decreases = true;
+    else if (a == "--check-resume") f.check_resume = true;
+    else if (a == "--check-recompute") f.check_recompute = true;
+    else if (a == "--probe-max-size") f.probe = true;
+    else if (a == "--probe-steps") f.probe_steps = to_int(a, next(), 2, 1000);
+    else if (a == "--probe-max-layers") f.probe_max_layers = to_int(a, next(), 1, 100000);
+    else if (a == "--probe-save") f.probe_save = next();
+    else if (a == "--quiet") f.quiet = true;
+    else if (a == "--help" || a == "-h") throw std::invalid_argument("help");
+    else throw std::invalid_argument("unknown flag " + a);
+  }
+  // ---- combinations
+  if (f.width % f.heads != 0)
+    throw std::invalid_argument("--width " + std::to_string(f.width) + " is not a multiple of --heads " + std::to_string(f.heads));
+  if (f.master_weight_bits != 0 && f.dtype != "bf16")
+    throw std::invalid_argument("--master-weight-bits " + std::to_string(f.master_weight_bits) + " needs --dtype bf16");
+  if (f.stochastic_round && f.dtype != "bf16") throw std::invalid_argument("--stochastic-round needs --dtype bf16");
+  if (f.stochastic_round && f.master_weight_bits != 0)
+    throw std::invalid_argument("--stochastic-round cannot be combined with --master-weight-bits " +
+                                std::to_string(f.master_weight_bits) + " (the correction replaces it)");
+  if (f.optimizer == "torch-adamw" && (f.master_weight_bits != 0 || f.stochastic_round))
+    throw std::invalid_argument("--optimizer torch-adamw has no --master-weight-bits / --stochastic-round");
+  if (f.stop_after > f.steps)
+    throw std::invalid_argument("--stop-after " + std::to_string(f.stop_after) + " is past --steps " + std::to_string(f.steps));
+  if (f.check_resume && (!f.save.empty() || !f.resume.empty() || f.stop_after))
+    throw std::invalid_argument("--check-resume makes its own checkpoint: drop --save / --resume / --stop-after");
+  if (f.check_resume && f.steps < 2) throw std::invalid_argument("--check-resume needs --steps >= 2");
+  return f;
+}
+
+std::string resume_key(const Flags& f) {
+  std::ostringstream s;
+  s << "layers=" << f.layers << " width=" << f.width << " heads=" << f.heads << " context=" << f.context
+    << " vocab=" << f.vocab << " dtype=" << f.dtype << " data_limit=" << f.data_limit << " val_every=" << f.val_every
+    << " steps=" << f.steps << " batch=" << f.batch << " warmup=" << f.warmup << " lr=" << f.lr
+    << " min_lr_ratio=" << f.min_lr_ratio << " weight_decay=" << f.weight_decay << " betas=" << f.beta1 << ","
+    << f.beta2 << " eps=" << f.eps << " clip=" << f.clip << " optimizer=" << f.optimizer
+    << " state_format=" << lowbit::state_format_name(f.state_format) << " block_size=" << f.block_size
+    << " master_weight_bits=" << f.master_weight_bits << " stochastic_round=" << f.stochastic_round
+    << " seed=" << f.seed;
+  return s.str();
+}
+
+}  // namespace gpt

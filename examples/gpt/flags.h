@@ -1,0 +1,54 @@
+// The example's command line: every flag with its default, parsed and checked in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <lowbit/optim/state_format.h>
+
+namespace gpt {
+
+struct Flags {
+  // ---- model
+  int64_t layers = 6, width = 384, heads = 6, context = 256;
+  int64_t vocab = 1024;            // 256: bytes; more: a BPE with vocab - 256 merges, trained at start-up
+  std::string dtype = "fp32";      // parameter dtype: fp32 | bf16
+  bool checkpoint_activations = false;
+  // ---- data
+  std::string data;                // file or folder; empty: /usr/share/games/fortunes
+  int64_t data_limit = 0;          // bytes of the corpus to use (0: all)
+  int64_t val_every = 10;          // every val_every-th chunk of the text is validation
+  // ---- training
+  int64_t steps = 1000, batch = 32, warmup = 100;
+  double lr = 1e-3, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
+  std::string optimizer = "adamw";  // adamw adam lion sgd rmsprop adagrad ademamix lamb torch-adamw
+  lowbit::StateFormat state_format = lowbit::StateFormat::Q8;
+  int64_t block_size = 0, master_weight_bits = 0;
+  bool stochastic_round = false;
+  uint64_t seed = 1;
+  std::string device = "cpu";
+  int threads = 0;                  // 0: libtorch's default
+  bool tf32 = true;                 // fp32 matmuls on CUDA through TF32
+  bool deterministic = false;       // at::globalContext().setDeterministicAlgorithms (CUDA: attention backward)
+  // ---- output
+  int64_t log_every = 10, eval_every = 100, eval_batches = 8, sample = 0;
+  std::string out = "gpt";          // prefix of OUT.csv, OUT.png
+  std::string save, resume;         // checkpoint folders
+  int64_t stop_after = 0;           // stop (and --save) after this step, schedule unchanged
+  // ---- checks (what CTest runs)
+  bool check_decreases = false, check_resume = false, check_recompute = false;
+  // ---- the largest model that trains
+  bool probe = false;
+  int64_t probe_steps = 3, probe_max_layers = 4096;
+  std::string probe_save;           // also time torch::save(optimizer) of the largest model to this file
+  bool quiet = false;
+};
+
+// Parses argv; throws std::invalid_argument naming the flag and the value on bad input.
+Flags parse_flags(int argc, char** argv);
+std::string usage();
+// The flags that must match for a checkpoint to resume (model, data, schedule, optimizer).
+std::string resume_key(const Flags& f);
+
+}  // namespace gpt

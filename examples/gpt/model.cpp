@@ -1,0 +1,124 @@
+// The GPT model and activation checkpointing.
+//
+// libtorch's C++ API has no torch::utils::checkpoint. CheckpointedBlock is the reentrant variant of
+// PyTorch's checkpoint as a custom autograd Function: forward runs the block without recording a
+// graph and saves only its input; backward recomputes the block from that input with grad on and
+// runs a nested backward through it, which accumulates the block's parameter gradients into
+// .grad (as a plain backward does) and yields the input's gradient. The model has no dropout, so
+// the recomputation is exactly the forward that ran.
+#include "model.h"
+
+#include <cmath>
+
+namespace gpt {
+
+namespace {
+
+struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, BlockImpl* block) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
+    return block->forward_plain(x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      torch::AutoGradMode grad_on(true);
+      y = block->forward_plain(x);
+    }
+    torch::autograd::backward({y}, {grad_out[0]});
+    return {x.grad(), at::Tensor()};
+  }
+};
+
+at::Tensor param(torch::nn::Module& m, const std::string& name, at::IntArrayRef shape, const ModelConfig& c) {
+  return m.register_parameter(name, at::empty(shape, at::TensorOptions().dtype(c.dtype).device(c.device)));
+}
+
+}  // namespace
+
+int64_t count_params(const ModelConfig& c) {
+  const int64_t d = c.width;
+  const int64_t block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d);
+  return c.vocab * d + c.context * d + c.layers * block + 2 * d;
+}
+
+BlockImpl::BlockImpl(const ModelConfig& c, int64_t index) : heads_(c.heads), checkpoint_(c.checkpoint_activations) {
+  const int64_t d = c.width;
+  ln1_w_ = param(*this, "ln1_w", {d}, c);
+  ln1_b_ = param(*this, "ln1_b", {d}, c);
+  qkv_w_ = param(*this, "qkv_w", {3 * d, d}, c);
+  qkv_b_ = param(*this, "qkv_b", {3 * d}, c);
+  proj_w_ = param(*this, "proj_w", {d, d}, c);
+  proj_b_ = param(*this, "proj_b", {d}, c);
+  ln2_w_ = param(*this, "ln2_w", {d}, c);
+  ln2_b_ = param(*this, "ln2_b", {d}, c);
+  fc_w_ = param(*this, "fc_w", {4 * d, d}, c);
+  fc_b_ = param(*this, "fc_b", {4 * d}, c);
+  fc_proj_w_ = param(*this, "fc_proj_w", {d, 4 * d}, c);
+  fc_proj_b_ = param(*this, "fc_proj_b", {d}, c);
+  // GPT-2's initialization: N(0, 0.02), residual projections scaled by 1/sqrt(2 * layers).
+  torch::NoGradGuard ng;
+  const double resid_std = 0.02 / std::sqrt(2.0 * c.layers);
+  for (at::Tensor* w : {&ln1_w_, &ln2_w_}) w->fill_(1.0);
+  for (at::Tensor* b : {&ln1_b_, &ln2_b_, &qkv_b_, &proj_b_, &fc_b_, &fc_proj_b_}) b->zero_();
+  qkv_w_.normal_(0.0, 0.02);
+  fc_w_.normal_(0.0, 0.02);
+  proj_w_.normal_(0.0, resid_std);
+  fc_proj_w_.normal_(0.0, resid_std);
+  (void)index;
+}
+
+at::Tensor BlockImpl::forward_plain(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), d = x.size(2), hd = d / heads_;
+  at::Tensor h = at::layer_norm(x, {d}, ln1_w_, ln1_b_, 1e-5);
+  const auto qkv = at::linear(h, qkv_w_, qkv_b_).split(d, -1);
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, heads_, hd}).transpose(1, 2); };
+  at::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, 0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).reshape({B, T, d});
+  at::Tensor r = x + at::linear(y, proj_w_, proj_b_);
+  h = at::gelu(at::linear(at::layer_norm(r, {d}, ln2_w_, ln2_b_, 1e-5), fc_w_, fc_b_), "tanh");
+  return r + at::linear(h, fc_proj_w_, fc_proj_b_);
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  if (checkpoint_ && torch::GradMode::is_enabled() && x.requires_grad()) return CheckpointedBlock::apply(x, this);
+  return forward_plain(x);
+}
+
+GPTImpl::GPTImpl(const ModelConfig& c) : cfg_(c) {
+  TORCH_CHECK(c.width % c.heads == 0, "--width ", c.width, " is not a multiple of --heads ", c.heads);
+  wte_ = param(*this, "wte", {c.vocab, c.width}, c);
+  wpe_ = param(*this, "wpe", {c.context, c.width}, c);
+  {
+    torch::NoGradGuard ng;
+    wte_.normal_(0.0, 0.02);
+    wpe_.normal_(0.0, 0.01);
+  }
+  for (int64_t i = 0; i < c.layers; ++i) blocks_.push_back(register_module("h" + std::to_string(i), Block(c, i)));
+  lnf_w_ = param(*this, "lnf_w", {c.width}, c);
+  lnf_b_ = param(*this, "lnf_b", {c.width}, c);
+  torch::NoGradGuard ng;
+  lnf_w_.fill_(1.0);
+  lnf_b_.zero_();
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= cfg_.context, "sequence of ", T, " tokens is longer than --context ", cfg_.context);
+  at::Tensor x = at::embedding(wte_, idx) + wpe_.narrow(0, 0, T);
+  for (Block& b : blocks_) x = b->forward(x);
+  x = at::layer_norm(x, {cfg_.width}, lnf_w_, lnf_b_, 1e-5);
+  return at::linear(x, wte_);  // tied head
+}
+
+at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  const at::Tensor logits = forward(idx);
+  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab}).to(at::kFloat), targets.reshape({-1}));
+}
+
+}  // namespace gpt

@@ -1,0 +1,48 @@
+// A GPT-2-style decoder: token + position embeddings, pre-LayerNorm blocks (causal self-attention
+// through at::scaled_dot_product_attention, GELU MLP), a final LayerNorm and an output head tied
+// to the token embedding. Parameters are created on their device in their dtype (a 10B-parameter
+// model never passes through host memory).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace gpt {
+
+struct ModelConfig {
+  int64_t vocab = 256, context = 256, layers = 6, width = 384, heads = 6;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  bool checkpoint_activations = false;  // keep only each block's input; recompute the block in backward
+};
+
+// Parameters of a model of this shape (embeddings counted once: the head is tied).
+int64_t count_params(const ModelConfig& c);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelConfig& c, int64_t index);
+  at::Tensor forward(const at::Tensor& x);  // with activation checkpointing when asked and grad is on
+  at::Tensor forward_plain(const at::Tensor& x);
+
+ private:
+  int64_t heads_;
+  bool checkpoint_;
+  at::Tensor ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, fc_proj_w_, fc_proj_b_;
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const ModelConfig& c);
+  at::Tensor forward(const at::Tensor& idx);                            // logits [B, T, vocab]
+  at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);    // mean cross-entropy, fp32
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  ModelConfig cfg_;
+  at::Tensor wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<Block> blocks_;
+};
+TORCH_MODULE(GPT);
+
+}  // namespace gpt

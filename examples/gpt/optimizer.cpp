@@ -1,0 +1,154 @@
+// lowbit's optimizers and ATen's fused AdamW behind TrainOptimizer.
+#include "optimizer.h"
+
+#include <lowbit/lowbit.h>
+
+#include <sstream>
+
+namespace gpt {
+
+namespace {
+
+namespace lo = lowbit::optim;
+
+// ---- lowbit ---------------------------------------------------------------------------------------
+
+class Lowbit : public TrainOptimizer {
+ public:
+  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what) : opt_(std::move(opt)), what_(std::move(what)) {}
+  void step() override { opt_->step(); }
+  void zero_grad() override { opt_->zero_grad(); }
+  void set_lr(double lr) override {
+    for (auto& g : opt_->param_groups()) g.options().set_lr(lr);
+  }
+  int64_t state_bytes() const override { return opt_->state_bytes(); }
+  void save(const std::string& path) override { torch::save(*opt_, path); }
+  void load(const std::string& path) override { lo::load_checkpoint(*opt_, path); }
+  std::string describe() const override { return what_; }
+
+ private:
+  std::unique_ptr<lo::LowbitOptimizer> opt_;
+  std::string what_;
+};
+
+template <typename Opt, typename Options>
+std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at::Tensor>& params, Options o) {
+  o.state_format(f.state_format)
+      .block_size(f.block_size)
+      .bf16_stochastic_round(f.stochastic_round)
+      .master_weight_bits(f.master_weight_bits)
+      .max_grad_norm(f.clip);
+  std::ostringstream s;
+  s << "lowbit " << f.optimizer << ", " << lowbit::state_format_name(f.state_format) << " state";
+  if (f.stochastic_round) s << ", bf16 stochastic rounding";
+  if (f.master_weight_bits) s << ", " << f.master_weight_bits << "-bit master weights";
+  return std::make_unique<Lowbit>(std::make_unique<Opt>(params, o), s.str());
+}
+
+// ---- ATen's fused AdamW ---------------------------------------------------------------------------
+// The state has the parameters' dtype (fp32 or bf16), like torch.optim.AdamW(fused=True).
+
+class TorchFusedAdamW : public TrainOptimizer {
+ public:
+  TorchFusedAdamW(const Flags& f, std::vector<at::Tensor> params) : f_(f), params_(std::move(params)), lr_(f.lr) {}
+
+  void step() override {
+    torch::NoGradGuard ng;
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : params_) {
+      TORCH_CHECK(p.grad().defined(), "torch-adamw: a parameter has no gradient");
+      grads.push_back(p.grad());
+    }
+    if (exp_avg_.empty()) {
+      for (const at::Tensor& p : params_) {
+        exp_avg_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+        exp_avg_sq_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+        steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+      }
+    }
+    if (f_.clip > 0) {  // global L2 norm on the device, as torch.nn.utils.clip_grad_norm_(foreach=True)
+      const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2, at::kFloat);
+      const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+      const at::Tensor coef = at::clamp_max(f_.clip / (total + 1e-6), 1.0);
+      at::_foreach_mul_(grads, coef);
+    }
+    at::_foreach_add_(steps_, 1);
+    at::_fused_adamw_(params_, grads, exp_avg_, exp_avg_sq_, {}, steps_, lr_, f_.beta1, f_.beta2, f_.weight_decay,
+                      f_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  void zero_grad() override {
+    for (at::Tensor& p : params_) p.mutable_grad().reset();
+  }
+  void set_lr(double lr) override { lr_ = lr; }
+  int64_t state_bytes() const override {
+    int64_t n = 0;
+    for (const auto* v : {&exp_avg_, &exp_avg_sq_, &steps_})
+      for (const at::Tensor& t : *v) n += static_cast<int64_t>(t.nbytes());
+    return n;
+  }
+  void save(const std::string& path) override {
+    torch::serialize::OutputArchive a;
+    a.write("count", at::tensor(static_cast<int64_t>(exp_avg_.size())));
+    for (size_t i = 0; i < exp_avg_.size(); ++i) {
+      a.write("exp_avg_" + std::to_string(i), exp_avg_[i]);
+      a.write("exp_avg_sq_" + std::to_string(i), exp_avg_sq_[i]);
+      a.write("step_" + std::to_string(i), steps_[i]);
+    }
+    a.save_to(path);
+  }
+  void load(const std::string& path) override {
+    torch::serialize::InputArchive a;
+    a.load_from(path);
+    at::Tensor count;
+    a.read("count", count);
+    const int64_t n = count.item<int64_t>();
+    TORCH_CHECK(n == 0 || n == static_cast<int64_t>(params_.size()), "--resume: ", path, " holds the state of ", n,
+                " parameters, the model has ", params_.size());
+    exp_avg_.clear(), exp_avg_sq_.clear(), steps_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      at::Tensor m, v, s;
+      a.read("exp_avg_" + std::to_string(i), m);
+      a.read("exp_avg_sq_" + std::to_string(i), v);
+      a.read("step_" + std::to_string(i), s);
+      const at::Tensor& p = params_[i];
+      TORCH_CHECK(m.sizes() == p.sizes() && m.scalar_type() == p.scalar_type(), "--resume: ", path, ": state ", i,
+                  " does not match its parameter");
+      exp_avg_.push_back(m.to(p.device()));
+      exp_avg_sq_.push_back(v.to(p.device()));
+      steps_.push_back(s.to(p.device()));
+    }
+  }
+  std::string describe() const override { return "ATen fused AdamW (at::_fused_adamw_), state in the parameters' dtype"; }
+
+ private:
+  Flags f_;
+  std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
+  double lr_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector<at::Tensor>& params) {
+  const auto betas = std::make_tuple(f.beta1, f.beta2);
+  const std::string& o = f.optimizer;
+  if (o == "torch-adamw") return std::make_unique<TorchFusedAdamW>(f, params);
+  if (o == "adamw")
+    return lowbit_opt<lo::AdamW>(f, params, lo::AdamWOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
+  if (o == "adam")
+    return lowbit_opt<lo::Adam>(f, params, lo::AdamOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
+  if (o == "lion") return lowbit_opt<lo::Lion>(f, params, lo::LionOptions(f.lr).betas(betas).weight_decay(f.weight_decay));
+  if (o == "sgd")
+    return lowbit_opt<lo::SGD>(f, params, lo::SGDOptions(f.lr).momentum(f.beta1).weight_decay(f.weight_decay));
+  if (o == "rmsprop")
+    return lowbit_opt<lo::RMSprop>(f, params, lo::RMSpropOptions(f.lr).alpha(f.beta2).eps(f.eps).weight_decay(f.weight_decay));
+  if (o == "adagrad")
+    return lowbit_opt<lo::Adagrad>(f, params, lo::AdagradOptions(f.lr).eps(f.eps).weight_decay(f.weight_decay));
+  if (o == "ademamix")
+    return lowbit_opt<lo::AdEMAMix>(
+        f, params, lo::AdEMAMixOptions(f.lr).betas(std::make_tuple(f.beta1, f.beta2, 0.9999)).eps(f.eps).weight_decay(f.weight_decay));
+  if (o == "lamb")
+    return lowbit_opt<lo::LAMB>(f, params, lo::LAMBOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
+  throw std::invalid_argument("--optimizer " + o + ": unknown");
+}
+
+}  // namespace gpt

@@ -1,0 +1,30 @@
+// The optimizer behind --optimizer: any lowbit optimizer (state format, clipping, master weights
+// as options), or ATen's fused AdamW (at::_fused_adamw_) as the baseline, behind one interface.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "flags.h"
+
+namespace gpt {
+
+class TrainOptimizer {
+ public:
+  virtual ~TrainOptimizer() = default;
+  virtual void step() = 0;  // clips to --clip (global L2 norm over every parameter) first
+  virtual void zero_grad() = 0;
+  virtual void set_lr(double lr) = 0;
+  virtual int64_t state_bytes() const = 0;
+  virtual void save(const std::string& path) = 0;
+  virtual void load(const std::string& path) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// One parameter group: weight decay applies to every parameter, so that lowbit's max_grad_norm
+// clips the global norm (lowbit clips per group) inside the fused step, with no host sync.
+std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector<at::Tensor>& params);
+
+}  // namespace gpt

@@ -1,7 +1,7 @@
 // fashion_mnist: trains a small CNN on Fashion-MNIST with one optimizer in several state formats
 // (same seed, same data order) and compares test accuracy, optimizer-state bytes and step time.
 // Writes a CSV of the loss curves and, when gnuplot is installed, a PNG of them.
-//   fashion_mnist [--optimizer adamw|adam|sgd|lion|rmsprop|adagrad|ademamix|lamb] [--formats FP32,BF16,Q8,Q4,FP8]
+//   fashion_mnist [--optimizer adamw|adam|sgd|lion|rmsprop|adagrad|ademamix|lamb] [--formats FP32,BF16,Q8,Q4,FP8,C8]
 //                 [--epochs N] [--batch N] [--lr X] [--device cpu|cuda] [--dir DIR] [--out PREFIX]
 #include <torch/torch.h>
 
@@ -66,7 +66,7 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string optimizer = "adamw", formats = "FP32,BF16,Q8,Q4,FP8", device = "cpu", out = "fashion_mnist";
+  std::string optimizer = "adamw", formats = "FP32,BF16,Q8,Q4,FP8,C8", device = "cpu", out = "fashion_mnist";
   std::string dir = lowbit_examples::kFashionMnistDir;
   int epochs = 1;
   int64_t batch = 128;

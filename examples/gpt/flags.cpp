@@ -111,7 +111,7 @@ Flags parse_flags(int argc, char** argv) {
       if (!known) bad(a, "'" + f.optimizer + "'", "one of adamw adam lion sgd rmsprop adagrad ademamix lamb torch-adamw");
     } else if (a == "--state-format") {
       const std::string v = next();
-      if (!lowbit::parse_state_format(v, &f.state_format)) bad(a, "'" + v + "'", "FP32, BF16, Q8, Q4 or FP8");
+      if (!lowbit::parse_state_format(v, &f.state_format)) bad(a, "'" + v + "'", lowbit::all_state_format_names());
     } else if (a == "--block-size") f.block_size = to_int(a, next(), 0, 1 << 20);
     else if (a == "--master-weight-bits") {
       const std::string v = next();

@@ -126,6 +126,8 @@ int run_probe(const Flags& f) {
               f.master_weight_bits ? (", " + std::to_string(f.master_weight_bits) + "-bit master weights").c_str() : "",
               f.checkpoint_activations ? ", activation checkpointing" : "", (long long)f.width, (long long)f.heads,
               (long long)f.context, (long long)f.batch, (long long)f.vocab, dev.str().c_str());
+  // The caching allocator's statistics and emptyCache need it initialized: one allocation does.
+  at::zeros({1}, at::TensorOptions().device(dev));
   std::vector<Trial> trials;
   auto attempt = [&](int64_t layers) {
     trials.push_back(run_trial(f, layers, dev, ""));

@@ -16,6 +16,7 @@
 #include <lowbit/kernels/common/step_config.h>
 #include <lowbit/tensors/qtensor.h>
 
+#include "memory_report.h"
 #include "options.h"
 #include "state_format.h"
 
@@ -62,8 +63,10 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // Whether any group clips to a global norm (max_grad_norm > 0).
   bool clips_gradients() const;
 
-  // Bytes held by optimizer state (codes + absmax for quantized state).
+  // Bytes held by optimizer state (codes + absmax for quantized state; corrections included).
   int64_t state_bytes() const;
+  // Weights, gradients (as they are now), state and corrections, in bytes and per parameter.
+  MemoryReport memory_report() const;
   // Steps skipped because a gradient held NaN or Inf (a device read for GPU parameters).
   int64_t skipped_steps() const;
 

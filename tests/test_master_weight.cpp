@@ -338,6 +338,29 @@ TEST(MasterWeight, CheckpointsCarryTheCorrectionAndResumeBitExactly) {
   }
 }
 
+// memory_report: each kind in bytes and per parameter, corrections apart from the state.
+TEST(MasterWeight, MemoryReportCountsEachKind) {
+  const int64_t big = 5000, small = 100;  // small: below min_quant_numel, fp32 state
+  at::Tensor a = at::randn({big}).to(at::kBFloat16), b = at::randn({small}).to(at::kBFloat16);
+  lo::AdamW opt({a, b}, lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::Q8));
+  lo::MemoryReport r = opt.memory_report();
+  EXPECT_EQ(r.parameters, big + small);
+  EXPECT_EQ(r.weight_bytes, 2 * (big + small));
+  EXPECT_EQ(r.gradient_bytes, 0);
+  EXPECT_EQ(r.state_bytes + r.correction_bytes, 0);  // state is made by the first step
+  a.mutable_grad() = at::randn({big}).to(at::kBFloat16);
+  b.mutable_grad() = at::randn({small}).to(at::kBFloat16);
+  opt.step();
+  r = opt.memory_report();
+  EXPECT_EQ(r.gradient_bytes, 2 * (big + small));
+  EXPECT_EQ(r.correction_bytes, big + small);  // one int8 per element
+  EXPECT_EQ(r.state_bytes + r.correction_bytes, opt.state_bytes());
+  // Q8 for a (codes + one fp32 absmax per 256), fp32 for b: exp_avg and exp_avg_sq each.
+  EXPECT_EQ(r.state_bytes, 2 * (big + 4 * ((big + 255) / 256)) + 2 * 4 * small);
+  EXPECT_NEAR(r.per_parameter(r.total_bytes()), double(r.total_bytes()) / (big + small), 1e-12);
+  EXPECT_NE(r.to_string().find("correction"), std::string::npos);
+}
+
 TEST(MasterWeight, BadOptionsAreClearErrors) {
   const auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
     try {

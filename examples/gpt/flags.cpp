@@ -65,10 +65,11 @@ std::string usage() {
          "            --eps X --clip X (0 = off) --seed N --device cpu|cuda[:i] --threads N --no-tf32 --deterministic\n"
          "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
          "            --state-format FP32|BF16|Q8|Q4|FP8 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
+         "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP\n"
          "  presets   --tiny (CPU, seconds)\n"
-         "  checks    --check-decreases --check-resume --check-recompute\n"
+         "  checks    --check-decreases --check-resume --check-recompute --check-release\n"
          "  probe     --probe-max-size --probe-steps N --probe-max-layers N --probe-save FILE\n";
 }
 
@@ -118,6 +119,7 @@ Flags parse_flags(int argc, char** argv) {
       f.master_weight_bits = to_int(a, v, 0, 32);
       if (f.master_weight_bits != 0 && f.master_weight_bits != 24 && f.master_weight_bits != 32) bad(a, "'" + v + "'", "0, 24 or 32");
     } else if (a == "--stochastic-round") f.stochastic_round = true;
+    else if (a == "--gradient-release") f.gradient_release = true;
     else if (a == "--seed") f.seed = static_cast<uint64_t>(to_int(a, next(), 0, kMax));
     else if (a == "--device") {
       f.device = next();
@@ -141,6 +143,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--check-decreases") f.check_decreases = true;
     else if (a == "--check-resume") f.check_resume = true;
     else if (a == "--check-recompute") f.check_recompute = true;
+    else if (a == "--check-release") f.check_release = true;
     else if (a == "--probe-max-size") f.probe = true;
     else if (a == "--probe-steps") f.probe_steps = to_int(a, next(), 2, 1000);
     else if (a == "--probe-max-layers") f.probe_max_layers = to_int(a, next(), 1, 100000);
@@ -160,6 +163,11 @@ Flags parse_flags(int argc, char** argv) {
                                 std::to_string(f.master_weight_bits) + " (the correction replaces it)");
   if (f.optimizer == "torch-adamw" && (f.master_weight_bits != 0 || f.stochastic_round))
     throw std::invalid_argument("--optimizer torch-adamw has no --master-weight-bits / --stochastic-round");
+  if (f.gradient_release && f.optimizer == "torch-adamw")
+    throw std::invalid_argument("--gradient-release needs a lowbit optimizer, not --optimizer torch-adamw");
+  if (f.gradient_release && f.clip > 0)
+    throw std::invalid_argument("--gradient-release steps each parameter before the others have gradients, so "
+                                "global-norm clipping (--clip " + std::to_string(f.clip) + ") cannot work: pass --clip 0");
   if (f.stop_after > f.steps)
     throw std::invalid_argument("--stop-after " + std::to_string(f.stop_after) + " is past --steps " + std::to_string(f.steps));
   if (f.check_resume && (!f.save.empty() || !f.resume.empty() || f.stop_after))

@@ -26,6 +26,7 @@ struct Flags {
   lowbit::StateFormat state_format = lowbit::StateFormat::Q8;
   int64_t block_size = 0, master_weight_bits = 0;
   bool stochastic_round = false;
+  bool gradient_release = false;    // lowbit::optim::GradientRelease: step in backward, free each gradient
   uint64_t seed = 1;
   std::string device = "cpu";
   int threads = 0;                  // 0: libtorch's default
@@ -37,7 +38,7 @@ struct Flags {
   std::string save, resume;         // checkpoint folders
   int64_t stop_after = 0;           // stop (and --save) after this step, schedule unchanged
   // ---- checks (what CTest runs)
-  bool check_decreases = false, check_resume = false, check_recompute = false;
+  bool check_decreases = false, check_resume = false, check_recompute = false, check_release = false;
   // ---- the largest model that trains
   bool probe = false;
   int64_t probe_steps = 3, probe_max_layers = 4096;

@@ -54,6 +54,20 @@ int check_recompute(const gpt::Flags& f, const gpt::Corpus& c) {
   return ok ? 0 : 1;
 }
 
+// Gradient release steps each parameter inside backward() to the bits opt.step() after it gives:
+// the same losses and parameters with and without it (no clipping: release refuses it).
+int check_release(const gpt::Flags& f, const gpt::Corpus& c) {
+  gpt::Flags plain = f, released = f;
+  plain.gradient_release = false, released.gradient_release = true;
+  plain.clip = released.clip = 0;
+  plain.out = f.out + "_plain", released.out = f.out + "_released";
+  const gpt::RunResult a = gpt::train(plain, c, true), b = gpt::train(released, c, true);
+  const bool ok = a.digest == b.digest && a.losses == b.losses;
+  std::printf("release check: parameter digests %016llx (step after backward) vs %016llx (released): %s\n",
+              (unsigned long long)a.digest, (unsigned long long)b.digest, ok ? "bit for bit" : "DIFFERENT");
+  return ok ? 0 : 1;
+}
+
 // The tiny CI run: validation loss well below its start, and the last training losses below the first.
 int check_decreases(const gpt::Flags& f, const gpt::Corpus& c) {
   const gpt::RunResult r = gpt::train(f, c, true);
@@ -92,6 +106,7 @@ int main(int argc, char** argv) {
     if (f.check_resume) return check_resume(f, c);
     if (f.check_decreases) return check_decreases(f, c);
     if (f.check_recompute) return check_recompute(f, c);
+    if (f.check_release) return check_release(f, c);
     gpt::train(f, c);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "gpt: %s\n", e.what_without_backtrace());

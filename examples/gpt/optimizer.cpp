@@ -15,13 +15,19 @@ namespace lo = lowbit::optim;
 
 class Lowbit : public TrainOptimizer {
  public:
-  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what) : opt_(std::move(opt)), what_(std::move(what)) {}
-  void step() override { opt_->step(); }
+  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release)
+      : opt_(std::move(opt)), what_(std::move(what)) {
+    if (release) release_ = std::make_unique<lo::GradientRelease>(*opt_);
+  }
+  void step() override {
+    if (!release_) opt_->step();  // with release, backward() has stepped every parameter already
+  }
   void zero_grad() override { opt_->zero_grad(); }
   void set_lr(double lr) override {
     for (auto& g : opt_->param_groups()) g.options().set_lr(lr);
   }
   int64_t state_bytes() const override { return opt_->state_bytes(); }
+  std::string memory_report() const override { return opt_->memory_report().to_string(); }
   void save(const std::string& path) override { torch::save(*opt_, path); }
   void load(const std::string& path) override { lo::load_checkpoint(*opt_, path); }
   std::string describe() const override { return what_; }
@@ -29,6 +35,7 @@ class Lowbit : public TrainOptimizer {
  private:
   std::unique_ptr<lo::LowbitOptimizer> opt_;
   std::string what_;
+  std::unique_ptr<lo::GradientRelease> release_;  // declared after opt_: removed (its hooks) first
 };
 
 template <typename Opt, typename Options>
@@ -42,7 +49,8 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   s << "lowbit " << f.optimizer << ", " << lowbit::state_format_name(f.state_format) << " state";
   if (f.stochastic_round) s << ", bf16 stochastic rounding";
   if (f.master_weight_bits) s << ", " << f.master_weight_bits << "-bit master weights";
-  return std::make_unique<Lowbit>(std::make_unique<Opt>(params, o), s.str());
+  if (f.gradient_release) s << ", gradient release";
+  return std::make_unique<Lowbit>(std::make_unique<Opt>(params, o), s.str(), f.gradient_release);
 }
 
 // ---- ATen's fused AdamW ---------------------------------------------------------------------------

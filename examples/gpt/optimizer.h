@@ -18,6 +18,8 @@ class TrainOptimizer {
   virtual void zero_grad() = 0;
   virtual void set_lr(double lr) = 0;
   virtual int64_t state_bytes() const = 0;
+  // lowbit's per-kind report (LowbitOptimizer::memory_report); "" for ATen's optimizer.
+  virtual std::string memory_report() const { return ""; }
   virtual void save(const std::string& path) = 0;
   virtual void load(const std::string& path) = 0;
   virtual std::string describe() const = 0;

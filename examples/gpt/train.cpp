@@ -273,6 +273,8 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   if (!f.save.empty()) save_checkpoint(f.save, f, c, model, *opt, r.last_step, dev);
   r.digest = digest_of(params);
   if (!f.quiet) {
+    const std::string report = opt->memory_report();
+    if (!report.empty()) std::printf("optimizer memory report:\n%s", report.c_str());
     std::printf("%s\n", memory_breakdown(dev, bytes_of(params, false), bytes_of(params, true), opt->state_bytes()).c_str());
     std::printf("steps %lld..%lld in %.1f s; parameter digest %016llx\n", (long long)start + 1, (long long)r.last_step,
                 r.seconds, (unsigned long long)r.digest);

@@ -47,6 +47,29 @@ TEST(Compand, DecodeIsTheSquareOfAnEvenGrid) {
   EXPECT_NEAR(u[255], 1.0f, 1e-7);
 }
 
+// The conversion-free helpers equal the conversions they replace, and decode is the integer
+// formula's float bit for bit.
+TEST(Compand, IntegerTricksAreExact) {
+  for (uint32_t n = 0; n < (1u << 16); ++n) {
+    ASSERT_EQ(lk::small_uint_to_float(n), static_cast<float>(n)) << n;
+    ASSERT_EQ(lk::small_float_to_uint(static_cast<float>(n)), n) << n;
+  }
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> uni(-300.0f, 300.0f);
+  for (float x : {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 254.5f, 255.5f, 0.49999997f, 0.0f, -0.0f}) {
+    ASSERT_EQ(lk::round_even_small(x), std::nearbyint(x)) << x;
+  }
+  for (int i = 0; i < 1000000; ++i) {
+    const float x = uni(rng);
+    ASSERT_EQ(lk::round_even_small(x), std::nearbyint(x)) << x;
+  }
+  for (uint32_t code = 0; code < 256; ++code) {
+    const int32_t k = static_cast<int32_t>(std::min(code, 254u)) - 127;
+    ASSERT_EQ(lk::pow8_decode_signed(code), static_cast<float>(k * std::abs(k)) * lk::kPow8SignedInvSq) << code;
+    ASSERT_EQ(lk::pow8_decode_unsigned(code), static_cast<float>(code * code) * lk::kPow8UnsignedInvSq) << code;
+  }
+}
+
 // The rule in double: the code's grid step is the nearest to sqrt|x| * m, up to the float
 // rounding of the thresholds (about 1e-5 of a step), except that a positive x never gets the
 // unsigned code 0.

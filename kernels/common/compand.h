@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "float_convert.h"
 #include "host_device.h"
 
 namespace lowbit {
@@ -37,13 +38,22 @@ constexpr float kPow8UnsignedMax = 255.0f;
 constexpr float kPow8SignedInvSq = static_cast<float>(1.0 / 16129.0);
 constexpr float kPow8UnsignedInvSq = static_cast<float>(1.0 / 65025.0);
 
+// Small integers to and from float by the 2^23 trick (the integer in the low mantissa bits of
+// 2^23 + n): float adds and bit operations instead of conversion instructions, which run at an
+// eighth of the float rate on GPUs and bounded the step kernel. Exact for 0 <= n < 2^22.
+LOWBIT_HD float small_uint_to_float(uint32_t n) { return f32_from_bits(0x4B000000u | n) - 8388608.0f; }
+LOWBIT_HD uint32_t small_float_to_uint(float x) { return f32_bits(x + 8388608.0f) & 0x7FFFFFu; }
+// Round half to even for |x| < 2^22, as rintf: two adds.
+LOWBIT_HD float round_even_small(float x) { return (x + 12582912.0f) - 12582912.0f; }
+
 LOWBIT_HD float pow8_decode_unsigned(uint32_t code) {
-  return static_cast<float>(code * code) * kPow8UnsignedInvSq;
+  const float c = small_uint_to_float(code);
+  return (c * c) * kPow8UnsignedInvSq;  // c * c is exact
 }
 
 LOWBIT_HD float pow8_decode_signed(uint32_t code) {
-  const int32_t c = static_cast<int32_t>(code < 254u ? code : 254u) - 127;
-  return static_cast<float>(c * (c < 0 ? -c : c)) * kPow8SignedInvSq;
+  const float c = small_uint_to_float(code < 254u ? code : 254u) - 127.0f;
+  return (c * (c < 0.0f ? -c : c)) * kPow8SignedInvSq;
 }
 
 LOWBIT_HD float pow8_decode(uint32_t code, bool is_signed) {
@@ -67,7 +77,7 @@ LOWBIT_HD float pow8_sqrt_estimate(float a) {
 // The grid step of a in [0, 1]: the estimate (of a raised to 2^-40, far below T(0), so that it is
 // finite), then one threshold compare on each side.
 LOWBIT_HD float pow8_step(float a, float m, float inv_sq) {
-  float c = rintf(pow8_sqrt_estimate(a > 0x1p-40f ? a : 0x1p-40f) * m);
+  float c = round_even_small(pow8_sqrt_estimate(a > 0x1p-40f ? a : 0x1p-40f) * m);
   c = c < m ? c : m;
   c += (a > pow8_threshold(c, inv_sq) ? 1.0f : 0.0f) - (a <= pow8_threshold(c - 1.0f, inv_sq) ? 1.0f : 0.0f);
   return c > 0.0f ? (c < m ? c : m) : 0.0f;
@@ -77,14 +87,14 @@ LOWBIT_HD float pow8_step(float a, float m, float inv_sq) {
 LOWBIT_HD uint8_t pow8_encode_unsigned(float y) {
   const float a = y > 0.0f ? (y < 1.0f ? y : 1.0f) : 0.0f;  // 1 and above: the top code; NaN, y <= 0: 0
   const float c = pow8_step(a, kPow8UnsignedMax, kPow8UnsignedInvSq);
-  return static_cast<uint8_t>(c >= 1.0f ? c : (y > 0.0f ? 1.0f : 0.0f));
+  return static_cast<uint8_t>(small_float_to_uint(c >= 1.0f ? c : (y > 0.0f ? 1.0f : 0.0f)));
 }
 
 LOWBIT_HD uint8_t pow8_encode_signed(float y) {
   const float abs_y = y < 0.0f ? -y : y;
   const float c = pow8_step(abs_y < 1.0f ? abs_y : 1.0f, kPow8SignedMax, kPow8SignedInvSq);
   const float b = y < 0.0f ? 127.0f - c : 127.0f + c;
-  return static_cast<uint8_t>(y == y ? b : 0.0f);
+  return static_cast<uint8_t>(small_float_to_uint(y == y ? b : 0.0f));
 }
 
 LOWBIT_HD uint8_t pow8_encode(float y, bool is_signed) {

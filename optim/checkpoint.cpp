@@ -22,15 +22,15 @@ namespace {
 
 std::string param_key(size_t g, size_t i) { return "param/" + std::to_string(g) + "/" + std::to_string(i); }
 
-// A slot's storage id in checkpoints: the StateFormat of its family (FP32 = 0, BF16 = 1, a
-// quantized one = the parameter's Q8 / Q4 / FP8, its QuantFormat beside it), or a master-weight
-// correction (5: int16, 6: int8); -1 for an unused slot.
+// A slot's storage id in checkpoints (checkpoint_reader.h: storage_id_of): its state format's (FP32,
+// BF16, or for a quantized one the parameter's Q8 / Q4 / FP8 / C8, its QuantFormat beside it), or
+// a master-weight correction (5: int16, 6: int8); -1 for an unused slot.
 int64_t storage_id(const StateSlot& s, StateFormat param_format) {
   switch (s.type.storage) {
     case kernels::SlotStorage::None: return -1;
-    case kernels::SlotStorage::F32: return static_cast<int64_t>(StateFormat::FP32);
-    case kernels::SlotStorage::BF16: return static_cast<int64_t>(StateFormat::BF16);
-    case kernels::SlotStorage::Quant: return static_cast<int64_t>(param_format);
+    case kernels::SlotStorage::F32: return storage_id_of(StateFormat::FP32);
+    case kernels::SlotStorage::BF16: return storage_id_of(StateFormat::BF16);
+    case kernels::SlotStorage::Quant: return storage_id_of(param_format);
     case kernels::SlotStorage::Int16: return kStorageInt16Correction;
     case kernels::SlotStorage::Int8: return kStorageInt8Correction;
   }
@@ -226,7 +226,7 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
                     " holds a master-weight correction, which belongs in the last slot only");
         // Every slot in the parameter's format; a quantized one in the QuantFormat of its sign
         // (unsigned FP8 states may be in either float8 format: fp8_second_moment).
-        const auto storage = static_cast<StateFormat>(cs.storage);
+        const StateFormat storage = state_format_of_storage(cs.storage);
         TORCH_CHECK(storage == format, name(), ": the checkpoint's ", sk, " is stored as ", state_format_name(storage),
                     " but the parameter's state is ", state_format_name(format));
         StateSlot& slot = st.slots[s];

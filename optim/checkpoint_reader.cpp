@@ -178,7 +178,7 @@ constexpr int64_t kMaxSlots = 16;
 
 CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_t block_size) {
   CheckpointSlot s;
-  s.storage = r.get_int(sk + "/storage", -1, kStorageInt8Correction);
+  s.storage = r.get_int(sk + "/storage", -1, kMaxStorageId);
   if (s.storage < 0) return s;
   if (is_correction_storage(s.storage)) {
     s.values = r.get_tensor(sk + "/values", s.storage == kStorageInt16Correction ? at::kShort : at::kChar);
@@ -186,7 +186,7 @@ CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_
                 " values, expected ", numel);
     return s;
   }
-  const auto storage = static_cast<StateFormat>(s.storage);
+  const StateFormat storage = state_format_of_storage(s.storage);
   if (is_quantized(storage)) {
     s.qformat = r.get_int(sk + "/qformat", 0, kNumQuantFormats - 1);
     s.codes = r.get_tensor(sk + "/codes", at::kByte);

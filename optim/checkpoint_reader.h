@@ -12,6 +12,8 @@
 
 #include <lowbit/tensors/qtensor.h>
 
+#include "state_format.h"
+
 namespace lowbit {
 namespace optim {
 
@@ -22,8 +24,22 @@ constexpr int64_t kCheckpointVersionDigests = 2;       // first version with dig
 constexpr int64_t kStorageInt16Correction = 5, kStorageInt8Correction = 6;
 inline bool is_correction_storage(int64_t id) { return id == kStorageInt16Correction || id == kStorageInt8Correction; }
 
-// One state slot as stored: storage -1 (unused), a StateFormat id (FP32, BF16: `values`; Q8, Q4,
-// FP8: `codes` + `absmax` in QuantFormat `qformat`), or a correction id (`values`, int16 / int8).
+// The storage id of a slot held in a state format's family: FP32..FP8 their StateFormat id (0..4);
+// the formats added after the corrections took 5 and 6 go on from 7 (C8 = 7). One mapping for the
+// writer, the reader and `lowbit inspect`.
+inline int64_t storage_id_of(StateFormat f) {
+  const int64_t id = static_cast<int64_t>(f);
+  return id < kStorageInt16Correction ? id : id + 2;
+}
+constexpr int64_t kMaxStorageId = kNumStateFormats - 1 + 2;
+// The state format of a storage id in [0, kMaxStorageId] that is not a correction.
+inline StateFormat state_format_of_storage(int64_t id) {
+  return static_cast<StateFormat>(id < kStorageInt16Correction ? id : id - 2);
+}
+
+// One state slot as stored: storage -1 (unused), a state format's storage id (FP32, BF16: `values`;
+// Q8, Q4, FP8, C8: `codes` + `absmax` in QuantFormat `qformat`), or a correction id (`values`,
+// int16 / int8).
 struct CheckpointSlot {
   int64_t storage = -1;
   int64_t qformat = -1;

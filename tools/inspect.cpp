@@ -58,7 +58,7 @@ void inspect_checkpoint(const std::string& path, std::ostream& out) {
                  (q ? format_name(static_cast<QuantFormat>(slot.qformat))
                     : slot.storage == optim::kStorageInt16Correction ? "master-int16"
                     : slot.storage == optim::kStorageInt8Correction  ? "master-int8"
-                                                              : state_format_name(static_cast<StateFormat>(slot.storage))) +
+                                                              : state_format_name(optim::state_format_of_storage(slot.storage))) +
                  ":" + std::to_string(bytes);
       }
       s << fmt("%-10s %10lld %6lld %-6s %6lld %s\n", id.c_str(), (long long)p.numel, (long long)p.step,

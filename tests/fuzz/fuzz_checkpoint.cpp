@@ -340,8 +340,32 @@ bool run_case(const Original& o, const std::string& path, Counts& c, std::string
 }
 
 int usage() {
-  std::cerr << "usage: lowbit_fuzz_checkpoint [--cases N] [--seed S] [--kind NAME]\n";
+  std::cerr << "usage: lowbit_fuzz_checkpoint [--cases N] [--seed S] [--from K] [--case K] [--kind NAME]\n"
+               "  --cases N  cases 0..N-1 (default 600)     --seed S  the run's seed (default 1)\n"
+               "  --from K   skip cases below K             --case K  case K of seed S alone\n"
+               "  --kind NAME  only this mutation kind, one of:";
+  for (const char* k : kKinds) std::cerr << " " << k;
+  std::cerr << "\n";
   return 2;
+}
+
+// A whole decimal number in [0, max]; anything else (empty, a sign, trailing characters, too
+// large) is refused with a message naming the option and the value.
+bool parse_number(const std::string& opt, const std::string& v, uint64_t max, uint64_t* out) {
+  uint64_t x = 0;
+  bool ok = !v.empty();
+  for (const char ch : v) {
+    if (ch < '0' || ch > '9' || x > (max - static_cast<uint64_t>(ch - '0')) / 10) ok = false;
+    if (!ok) break;
+    x = x * 10 + static_cast<uint64_t>(ch - '0');
+  }
+  if (!ok) {
+    std::cerr << "lowbit_fuzz_checkpoint: " << opt << " must be a whole number in 0.." << max << ", got '" << v
+              << "'\n";
+    return false;
+  }
+  *out = x;
+  return true;
 }
 
 }  // namespace
@@ -352,27 +376,39 @@ int main(int argc, char** argv) {
   int only_kind = -1;
   int64_t first = 0;  // --from N: start at case N (each case is reproducible alone)
   const bool verbose = std::getenv("LOWBIT_FUZZ_VERBOSE") != nullptr;
+  constexpr uint64_t kMaxCases = uint64_t(1) << 40;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (i + 1 >= argc) return usage();
+    if (a == "--help" || a == "-h") return usage(), 0;
+    const bool known = a == "--cases" || a == "--seed" || a == "--from" || a == "--case" || a == "--kind";
+    if (!known) {
+      std::cerr << "lowbit_fuzz_checkpoint: unknown option '" << a << "'\n";
+      return usage();
+    }
+    if (i + 1 >= argc) {
+      std::cerr << "lowbit_fuzz_checkpoint: " << a << " needs a value\n";
+      return usage();
+    }
     const std::string v = argv[++i];
-    try {
-      if (a == "--cases") {
-        cases = std::stoll(v);
-      } else if (a == "--seed") {
-        seed = std::stoull(v);
-      } else if (a == "--from") {
-        first = std::stoll(v);
-      } else if (a == "--kind") {
-        for (int k = 0; k < kNumKinds; ++k)
-          if (v == kKinds[k]) only_kind = k;
-        if (only_kind < 0) return usage();
-      } else {
+    uint64_t x = 0;
+    if (a == "--kind") {
+      for (int k = 0; k < kNumKinds; ++k)
+        if (v == kKinds[k]) only_kind = k;
+      if (only_kind < 0) {
+        std::cerr << "lowbit_fuzz_checkpoint: unknown --kind '" << v << "'\n";
         return usage();
       }
-    } catch (const std::exception&) {
-      std::cerr << "lowbit_fuzz_checkpoint: bad value '" << v << "' for " << a << "\n";
+    } else if (!parse_number(a, v, a == "--seed" ? UINT64_MAX : kMaxCases, &x)) {
       return 2;
+    } else if (a == "--cases") {
+      cases = static_cast<int64_t>(x);
+    } else if (a == "--seed") {
+      seed = x;
+    } else if (a == "--from") {
+      first = static_cast<int64_t>(x);
+    } else {  // --case K: case K alone (the run's random choices up to K are replayed, not loaded)
+      first = static_cast<int64_t>(x);
+      cases = first + 1;
     }
   }
   at::set_num_threads(1);

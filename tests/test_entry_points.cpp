@@ -1,6 +1,13 @@
 // Bad input at every public C++ entry point, as a table: each row one call that must raise a
-// c10::Error whose message names the argument (and, where it has one, the bad value).
+// c10::Error whose message names the argument (and, where it has one, the bad value); and the
+// command-line tools' bad arguments (the second table).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 
@@ -199,5 +206,85 @@ TEST(EntryPoints, EveryRowRaisesAnErrorNamingTheArgument) {
       ADD_FAILURE() << row.name << ": not a c10::Error: " << e.what();
     }
   }
+  std::printf("%d rows\n", n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command-line tools: bad arguments end with a nonzero status and a message naming the
+// argument and its value (`lowbit`; lowbit_fuzz_checkpoint, whose options are numbers).
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct CliRow {
+  std::string name;
+  std::string command;            // run by the shell, stderr into the output
+  int status;                     // the exit status expected
+  std::vector<std::string> want;  // substrings of the output
+};
+
+std::pair<int, std::string> run_command(const std::string& command) {
+  std::string out;
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (!f) return {-1, "popen failed"};
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+std::vector<CliRow> cli_rows(const std::string& dir) {
+  const std::string cli = LOWBIT_CLI_PATH, fuzz = LOWBIT_FUZZ_PATH;
+  const std::string missing = dir + "/no_such_checkpoint.pt", empty = dir + "/empty.pt", text = dir + "/text.pt",
+                    tensor = dir + "/tensor.pt";
+  std::vector<CliRow> r = {
+      {"lowbit: no command", cli, 2, {"missing command"}},
+      {"lowbit: unknown command", cli + " frobnicate", 2, {"unknown command", "'frobnicate'"}},
+      {"lowbit: info with an argument", cli + " info extra", 2, {"info", "unexpected argument 'extra'"}},
+      {"lowbit: codebook without FORMAT", cli + " codebook", 2, {"codebook", "missing FORMAT"}},
+      {"lowbit: codebook of an unknown format", cli + " codebook Dyn9", 2, {"FORMAT", "'Dyn9'", "unknown"}},
+      {"lowbit: codebook of a state format", cli + " codebook Q8", 2, {"FORMAT", "'Q8'"}},
+      {"lowbit: codebook with two formats", cli + " codebook Dyn8Signed FP8E4M3", 2,
+       {"codebook", "unexpected argument 'FP8E4M3'"}},
+      {"lowbit: inspect without FILE", cli + " inspect", 2, {"inspect", "missing FILE"}},
+      {"lowbit: inspect an empty FILE name", cli + " inspect ''", 2, {"FILE is empty"}},
+      {"lowbit: inspect a missing file", cli + " inspect " + missing, 2, {"FILE", missing, "does not exist"}},
+      {"lowbit: inspect a directory", cli + " inspect " + dir, 2, {"FILE", dir, "is a directory"}},
+      {"lowbit: inspect an empty file", cli + " inspect " + empty, 1, {empty}},
+      {"lowbit: inspect a text file", cli + " inspect " + text, 1, {text}},
+      {"lowbit: inspect a tensor, not a checkpoint", cli + " inspect " + tensor, 1,
+       {tensor, "not a lowbit optimizer checkpoint"}},
+      {"fuzz: --cases not a number", fuzz + " --cases abc", 2, {"--cases", "'abc'"}},
+      {"fuzz: --cases negative", fuzz + " --cases -5", 2, {"--cases", "'-5'"}},
+      {"fuzz: --cases with trailing characters", fuzz + " --cases 10x", 2, {"--cases", "'10x'"}},
+      {"fuzz: --cases beyond 2^40", fuzz + " --cases 2000000000000", 2, {"--cases", "'2000000000000'"}},
+      {"fuzz: --seed beyond 64 bits", fuzz + " --seed 18446744073709551616", 2, {"--seed", "'18446744073709551616'"}},
+      {"fuzz: --case empty", fuzz + " --case ''", 2, {"--case", "''"}},
+      {"fuzz: --from a fraction", fuzz + " --from 1.5", 2, {"--from", "'1.5'"}},
+      {"fuzz: --kind unknown", fuzz + " --kind bitflip", 2, {"--kind", "'bitflip'"}},
+      {"fuzz: unknown option", fuzz + " --cases 1 --frobnicate 1", 2, {"unknown option", "'--frobnicate'"}},
+      {"fuzz: option without its value", fuzz + " --seed", 2, {"--seed", "needs a value"}},
+  };
+  return r;
+}
+
+}  // namespace
+
+TEST(EntryPoints, CommandLineToolsRejectBadArgumentsNamingThem) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("lowbit_cli_rows_" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/empty.pt"); }
+  { std::ofstream(dir + "/text.pt") << "not a zip archive\n"; }
+  torch::save(at::ones({3}), dir + "/tensor.pt");
+  int n = 0;
+  for (const CliRow& row : cli_rows(dir)) {
+    ++n;
+    SCOPED_TRACE(row.name);
+    const auto [status, out] = run_command(row.command);
+    EXPECT_EQ(status, row.status) << row.name << ": " << out;
+    for (const auto& w : row.want)
+      EXPECT_NE(out.find(w), std::string::npos) << row.name << ": the message does not name '" << w << "': " << out;
+  }
+  std::filesystem::remove_all(dir);
   std::printf("%d rows\n", n);
 }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -339,6 +340,39 @@ bool run_case(const Original& o, const std::string& path, Counts& c, std::string
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// A crash names its case (so that --case K reproduces it): written from the signal handler with
+// write(2) only, then the signal goes on as it would have.
+// ---------------------------------------------------------------------------------------------
+
+volatile int64_t g_case = -1;
+volatile uint64_t g_seed = 0;
+
+void write_number(char*& at, uint64_t v) {
+  char digits[24];
+  int n = 0;
+  do digits[n++] = static_cast<char>('0' + v % 10); while ((v /= 10) != 0);
+  while (n > 0) *at++ = digits[--n];
+}
+
+void on_crash(int sig) {
+  char buf[160];
+  char* at = buf;
+  for (const char* s = "\nlowbit_fuzz_checkpoint: signal "; *s;) *at++ = *s++;
+  write_number(at, static_cast<uint64_t>(sig));
+  for (const char* s = " in case "; *s;) *at++ = *s++;
+  write_number(at, static_cast<uint64_t>(g_case));
+  for (const char* s = " (rerun: --seed "; *s;) *at++ = *s++;
+  write_number(at, g_seed);
+  for (const char* s = " --case "; *s;) *at++ = *s++;
+  write_number(at, static_cast<uint64_t>(g_case));
+  for (const char* s = ")\n"; *s;) *at++ = *s++;
+  ssize_t ignored = ::write(2, buf, static_cast<size_t>(at - buf));
+  (void)ignored;
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 int usage() {
   std::cerr << "usage: lowbit_fuzz_checkpoint [--cases N] [--seed S] [--from K] [--case K] [--kind NAME]\n"
                "  --cases N  cases 0..N-1 (default 600)     --seed S  the run's seed (default 1)\n"
@@ -411,6 +445,8 @@ int main(int argc, char** argv) {
       cases = first + 1;
     }
   }
+  g_seed = seed;
+  for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_crash);
   at::set_num_threads(1);
   const std::string path =
       (std::filesystem::temp_directory_path() / ("lowbit_fuzz_" + std::to_string(getpid()) + ".pt")).string();
@@ -423,6 +459,7 @@ int main(int argc, char** argv) {
     const Original& o = originals[pick(rng, originals.size())];
     if (n < first) continue;
     const int kind = only_kind >= 0 ? only_kind : static_cast<int>(n % kNumKinds);
+    g_case = n;
     Rng case_rng(seed * 0x9E3779B97F4A7C15ull + n);  // each case reproducible alone
     std::string note, why;
     lowbit_test::write_file(path, mutate(o, kind, case_rng, &note));

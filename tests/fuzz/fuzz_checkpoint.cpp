@@ -1,8 +1,7 @@
 // lowbit_fuzz_checkpoint --cases N --seed S: a deterministic mutation fuzzer of optimizer
 // checkpoints. From real checkpoints of every optimizer x state format it makes damaged files
 // (bit flips, truncations, edited entries, damaged zip size fields), loads each into a live
-// optimizer (load_checkpoint) and into `lowbit inspect`, and counts per mutation kind how each
-// case ended. Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a
+// optimizer (load_checkpoint) and into `lowbit inspect`, and counts per mutation kind how each case ended. Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a
 // load that then steps exactly like the original checkpoint. Anything else fails the run.
 #include <torch/torch.h>
 
@@ -273,27 +272,58 @@ struct Counts {
 
 constexpr double kHangSeconds = 10.0;
 
-// Returns false (and says why) if the case ended in anything but a clean refusal or an exact load.
-bool run_case(const Original& o, const std::string& path, Counts& c, std::string* why) {
-  ++c.cases;
-  // The live optimizer: trained state (from the original), then the damaged file.
+enum class Outcome { Refused, LoadedOk, Bad };
+
+// One loader on a live optimizer that holds the original's trained state: refused with the state
+// bit-identical, or loaded and then stepping exactly like the original; anything else is Bad (and
+// counted, with `why`). `load` may throw c10::Error only.
+Outcome try_load(const Original& o, const std::string& path, const char* via,
+                 const std::function<void(lo::LowbitOptimizer&)>& load, Counts& c, std::string* why) {
   std::vector<at::Tensor> p = clone_all(o.params);
   auto live = o.make(p, o.format);
-  lowbit_test::write_file(path + ".orig", o.file);
   lo::load_checkpoint(*live, path + ".orig");
   const auto before = snapshot(*live, p);
-  const auto t0 = std::chrono::steady_clock::now();
-  bool loaded = false, bad = false;
   try {
-    lo::load_checkpoint(*live, path);
-    loaded = true;
+    load(*live);
   } catch (const c10::Error&) {
+    if (same_bits(before, snapshot(*live, p))) return Outcome::Refused;
+    ++c.silent;
+    *why = std::string(via) + ": refused, but the optimizer's state or parameters changed";
+    return Outcome::Bad;
   } catch (const std::exception& e) {
     ++c.crashes;
-    *why = std::string("not a c10::Error: ") + e.what();
-    bad = true;
+    *why = std::string(via) + ": not a c10::Error: " + e.what();
+    return Outcome::Bad;
   }
-  // The same file through `lowbit inspect`: a c10::Error or a listing, nothing else.
+  // Loaded: it must step exactly like the original checkpoint.
+  std::vector<at::Tensor> q = clone_all(o.params);
+  auto ref = o.make(q, o.format);
+  lo::load_checkpoint(*ref, path + ".orig");
+  try {
+    step(*live, p, o.grads);
+  } catch (const c10::Error& e) {
+    ++c.silent;
+    *why = std::string(via) + ": loaded, then the step failed: " + e.what_without_backtrace();
+    return Outcome::Bad;
+  }
+  step(*ref, q, o.grads);
+  if (!same_bits(snapshot(*live, p), snapshot(*ref, q))) {
+    ++c.silent;
+    *why = std::string(via) + ": loaded, but steps differently from the original";
+    return Outcome::Bad;
+  }
+  return Outcome::LoadedOk;
+}
+
+// Returns false (and says why) if the case ended in anything but a clean refusal or an exact load
+// (load_checkpoint), or in anything but an error or a listing (`lowbit inspect`).
+bool run_case(const Original& o, const std::string& path, Counts& c, std::string* why) {
+  ++c.cases;
+  lowbit_test::write_file(path + ".orig", o.file);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome outcome =
+      try_load(o, path, "load_checkpoint", [&](lo::LowbitOptimizer& opt) { lo::load_checkpoint(opt, path); }, c, why);
+  bool bad = outcome == Outcome::Bad;
   try {
     std::ostringstream out;
     lowbit::tools::inspect_checkpoint(path, out);
@@ -310,33 +340,7 @@ bool run_case(const Original& o, const std::string& path, Counts& c, std::string
     return false;
   }
   if (bad) return false;
-  if (!loaded) {
-    if (!same_bits(before, snapshot(*live, p))) {
-      ++c.silent;
-      *why = "refused, but the optimizer's state or parameters changed";
-      return false;
-    }
-    ++c.refused;
-    return true;
-  }
-  // Loaded: it must step exactly like the original checkpoint.
-  std::vector<at::Tensor> q = clone_all(o.params);
-  auto ref = o.make(q, o.format);
-  lo::load_checkpoint(*ref, path + ".orig");
-  try {
-    step(*live, p, o.grads);
-  } catch (const c10::Error& e) {
-    ++c.silent;
-    *why = std::string("loaded, then the step failed: ") + e.what_without_backtrace();
-    return false;
-  }
-  step(*ref, q, o.grads);
-  if (!same_bits(snapshot(*live, p), snapshot(*ref, q))) {
-    ++c.silent;
-    *why = "loaded, but steps differently from the original";
-    return false;
-  }
-  ++c.loaded_ok;
+  ++(outcome == Outcome::Refused ? c.refused : c.loaded_ok);
   return true;
 }
 
@@ -477,15 +481,17 @@ int main(int argc, char** argv) {
   std::printf("%-18s %8s %8s %9s %7s %5s %6s\n", "mutation", "cases", "refused", "loaded-ok", "crashes", "hangs",
               "silent");
   Counts total;
+  const auto row = [](const char* name, const Counts& c) {
+    std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", name, (long long)c.cases, (long long)c.refused,
+                (long long)c.loaded_ok, (long long)c.crashes, (long long)c.hangs, (long long)c.silent);
+  };
   for (int k = 0; k < kNumKinds; ++k) {
     const Counts& c = counts[k];
-    std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", kKinds[k], (long long)c.cases, (long long)c.refused,
-                (long long)c.loaded_ok, (long long)c.crashes, (long long)c.hangs, (long long)c.silent);
+    row(kKinds[k], c);
     total.cases += c.cases, total.refused += c.refused, total.loaded_ok += c.loaded_ok;
     total.crashes += c.crashes, total.hangs += c.hangs, total.silent += c.silent;
   }
-  std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", "total", (long long)total.cases, (long long)total.refused,
-              (long long)total.loaded_ok, (long long)total.crashes, (long long)total.hangs, (long long)total.silent);
+  row("total", total);
   std::printf("seed %llu, %.1f s (%d originals: 8 optimizers x 5 state formats)\n", (unsigned long long)seed, secs,
               static_cast<int>(originals.size()));
   return failures == 0 ? 0 : 1;

@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
 
+#include "checkpoint_edit.h"
 #include "test_util.h"
 
 namespace lo = lowbit::optim;
@@ -64,6 +66,9 @@ void option_rows(std::vector<Row>& rows, const std::string& opt, const std::vect
                       {field, v.str()}});
     }
 }
+
+void checkpoint_rows(std::vector<Row>& r);
+std::string rows_dir();
 
 std::vector<Row> rows() {
   std::vector<Row> r;
@@ -184,7 +189,75 @@ std::vector<Row> rows() {
                  lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
                  o.set_overflow_check_interval(-3);
                }, {"interval", "-3"}});
+  checkpoint_rows(r);
   return r;
+}
+
+// ---- load_checkpoint: damaged files are refused before libtorch parses them (optim/checkpoint_zip.h),
+// naming the file and the record or field.
+std::string rows_dir() {
+  return (std::filesystem::temp_directory_path() / ("lowbit_entry_rows_" + std::to_string(getpid()))).string();
+}
+
+void checkpoint_rows(std::vector<Row>& r) {
+  const std::string dir = rows_dir();
+  std::filesystem::create_directories(dir);
+  const std::string good = dir + "/good.pt";
+  {
+    std::vector<at::Tensor> p = {at::randn({5000})};
+    lo::AdamW o(p, lo::AdamWOptions().state_format(lowbit::StateFormat::Q8));
+    p[0].mutable_grad() = at::ones({5000});
+    o.step();
+    torch::save(o, good);
+  }
+  const std::string bytes = lowbit_test::read_file(good);
+  const auto spans = lowbit_test::record_spans(good);
+  // A copy of the checkpoint with `edit` applied, as a file of its own.
+  const auto damaged = [&](const std::string& name, const std::function<void(std::string&)>& edit) {
+    std::string b = bytes;
+    edit(b);
+    lowbit_test::write_file(dir + "/" + name, b);
+    return dir + "/" + name;
+  };
+  const auto flip_in = [&](const std::string& record) {
+    return [s = spans.at(record)](std::string& b) { b[s.first + s.second / 2] ^= 0x04; };
+  };
+  const auto load = [](const std::string& path) {
+    return [path] {
+      lo::AdamW o({at::zeros({5000})}, lo::AdamWOptions().state_format(lowbit::StateFormat::Q8));
+      lo::load_checkpoint(o, path);
+    };
+  };
+  std::string tensor_record;
+  for (const auto& [name, s] : spans)
+    if (name.rfind("data/", 0) == 0 && s.second > 1000) tensor_record = name;
+  const std::string missing = dir + "/missing.pt";
+  r.push_back({"load_checkpoint: missing file", load(missing), {missing, "cannot read"}});
+  const std::string empty = damaged("empty.pt", [](std::string& b) { b.clear(); });
+  r.push_back({"load_checkpoint: empty file", load(empty), {empty, "0 bytes"}});
+  const std::string cut = damaged("cut.pt", [](std::string& b) { b.resize(b.size() - 30); });
+  r.push_back({"load_checkpoint: cut inside the end record", load(cut), {cut, "no zip end record"}});
+  r.push_back({"load_checkpoint: flipped bit in the deflated code record",
+               load(damaged("code.pt", flip_in("code/__torch__.py"))), {"code/__torch__.py", "CRC-32"}});
+  r.push_back({"load_checkpoint: flipped bit in data.pkl", load(damaged("pickle.pt", flip_in("data.pkl"))),
+               {"data.pkl", "CRC-32"}});
+  r.push_back({"load_checkpoint: flipped bit in a tensor's bytes", load(damaged("tensor.pt", flip_in(tensor_record))),
+               {tensor_record, "CRC-32"}});
+  r.push_back({"load_checkpoint: a record's stored size past the central directory",
+               load(damaged("size.pt",
+                            [](std::string& b) {
+                              const size_t d = b.find(std::string("PK\x01\x02", 4));
+                              const uint32_t v = 0x7FFFFFFF;
+                              std::memcpy(&b[d + 20], &v, 4);
+                            })),
+               {"2147483647 bytes", "past the start of the central directory"}});
+  r.push_back({"load_checkpoint: the central directory's offset moved",
+               load(damaged("offset.pt",
+                            [](std::string& b) {
+                              const size_t e = b.rfind(std::string("PK\x05\x06", 4));
+                              b[e + 16] ^= 0x01;
+                            })),
+               {"end record", "disagree"}});
 }
 
 }  // namespace
@@ -206,6 +279,7 @@ TEST(EntryPoints, EveryRowRaisesAnErrorNamingTheArgument) {
       ADD_FAILURE() << row.name << ": not a c10::Error: " << e.what();
     }
   }
+  std::filesystem::remove_all(rows_dir());
   std::printf("%d rows\n", n);
 }
 

@@ -74,8 +74,10 @@ struct CheckpointContents {
 // and the bad value. `who` prefixes messages (the optimizer's name, or the file).
 CheckpointContents read_checkpoint(torch::serialize::InputArchive& archive, const std::string& who);
 
-// Before libtorch reads a file: its zip records must lie inside the file (a damaged size field
-// would otherwise make libtorch allocate what the field says, e.g. many GiB).
+// Before libtorch reads a file: a well-formed zip archive (end record, central directory, local
+// headers, records inside the file and apart) whose every record matches its CRC-32
+// (checkpoint_zip.h). libtorch checks none of it; a damaged size field would make it allocate
+// what the field says, and a damaged pickle corrupts its heap.
 void check_checkpoint_file(const std::string& path);
 
 // check_checkpoint_file, then libtorch's reader; whatever libtorch throws on a damaged file

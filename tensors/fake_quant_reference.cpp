@@ -206,6 +206,8 @@ at::Tensor dequantize_codes_reference(const at::Tensor& codes, const at::Tensor&
                                       int64_t group_size, int64_t bits, bool is_signed, at::ScalarType dtype) {
   const char* op = "lowbit::dequantize_codes";
   TORCH_CHECK(codes.scalar_type() == at::kByte, op, ": codes must be uint8, got ", codes.scalar_type());
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kDouble, op,
+              ": dtype must be a floating type, got ", dtype);
   TORCH_CHECK(bits >= 2 && bits <= 8, op, ": bits must be in [2, 8], got ", bits);
   TORCH_CHECK(group_size >= 1 && codes.numel() % group_size == 0, op, ": group_size ", group_size,
               " does not divide the ", codes.numel(), " codes");
@@ -233,9 +235,10 @@ at::Tensor unpack_codes_reference(const at::Tensor& packed, int64_t bits, int64_
   TORCH_CHECK(packed.scalar_type() == at::kByte, "lowbit::unpack_codes: packed must be uint8, got ",
               packed.scalar_type());
   TORCH_CHECK(bits >= 2 && bits <= 8, "lowbit::unpack_codes: bits must be in [2, 8], got ", bits);
+  TORCH_CHECK(numel >= 0, "lowbit::unpack_codes: numel must be >= 0, got ", numel);
   const int64_t want = bits > 4 ? numel : (numel + 1) / 2;
-  TORCH_CHECK(packed.numel() == want, "lowbit::unpack_codes: ", numel, " codes of ", bits, " bits need ", want,
-              " bytes, got ", packed.numel());
+  TORCH_CHECK(packed.numel() == want, "lowbit::unpack_codes: numel ", numel, " (codes of ", bits, " bits) needs ", want,
+              " packed bytes, got ", packed.numel());
   const at::Tensor flat = packed.contiguous().view(-1);
   if (bits > 4) return flat.clone();
   const at::Tensor lo = at::bitwise_and(flat, 0xF);

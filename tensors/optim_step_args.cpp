@@ -189,6 +189,9 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     const int64_t numel = p.param.numel();
     TORCH_CHECK(p.param.device() == device, op, ": parameter ", i, " is on ", p.param.device(), ", parameter 0 on ",
                 device, "; one call steps parameters of one device");
+    TORCH_CHECK(p.param.layout() == at::kStrided && p.grad.layout() == at::kStrided, op, ": parameter ", i,
+                " has layout ", p.param.layout(), " and its gradient ", p.grad.layout(),
+                "; the step needs dense (strided) tensors");
     TORCH_CHECK(is_float_type(p.param.scalar_type()), op, ": parameter ", i, " has dtype ", p.param.scalar_type(),
                 "; supported: float32, bfloat16, float16");
     TORCH_CHECK(is_float_type(p.grad.scalar_type()), op, ": the gradient of parameter ", i, " has dtype ",
@@ -214,6 +217,8 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         const at::Tensor& x = a.state[next++];
         TORCH_CHECK(x.device() == device, op, ": the ", what, " of slot ", s, " of parameter ", i, " is on ",
                     x.device(), " but the parameter on ", device);
+        TORCH_CHECK(x.layout() == at::kStrided, op, ": the ", what, " of slot ", s, " of parameter ", i, " has layout ",
+                    x.layout(), "; state tensors are dense");
         TORCH_CHECK(x.is_contiguous(), op, ": the ", what, " of slot ", s, " of parameter ", i, " is not contiguous");
         return x;
       };

@@ -2,7 +2,6 @@
 // version 2's digests recomputed when asked, so that the loader's other checks are reached).
 #pragma once
 
-#include <caffe2/serialize/inline_container.h>
 #include <torch/serialize.h>
 
 #include <fstream>
@@ -10,6 +9,7 @@
 #include <string>
 
 #include <lowbit/optim/checkpoint_reader.h>
+#include <lowbit/optim/checkpoint_zip.h>
 
 namespace lowbit_test {
 
@@ -58,11 +58,19 @@ inline void write_file(const std::string& path, const std::string& data) {
   out.write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
-// [offset, offset + size) of each zip record's data in the file, by record name.
+// [offset, offset + stored size) of each zip record's bytes in the file, by record name without
+// the archive's folder ("data.pkl", "data/0", "code/__torch__.py"). The stored size, not
+// PyTorchStreamReader::getRecordSize: libtorch deflates code records, and their inflated size
+// reaches past them (past the end of the file for the last one).
 inline std::map<std::string, std::pair<size_t, size_t>> record_spans(const std::string& path) {
-  caffe2::serialize::PyTorchStreamReader r(path);
+  std::vector<lowbit::optim::ZipRecord> records;
+  const std::string error = lowbit::optim::check_zip_archive(path, &records);
+  TORCH_CHECK(error.empty(), "record_spans: ", path, ": ", error);
   std::map<std::string, std::pair<size_t, size_t>> out;
-  for (const auto& n : r.getAllRecords()) out[n] = {r.getRecordOffset(n), r.getRecordSize(n)};
+  for (const auto& r : records) {
+    const size_t slash = r.name.find('/');
+    out[slash == std::string::npos ? r.name : r.name.substr(slash + 1)] = {r.data_offset, r.stored_size};
+  }
   return out;
 }
 

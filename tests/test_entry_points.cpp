@@ -1,9 +1,18 @@
 // Bad input at every public C++ entry point, as a table: each row one call that must raise a
-// c10::Error whose message names the argument (and, where it has one, the bad value).
+// c10::Error whose message names the argument (and, where it has one, the bad value); and the
+// command-line tools' bad arguments (the second table).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 
+#include "checkpoint_edit.h"
 #include "test_util.h"
 
 namespace lo = lowbit::optim;
@@ -57,6 +66,10 @@ void option_rows(std::vector<Row>& rows, const std::string& opt, const std::vect
                       {field, v.str()}});
     }
 }
+
+void checkpoint_rows(std::vector<Row>& r);
+std::string rows_dir();
+void remove_dir(const std::string& dir);
 
 std::vector<Row> rows() {
   std::vector<Row> r;
@@ -177,7 +190,86 @@ std::vector<Row> rows() {
                  lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
                  o.set_overflow_check_interval(-3);
                }, {"interval", "-3"}});
+  checkpoint_rows(r);
   return r;
+}
+
+// ---- load_checkpoint: damaged files are refused before libtorch parses them (optim/checkpoint_zip.h),
+// naming the file and the record or field.
+// Removes a flat folder of files. Not std::filesystem::remove_all: the torch 2.11 wheel's libtorch.so
+// exports its own (older) copy of it, which our binaries bind to and which calls a null pointer
+// under AddressSanitizer.
+void remove_dir(const std::string& dir) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) files.push_back(f.path());
+  for (const auto& f : files) std::filesystem::remove(f);
+  std::filesystem::remove(dir);
+}
+
+std::string rows_dir() {
+  return (std::filesystem::temp_directory_path() / ("lowbit_entry_rows_" + std::to_string(getpid()))).string();
+}
+
+void checkpoint_rows(std::vector<Row>& r) {
+  const std::string dir = rows_dir();
+  std::filesystem::create_directories(dir);
+  const std::string good = dir + "/good.pt";
+  {
+    std::vector<at::Tensor> p = {at::randn({5000})};
+    lo::AdamW o(p, lo::AdamWOptions().state_format(lowbit::StateFormat::Q8));
+    p[0].mutable_grad() = at::ones({5000});
+    o.step();
+    torch::save(o, good);
+  }
+  const std::string bytes = lowbit_test::read_file(good);
+  const auto spans = lowbit_test::record_spans(good);
+  // A copy of the checkpoint with `edit` applied, as a file of its own.
+  const auto damaged = [&](const std::string& name, const std::function<void(std::string&)>& edit) {
+    std::string b = bytes;
+    edit(b);
+    lowbit_test::write_file(dir + "/" + name, b);
+    return dir + "/" + name;
+  };
+  const auto flip_in = [&](const std::string& record) {
+    return [s = spans.at(record)](std::string& b) { b[s.first + s.second / 2] ^= 0x04; };
+  };
+  const auto load = [](const std::string& path) {
+    return [path] {
+      lo::AdamW o({at::zeros({5000})}, lo::AdamWOptions().state_format(lowbit::StateFormat::Q8));
+      lo::load_checkpoint(o, path);
+    };
+  };
+  std::string tensor_record;
+  for (const auto& [name, s] : spans)
+    if (name.rfind("data/", 0) == 0 && s.second > 1000) tensor_record = name;
+  const std::string missing = dir + "/missing.pt";
+  r.push_back({"load_checkpoint: missing file", load(missing), {missing, "cannot read"}});
+  const std::string empty = damaged("empty.pt", [](std::string& b) { b.clear(); });
+  r.push_back({"load_checkpoint: empty file", load(empty), {empty, "0 bytes"}});
+  const std::string cut = damaged("cut.pt", [](std::string& b) { b.resize(b.size() - 30); });
+  r.push_back({"load_checkpoint: cut inside the end record", load(cut), {cut, "no zip end record"}});
+  r.push_back({"load_checkpoint: flipped bit in the deflated code record",
+               load(damaged("code.pt", flip_in("code/__torch__.py"))), {"code/__torch__.py", "CRC-32"}});
+  r.push_back({"load_checkpoint: flipped bit in data.pkl", load(damaged("pickle.pt", flip_in("data.pkl"))),
+               {"data.pkl", "CRC-32"}});
+  r.push_back({"load_checkpoint: flipped bit in a tensor's bytes", load(damaged("tensor.pt", flip_in(tensor_record))),
+               {tensor_record, "CRC-32"}});
+  r.push_back({"load_checkpoint: a record's stored size past the central directory",
+               load(damaged("size.pt",
+                            [](std::string& b) {
+                              const size_t d = b.find(std::string("PK\x01\x02", 4));
+                              const uint32_t v = 0x7FFFFFFF;
+                              std::memcpy(&b[d + 20], &v, 4);  // compressed size
+                              std::memcpy(&b[d + 24], &v, 4);  // uncompressed size
+                            })),
+               {"2147483647 bytes", "past the start of the central directory"}});
+  r.push_back({"load_checkpoint: the central directory's offset moved",
+               load(damaged("offset.pt",
+                            [](std::string& b) {
+                              const size_t e = b.rfind(std::string("PK\x05\x06", 4));
+                              b[e + 16] ^= 0x01;
+                            })),
+               {"end record", "disagree"}});
 }
 
 }  // namespace
@@ -199,5 +291,86 @@ TEST(EntryPoints, EveryRowRaisesAnErrorNamingTheArgument) {
       ADD_FAILURE() << row.name << ": not a c10::Error: " << e.what();
     }
   }
+  remove_dir(rows_dir());
+  std::printf("%d rows\n", n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command-line tools: bad arguments end with a nonzero status and a message naming the
+// argument and its value (`lowbit`; lowbit_fuzz_checkpoint, whose options are numbers).
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct CliRow {
+  std::string name;
+  std::string command;            // run by the shell, stderr into the output
+  int status;                     // the exit status expected
+  std::vector<std::string> want;  // substrings of the output
+};
+
+std::pair<int, std::string> run_command(const std::string& command) {
+  std::string out;
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (!f) return {-1, "popen failed"};
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+std::vector<CliRow> cli_rows(const std::string& dir) {
+  const std::string cli = LOWBIT_CLI_PATH, fuzz = LOWBIT_FUZZ_PATH;
+  const std::string missing = dir + "/no_such_checkpoint.pt", empty = dir + "/empty.pt", text = dir + "/text.pt",
+                    tensor = dir + "/tensor.pt";
+  std::vector<CliRow> r = {
+      {"lowbit: no command", cli, 2, {"missing command"}},
+      {"lowbit: unknown command", cli + " frobnicate", 2, {"unknown command", "'frobnicate'"}},
+      {"lowbit: info with an argument", cli + " info extra", 2, {"info", "unexpected argument 'extra'"}},
+      {"lowbit: codebook without FORMAT", cli + " codebook", 2, {"codebook", "missing FORMAT"}},
+      {"lowbit: codebook of an unknown format", cli + " codebook Dyn9", 2, {"FORMAT", "'Dyn9'", "unknown"}},
+      {"lowbit: codebook of a state format", cli + " codebook Q8", 2, {"FORMAT", "'Q8'"}},
+      {"lowbit: codebook with two formats", cli + " codebook Dyn8Signed FP8E4M3", 2,
+       {"codebook", "unexpected argument 'FP8E4M3'"}},
+      {"lowbit: inspect without FILE", cli + " inspect", 2, {"inspect", "missing FILE"}},
+      {"lowbit: inspect an empty FILE name", cli + " inspect ''", 2, {"FILE is empty"}},
+      {"lowbit: inspect a missing file", cli + " inspect " + missing, 2, {"FILE", missing, "does not exist"}},
+      {"lowbit: inspect a directory", cli + " inspect " + dir, 2, {"FILE", dir, "is a directory"}},
+      {"lowbit: inspect an empty file", cli + " inspect " + empty, 1, {empty}},
+      {"lowbit: inspect a text file", cli + " inspect " + text, 1, {text}},
+      {"lowbit: inspect a tensor, not a checkpoint", cli + " inspect " + tensor, 1,
+       {tensor, "not a lowbit optimizer checkpoint"}},
+      {"fuzz: --cases not a number", fuzz + " --cases abc", 2, {"--cases", "'abc'"}},
+      {"fuzz: --cases negative", fuzz + " --cases -5", 2, {"--cases", "'-5'"}},
+      {"fuzz: --cases with trailing characters", fuzz + " --cases 10x", 2, {"--cases", "'10x'"}},
+      {"fuzz: --cases beyond 2^40", fuzz + " --cases 2000000000000", 2, {"--cases", "'2000000000000'"}},
+      {"fuzz: --seed beyond 64 bits", fuzz + " --seed 18446744073709551616", 2, {"--seed", "'18446744073709551616'"}},
+      {"fuzz: --case empty", fuzz + " --case ''", 2, {"--case", "''"}},
+      {"fuzz: --from a fraction", fuzz + " --from 1.5", 2, {"--from", "'1.5'"}},
+      {"fuzz: --kind unknown", fuzz + " --kind bitflip", 2, {"--kind", "'bitflip'"}},
+      {"fuzz: unknown option", fuzz + " --cases 1 --frobnicate 1", 2, {"unknown option", "'--frobnicate'"}},
+      {"fuzz: option without its value", fuzz + " --seed", 2, {"--seed", "needs a value"}},
+  };
+  return r;
+}
+
+}  // namespace
+
+TEST(EntryPoints, CommandLineToolsRejectBadArgumentsNamingThem) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("lowbit_cli_rows_" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/empty.pt"); }
+  { std::ofstream(dir + "/text.pt") << "not a zip archive\n"; }
+  torch::save(at::ones({3}), dir + "/tensor.pt");
+  int n = 0;
+  for (const CliRow& row : cli_rows(dir)) {
+    ++n;
+    SCOPED_TRACE(row.name);
+    const auto [status, out] = run_command(row.command);
+    EXPECT_EQ(status, row.status) << row.name << ": " << out;
+    for (const auto& w : row.want)
+      EXPECT_NE(out.find(w), std::string::npos) << row.name << ": the message does not name '" << w << "': " << out;
+  }
+  remove_dir(dir);
   std::printf("%d rows\n", n);
 }

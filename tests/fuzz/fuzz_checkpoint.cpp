@@ -1,12 +1,12 @@
 // lowbit_fuzz_checkpoint --cases N --seed S: a deterministic mutation fuzzer of optimizer
 // checkpoints. From real checkpoints of every optimizer x state format it makes damaged files
 // (bit flips, truncations, edited entries, damaged zip size fields), loads each into a live
-// optimizer (load_checkpoint) and into `lowbit inspect`, and counts per mutation kind how each
-// case ended. Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a
+// optimizer (load_checkpoint) and into `lowbit inspect`, and counts per mutation kind how each case ended. Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a
 // load that then steps exactly like the original checkpoint. Anything else fails the run.
 #include <torch/torch.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -272,27 +272,58 @@ struct Counts {
 
 constexpr double kHangSeconds = 10.0;
 
-// Returns false (and says why) if the case ended in anything but a clean refusal or an exact load.
-bool run_case(const Original& o, const std::string& path, Counts& c, std::string* why) {
-  ++c.cases;
-  // The live optimizer: trained state (from the original), then the damaged file.
+enum class Outcome { Refused, LoadedOk, Bad };
+
+// One loader on a live optimizer that holds the original's trained state: refused with the state
+// bit-identical, or loaded and then stepping exactly like the original; anything else is Bad (and
+// counted, with `why`). `load` may throw c10::Error only.
+Outcome try_load(const Original& o, const std::string& path, const char* via,
+                 const std::function<void(lo::LowbitOptimizer&)>& load, Counts& c, std::string* why) {
   std::vector<at::Tensor> p = clone_all(o.params);
   auto live = o.make(p, o.format);
-  lowbit_test::write_file(path + ".orig", o.file);
   lo::load_checkpoint(*live, path + ".orig");
   const auto before = snapshot(*live, p);
-  const auto t0 = std::chrono::steady_clock::now();
-  bool loaded = false, bad = false;
   try {
-    lo::load_checkpoint(*live, path);
-    loaded = true;
+    load(*live);
   } catch (const c10::Error&) {
+    if (same_bits(before, snapshot(*live, p))) return Outcome::Refused;
+    ++c.silent;
+    *why = std::string(via) + ": refused, but the optimizer's state or parameters changed";
+    return Outcome::Bad;
   } catch (const std::exception& e) {
     ++c.crashes;
-    *why = std::string("not a c10::Error: ") + e.what();
-    bad = true;
+    *why = std::string(via) + ": not a c10::Error: " + e.what();
+    return Outcome::Bad;
   }
-  // The same file through `lowbit inspect`: a c10::Error or a listing, nothing else.
+  // Loaded: it must step exactly like the original checkpoint.
+  std::vector<at::Tensor> q = clone_all(o.params);
+  auto ref = o.make(q, o.format);
+  lo::load_checkpoint(*ref, path + ".orig");
+  try {
+    step(*live, p, o.grads);
+  } catch (const c10::Error& e) {
+    ++c.silent;
+    *why = std::string(via) + ": loaded, then the step failed: " + e.what_without_backtrace();
+    return Outcome::Bad;
+  }
+  step(*ref, q, o.grads);
+  if (!same_bits(snapshot(*live, p), snapshot(*ref, q))) {
+    ++c.silent;
+    *why = std::string(via) + ": loaded, but steps differently from the original";
+    return Outcome::Bad;
+  }
+  return Outcome::LoadedOk;
+}
+
+// Returns false (and says why) if the case ended in anything but a clean refusal or an exact load
+// (load_checkpoint), or in anything but an error or a listing (`lowbit inspect`).
+bool run_case(const Original& o, const std::string& path, Counts& c, std::string* why) {
+  ++c.cases;
+  lowbit_test::write_file(path + ".orig", o.file);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome outcome =
+      try_load(o, path, "load_checkpoint", [&](lo::LowbitOptimizer& opt) { lo::load_checkpoint(opt, path); }, c, why);
+  bool bad = outcome == Outcome::Bad;
   try {
     std::ostringstream out;
     lowbit::tools::inspect_checkpoint(path, out);
@@ -309,39 +340,70 @@ bool run_case(const Original& o, const std::string& path, Counts& c, std::string
     return false;
   }
   if (bad) return false;
-  if (!loaded) {
-    if (!same_bits(before, snapshot(*live, p))) {
-      ++c.silent;
-      *why = "refused, but the optimizer's state or parameters changed";
-      return false;
-    }
-    ++c.refused;
-    return true;
-  }
-  // Loaded: it must step exactly like the original checkpoint.
-  std::vector<at::Tensor> q = clone_all(o.params);
-  auto ref = o.make(q, o.format);
-  lo::load_checkpoint(*ref, path + ".orig");
-  try {
-    step(*live, p, o.grads);
-  } catch (const c10::Error& e) {
-    ++c.silent;
-    *why = std::string("loaded, then the step failed: ") + e.what_without_backtrace();
-    return false;
-  }
-  step(*ref, q, o.grads);
-  if (!same_bits(snapshot(*live, p), snapshot(*ref, q))) {
-    ++c.silent;
-    *why = "loaded, but steps differently from the original";
-    return false;
-  }
-  ++c.loaded_ok;
+  ++(outcome == Outcome::Refused ? c.refused : c.loaded_ok);
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// A crash names its case (so that --case K reproduces it): written from the signal handler with
+// write(2) only, then the signal goes on as it would have.
+// ---------------------------------------------------------------------------------------------
+
+volatile int64_t g_case = -1;
+volatile uint64_t g_seed = 0;
+
+void write_number(char*& at, uint64_t v) {
+  char digits[24];
+  int n = 0;
+  do digits[n++] = static_cast<char>('0' + v % 10); while ((v /= 10) != 0);
+  while (n > 0) *at++ = digits[--n];
+}
+
+void on_crash(int sig) {
+  char buf[160];
+  char* at = buf;
+  for (const char* s = "\nlowbit_fuzz_checkpoint: signal "; *s;) *at++ = *s++;
+  write_number(at, static_cast<uint64_t>(sig));
+  for (const char* s = " in case "; *s;) *at++ = *s++;
+  write_number(at, static_cast<uint64_t>(g_case));
+  for (const char* s = " (rerun: --seed "; *s;) *at++ = *s++;
+  write_number(at, g_seed);
+  for (const char* s = " --case "; *s;) *at++ = *s++;
+  write_number(at, static_cast<uint64_t>(g_case));
+  for (const char* s = ")\n"; *s;) *at++ = *s++;
+  ssize_t ignored = ::write(2, buf, static_cast<size_t>(at - buf));
+  (void)ignored;
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 int usage() {
-  std::cerr << "usage: lowbit_fuzz_checkpoint [--cases N] [--seed S] [--kind NAME]\n";
+  std::cerr << "usage: lowbit_fuzz_checkpoint [--cases N] [--seed S] [--from K] [--case K] [--kind NAME]\n"
+               "  --cases N  cases 0..N-1 (default 600)     --seed S  the run's seed (default 1)\n"
+               "  --from K   skip cases below K             --case K  case K of seed S alone\n"
+               "  --kind NAME  only this mutation kind, one of:";
+  for (const char* k : kKinds) std::cerr << " " << k;
+  std::cerr << "\n";
   return 2;
+}
+
+// A whole decimal number in [0, max]; anything else (empty, a sign, trailing characters, too
+// large) is refused with a message naming the option and the value.
+bool parse_number(const std::string& opt, const std::string& v, uint64_t max, uint64_t* out) {
+  uint64_t x = 0;
+  bool ok = !v.empty();
+  for (const char ch : v) {
+    if (ch < '0' || ch > '9' || x > (max - static_cast<uint64_t>(ch - '0')) / 10) ok = false;
+    if (!ok) break;
+    x = x * 10 + static_cast<uint64_t>(ch - '0');
+  }
+  if (!ok) {
+    std::cerr << "lowbit_fuzz_checkpoint: " << opt << " must be a whole number in 0.." << max << ", got '" << v
+              << "'\n";
+    return false;
+  }
+  *out = x;
+  return true;
 }
 
 }  // namespace
@@ -352,29 +414,43 @@ int main(int argc, char** argv) {
   int only_kind = -1;
   int64_t first = 0;  // --from N: start at case N (each case is reproducible alone)
   const bool verbose = std::getenv("LOWBIT_FUZZ_VERBOSE") != nullptr;
+  constexpr uint64_t kMaxCases = uint64_t(1) << 40;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (i + 1 >= argc) return usage();
+    if (a == "--help" || a == "-h") return usage(), 0;
+    const bool known = a == "--cases" || a == "--seed" || a == "--from" || a == "--case" || a == "--kind";
+    if (!known) {
+      std::cerr << "lowbit_fuzz_checkpoint: unknown option '" << a << "'\n";
+      return usage();
+    }
+    if (i + 1 >= argc) {
+      std::cerr << "lowbit_fuzz_checkpoint: " << a << " needs a value\n";
+      return usage();
+    }
     const std::string v = argv[++i];
-    try {
-      if (a == "--cases") {
-        cases = std::stoll(v);
-      } else if (a == "--seed") {
-        seed = std::stoull(v);
-      } else if (a == "--from") {
-        first = std::stoll(v);
-      } else if (a == "--kind") {
-        for (int k = 0; k < kNumKinds; ++k)
-          if (v == kKinds[k]) only_kind = k;
-        if (only_kind < 0) return usage();
-      } else {
+    uint64_t x = 0;
+    if (a == "--kind") {
+      for (int k = 0; k < kNumKinds; ++k)
+        if (v == kKinds[k]) only_kind = k;
+      if (only_kind < 0) {
+        std::cerr << "lowbit_fuzz_checkpoint: unknown --kind '" << v << "'\n";
         return usage();
       }
-    } catch (const std::exception&) {
-      std::cerr << "lowbit_fuzz_checkpoint: bad value '" << v << "' for " << a << "\n";
+    } else if (!parse_number(a, v, a == "--seed" ? UINT64_MAX : kMaxCases, &x)) {
       return 2;
+    } else if (a == "--cases") {
+      cases = static_cast<int64_t>(x);
+    } else if (a == "--seed") {
+      seed = x;
+    } else if (a == "--from") {
+      first = static_cast<int64_t>(x);
+    } else {  // --case K: case K alone (the run's random choices up to K are replayed, not loaded)
+      first = static_cast<int64_t>(x);
+      cases = first + 1;
     }
   }
+  g_seed = seed;
+  for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_crash);
   at::set_num_threads(1);
   const std::string path =
       (std::filesystem::temp_directory_path() / ("lowbit_fuzz_" + std::to_string(getpid()) + ".pt")).string();
@@ -387,6 +463,7 @@ int main(int argc, char** argv) {
     const Original& o = originals[pick(rng, originals.size())];
     if (n < first) continue;
     const int kind = only_kind >= 0 ? only_kind : static_cast<int>(n % kNumKinds);
+    g_case = n;
     Rng case_rng(seed * 0x9E3779B97F4A7C15ull + n);  // each case reproducible alone
     std::string note, why;
     lowbit_test::write_file(path, mutate(o, kind, case_rng, &note));
@@ -404,15 +481,17 @@ int main(int argc, char** argv) {
   std::printf("%-18s %8s %8s %9s %7s %5s %6s\n", "mutation", "cases", "refused", "loaded-ok", "crashes", "hangs",
               "silent");
   Counts total;
+  const auto row = [](const char* name, const Counts& c) {
+    std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", name, (long long)c.cases, (long long)c.refused,
+                (long long)c.loaded_ok, (long long)c.crashes, (long long)c.hangs, (long long)c.silent);
+  };
   for (int k = 0; k < kNumKinds; ++k) {
     const Counts& c = counts[k];
-    std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", kKinds[k], (long long)c.cases, (long long)c.refused,
-                (long long)c.loaded_ok, (long long)c.crashes, (long long)c.hangs, (long long)c.silent);
+    row(kKinds[k], c);
     total.cases += c.cases, total.refused += c.refused, total.loaded_ok += c.loaded_ok;
     total.crashes += c.crashes, total.hangs += c.hangs, total.silent += c.silent;
   }
-  std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", "total", (long long)total.cases, (long long)total.refused,
-              (long long)total.loaded_ok, (long long)total.crashes, (long long)total.hangs, (long long)total.silent);
+  row("total", total);
   std::printf("seed %llu, %.1f s (%d originals: 8 optimizers x 5 state formats)\n", (unsigned long long)seed, secs,
               static_cast<int>(originals.size()));
   return failures == 0 ? 0 : 1;

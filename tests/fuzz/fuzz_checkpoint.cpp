@@ -492,7 +492,7 @@ int main(int argc, char** argv) {
     total.crashes += c.crashes, total.hangs += c.hangs, total.silent += c.silent;
   }
   row("total", total);
-  std::printf("seed %llu, %.1f s (%d originals: 8 optimizers x 5 state formats)\n", (unsigned long long)seed, secs,
+  std::printf("seed %llu, %.1f s (%d originals: 8 optimizers x 6 state formats)\n", (unsigned long long)seed, secs,
               static_cast<int>(originals.size()));
   return failures == 0 ? 0 : 1;
 }

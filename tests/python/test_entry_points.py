@@ -1,7 +1,6 @@
 """Bad input at every op from Python, as a table: each row one call through torch.ops.lowbit that must
 raise an error whose message names the argument and the bad value (tests/test_entry_points.cpp is the
 C++ side). A second, short table holds inputs of the same kinds that are valid and must work."""
-import math
 import os
 
 import pytest
@@ -52,7 +51,6 @@ def strided(t):
 
 x = torch.randn(1000)
 codes, absmax = ops.quantize_blockwise(x, "Dyn8Signed", 0)
-meta = torch.empty(4, device="meta")
 g8 = torch.randn(8, 64)
 ones64 = torch.ones(8)
 

@@ -175,7 +175,12 @@ std::string check_zip_archive(const std::string& path, std::vector<ZipRecord>* r
     pos += kCentralSize + name_len + extra_len + comment_len;
     if (name_len == 0) return entry + " has an empty name";
     if (!names.insert(rec.name).second) return what + " appears twice";
-    if (flags & 0x1) return what + " is encrypted (flags " + str(flags) + ")";
+    // What miniz (libtorch's reader) acts on beyond the sizes: encryption and patch flags, and the
+    // directory mark (a name ending in '/', or the MS-DOS directory attribute), which makes it read
+    // the record as empty. libtorch writes none of them.
+    if (flags & 0x61) return what + " is marked encrypted or patched (flags " + str(flags) + ")";
+    if (rec.name.back() == '/' || (u32(c + 38) & 0x10))
+      return what + " is marked as a directory (external attributes " + str(u32(c + 38)) + ")";
     if (method != 0 && method != 8)
       return what + " is compressed with method " + str(method) + "; libtorch writes stored (0) or deflated (8) records";
     if (method == 0 && usize != csize)

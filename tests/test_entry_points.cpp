@@ -263,6 +263,13 @@ void checkpoint_rows(std::vector<Row>& r) {
                               std::memcpy(&b[d + 24], &v, 4);  // uncompressed size
                             })),
                {"2147483647 bytes", "past the start of the central directory"}});
+  r.push_back({"load_checkpoint: a record marked as a directory",
+               load(damaged("directory.pt",
+                            [](std::string& b) {
+                              const size_t d = b.find(std::string("PK\x01\x02", 4));
+                              b[d + 38] ^= 0x10;  // external attributes: MS-DOS directory
+                            })),
+               {"marked as a directory"}});
   r.push_back({"load_checkpoint: the central directory's offset moved",
                load(damaged("offset.pt",
                             [](std::string& b) {

@@ -25,6 +25,11 @@ struct Trial {
   bool ok = false;
   std::string why;
   int64_t peak_allocated = 0, peak_reserved = 0, weights = 0, grads = 0, state = 0;
+  // The last step alone: allocated at its start (weights, state, corrections; gradients were set to
+  // none), its peak, and the gradients it held at most: every parameter's without release, the
+  // largest parameter's with it (each gradient is stepped and freed as soon as autograd has summed
+  // it). held = start + gradients: what training keeps per parameter, activations apart.
+  int64_t step_start = 0, step_peak = 0, grads_held = 0;
   double step_ms = 0;
   // --probe-save: torch::save(optimizer) of this config
   double save_s = 0;
@@ -56,9 +61,16 @@ Trial run_trial(const Flags& f, int64_t layers, at::Device dev, const std::strin
     const auto opts = at::TensorOptions().dtype(at::kLong).device(dev);
     const at::Tensor x = at::randint(f.vocab, {f.batch, f.context}, opts), y = at::randint(f.vocab, {f.batch, f.context}, opts);
     std::vector<double> ms;
+    int64_t trial_peak = 0, trial_reserved = 0;
     for (int64_t s = 0; s < f.probe_steps; ++s) {
-      const auto t0 = Clock::now();
       opt->zero_grad();
+      if (s + 1 == f.probe_steps) {  // the steps so far peaked at trial_peak
+        synchronize(dev);
+        const DeviceMemory before = device_memory(dev);
+        trial_peak = before.peak_allocated, trial_reserved = before.peak_reserved, t.step_start = before.allocated;
+        reset_peak(dev);
+      }
+      const auto t0 = Clock::now();
       at::Tensor loss = model->loss(x, y);
       loss.backward();
       opt->step();
@@ -69,11 +81,15 @@ Trial run_trial(const Flags& f, int64_t layers, at::Device dev, const std::strin
     std::sort(ms.begin(), ms.end());
     t.step_ms = ms[ms.size() / 2];
     const DeviceMemory m = device_memory(dev);
-    t.peak_allocated = m.peak_allocated, t.peak_reserved = m.peak_reserved;
+    t.step_peak = m.peak_allocated;
+    t.peak_allocated = std::max(trial_peak, m.peak_allocated), t.peak_reserved = std::max(trial_reserved, m.peak_reserved);
+    int64_t largest = 0;
     for (const at::Tensor& p : params) {
       t.weights += static_cast<int64_t>(p.nbytes());
       if (p.grad().defined()) t.grads += static_cast<int64_t>(p.grad().nbytes());
+      largest = std::max<int64_t>(largest, static_cast<int64_t>(p.numel()) * p.element_size());
     }
+    t.grads_held = f.gradient_release ? largest : t.grads;
     t.state = opt->state_bytes();
     t.ok = true;
     if (!save_path.empty()) {
@@ -150,10 +166,12 @@ int run_probe(const Flags& f) {
   }
   // ---- CSV of every trial, then the result
   std::ofstream csv(f.out + ".csv");
-  csv << "layers,params,ok,peak_allocated,peak_reserved,weights,gradients,optimizer_state,step_ms\n";
+  csv << "layers,params,ok,peak_allocated,peak_reserved,weights,gradients,optimizer_state,step_ms,step_start,step_peak,"
+         "gradients_held\n";
   for (const Trial& t : trials)
     csv << t.layers << "," << t.params << "," << t.ok << "," << t.peak_allocated << "," << t.peak_reserved << ","
-        << t.weights << "," << t.grads << "," << t.state << "," << t.step_ms << "\n";
+        << t.weights << "," << t.grads << "," << t.state << "," << t.step_ms << "," << t.step_start << ","
+        << t.step_peak << "," << t.grads_held << "\n";
   csv.close();
   const auto best = std::find_if(trials.begin(), trials.end(), [&](const Trial& t) { return t.ok && t.layers == good; });
   if (best == trials.end()) {
@@ -170,6 +188,12 @@ int run_probe(const Flags& f) {
                 "reserved %s (allocator slack %s)\n",
                 gib(best->weights).c_str(), gib(best->grads).c_str(), gib(best->state).c_str(), gib(other).c_str(),
                 gib(best->peak_reserved).c_str(), gib(best->peak_reserved - best->peak_allocated).c_str());
+    const int64_t held = best->step_start + best->grads_held;
+    std::printf("  a step: starts at %s allocated (weights, optimizer state and corrections), holds gradients of %s "
+                "at most%s; held %.2f B/param; its peak %s = held + activations and temporaries %s\n",
+                gib(best->step_start).c_str(), gib(best->grads_held).c_str(),
+                f.gradient_release ? " (released: the largest parameter's)" : "", double(held) / double(best->params),
+                gib(best->step_peak).c_str(), gib(best->step_peak - held).c_str());
   } else {
     std::printf("  weights %s, gradients %s, optimizer state %s\n", gib(best->weights).c_str(), gib(best->grads).c_str(),
                 gib(best->state).c_str());

@@ -70,6 +70,8 @@ std::string usage() {
          "            --save DIR --resume DIR --stop-after STEP\n"
          "  presets   --tiny (CPU, seconds)\n"
          "  checks    --check-decreases --check-resume --check-recompute --check-release\n"
+         "  QAT       --qat-steps N --qat-lr X --qat-group N --qat-bits N (after training: int8 per-token\n"
+         "            activations + int4 (--qat-bits) per-group weights, PTQ vs QAT fine-tuning vs fp32 fine-tuning of N steps)\n"
          "  probe     --probe-max-size --probe-steps N --probe-max-layers N --probe-save FILE\n";
 }
 
@@ -144,6 +146,10 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--check-resume") f.check_resume = true;
     else if (a == "--check-recompute") f.check_recompute = true;
     else if (a == "--check-release") f.check_release = true;
+    else if (a == "--qat-steps") f.qat_steps = to_int(a, next(), 0, kMax);
+    else if (a == "--qat-group") f.qat_group = to_int(a, next(), 1, 1 << 20);
+    else if (a == "--qat-bits") f.qat_bits = to_int(a, next(), 2, 8);
+    else if (a == "--qat-lr") f.qat_lr = to_double(a, next(), 0.0, 10.0);
     else if (a == "--probe-max-size") f.probe = true;
     else if (a == "--probe-steps") f.probe_steps = to_int(a, next(), 2, 1000);
     else if (a == "--probe-max-layers") f.probe_max_layers = to_int(a, next(), 1, 100000);
@@ -172,6 +178,11 @@ Flags parse_flags(int argc, char** argv) {
     throw std::invalid_argument("--stop-after " + std::to_string(f.stop_after) + " is past --steps " + std::to_string(f.steps));
   if (f.check_resume && (!f.save.empty() || !f.resume.empty() || f.stop_after))
     throw std::invalid_argument("--check-resume makes its own checkpoint: drop --save / --resume / --stop-after");
+  if (f.qat_steps && f.width % f.qat_group != 0)
+    throw std::invalid_argument("--qat-group " + std::to_string(f.qat_group) + " does not divide --width " + std::to_string(f.width));
+  if (f.qat_steps && f.dtype != "fp32") throw std::invalid_argument("--qat-steps needs --dtype fp32 (the study compares with fp32)");
+  if (f.qat_steps && f.gradient_release)
+    throw std::invalid_argument("--qat-steps with --gradient-release: the study's fine-tuning steps with step(); drop one");
   if (f.check_resume && f.steps < 2) throw std::invalid_argument("--check-resume needs --steps >= 2");
   return f;
 }

@@ -39,6 +39,9 @@ struct Flags {
   int64_t stop_after = 0;           // stop (and --save) after this step, schedule unchanged
   // ---- checks (what CTest runs)
   bool check_decreases = false, check_resume = false, check_recompute = false, check_release = false;
+  // ---- QAT study (qat_study.h): after training, PTQ vs QAT fine-tuning vs fp32 fine-tuning
+  int64_t qat_steps = 0, qat_group = 32, qat_bits = 4;  // weights: int<qat_bits> per group of qat_group
+  double qat_lr = 0;                // 0: --lr x --min-lr-ratio (where the schedule ended)
   // ---- the largest model that trains
   bool probe = false;
   int64_t probe_steps = 3, probe_max_layers = 4096;

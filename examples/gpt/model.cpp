@@ -73,16 +73,33 @@ BlockImpl::BlockImpl(const ModelConfig& c, int64_t index) : heads_(c.heads), che
   (void)index;
 }
 
+void BlockImpl::set_fake_quant(int64_t weight_group_size, int64_t weight_bits) {
+  namespace lq = lowbit::qat;
+  if (weight_group_size == 0) {
+    fq_act_.reset(), fq_weight_.reset();
+    return;
+  }
+  fq_act_ = std::make_shared<lq::FakeQuantizerImpl>(lq::FakeQuantConfig::int8_per_token_asymmetric(), "block input");
+  fq_weight_ = std::make_shared<lq::FakeQuantizerImpl>(
+      lq::FakeQuantConfig(weight_bits, true).symmetric(true).granularity(lq::Granularity::PerGroup).group_size(weight_group_size),
+      "block weight");
+}
+
+at::Tensor BlockImpl::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!fq_act_) return at::linear(x, w, b);
+  return at::linear(fq_act_->forward(x), fq_weight_->forward(w), b);
+}
+
 at::Tensor BlockImpl::forward_plain(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), d = x.size(2), hd = d / heads_;
   at::Tensor h = at::layer_norm(x, {d}, ln1_w_, ln1_b_, 1e-5);
-  const auto qkv = at::linear(h, qkv_w_, qkv_b_).split(d, -1);
+  const auto qkv = linear(h, qkv_w_, qkv_b_).split(d, -1);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, heads_, hd}).transpose(1, 2); };
   at::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, 0.0, /*is_causal=*/true);
   y = y.transpose(1, 2).reshape({B, T, d});
-  at::Tensor r = x + at::linear(y, proj_w_, proj_b_);
-  h = at::gelu(at::linear(at::layer_norm(r, {d}, ln2_w_, ln2_b_, 1e-5), fc_w_, fc_b_), "tanh");
-  return r + at::linear(h, fc_proj_w_, fc_proj_b_);
+  at::Tensor r = x + linear(y, proj_w_, proj_b_);
+  h = at::gelu(linear(at::layer_norm(r, {d}, ln2_w_, ln2_b_, 1e-5), fc_w_, fc_b_), "tanh");
+  return r + linear(h, fc_proj_w_, fc_proj_b_);
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
@@ -105,6 +122,12 @@ GPTImpl::GPTImpl(const ModelConfig& c) : cfg_(c) {
   torch::NoGradGuard ng;
   lnf_w_.fill_(1.0);
   lnf_b_.zero_();
+}
+
+void GPTImpl::set_fake_quant(int64_t weight_group_size, int64_t weight_bits) {
+  TORCH_CHECK(weight_group_size == 0 || cfg_.width % weight_group_size == 0, "--qat-group ", weight_group_size,
+              " does not divide --width ", cfg_.width);
+  for (Block& b : blocks_) b->set_fake_quant(weight_group_size, weight_bits);
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& idx) {

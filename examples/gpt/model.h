@@ -6,6 +6,10 @@
 
 #include <torch/torch.h>
 
+#include <memory>
+
+#include <lowbit/lowbit.h>
+
 namespace gpt {
 
 struct ModelConfig {
@@ -23,10 +27,15 @@ class BlockImpl : public torch::nn::Module {
   BlockImpl(const ModelConfig& c, int64_t index);
   at::Tensor forward(const at::Tensor& x);  // with activation checkpointing when asked and grad is on
   at::Tensor forward_plain(const at::Tensor& x);
+  // QAT (--qat-steps): the block's four Linear layers fake-quantize their input and weight, as
+  // torchao's Int8DynActInt4WeightQATQuantizer does; 0: off.
+  void set_fake_quant(int64_t weight_group_size, int64_t weight_bits = 4);
 
  private:
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
   int64_t heads_;
   bool checkpoint_;
+  std::shared_ptr<lowbit::qat::FakeQuantizerImpl> fq_act_, fq_weight_;  // null: no fake quantization
   at::Tensor ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, fc_proj_w_, fc_proj_b_;
 };
 TORCH_MODULE(Block);
@@ -37,6 +46,9 @@ class GPTImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& idx);                            // logits [B, T, vocab]
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);    // mean cross-entropy, fp32
   const ModelConfig& config() const { return cfg_; }
+  // Every block's Linear layers (not the embeddings or the tied head): int8 asymmetric per-token
+  // activations, int4 symmetric weights in groups of `weight_group_size` along the input; 0: off.
+  void set_fake_quant(int64_t weight_group_size, int64_t weight_bits = 4);
 
  private:
   ModelConfig cfg_;

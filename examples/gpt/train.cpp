@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "memory.h"
+#include "qat_study.h"
 #include "model.h"
 #include "optimizer.h"
 
@@ -114,16 +115,6 @@ int64_t load_checkpoint(const std::string& dir, const Flags& f, const Corpus& c,
   return step.item<int64_t>();
 }
 
-double evaluate(GPT& model, const Flags& f, const Corpus& c, at::Device dev) {
-  torch::NoGradGuard ng;
-  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
-  for (int64_t i = 0; i < f.eval_batches; ++i) {
-    const auto xy = val_batch(c, f.batch, f.context, i, f.eval_batches, dev);
-    sum += model->loss(xy.first, xy.second);
-  }
-  return sum.item<double>() / static_cast<double>(f.eval_batches);
-}
-
 // Text from the model: temperature 0.8, top 40, after a prompt from the validation text.
 std::string sample(GPT& model, const Flags& f, const Corpus& c, at::Device dev) {
   torch::NoGradGuard ng;
@@ -159,6 +150,16 @@ void plot(const Flags& f) {
 }
 
 }  // namespace
+
+double evaluate(GPT& model, const Flags& f, const Corpus& c, at::Device dev) {
+  torch::NoGradGuard ng;
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  for (int64_t i = 0; i < f.eval_batches; ++i) {
+    const auto xy = val_batch(c, f.batch, f.context, i, f.eval_batches, dev);
+    sum += model->loss(xy.first, xy.second);
+  }
+  return sum.item<double>() / static_cast<double>(f.eval_batches);
+}
 
 at::Device device_of(const Flags& f) {
   const at::Device dev(f.device);
@@ -282,6 +283,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     if (f.sample > 0) std::printf("sample: %s\n", sample(model, f, c, dev).c_str());
     if (r.last_step == f.steps) plot(f);
   }
+  if (f.qat_steps && r.last_step == f.steps) run_qat_study(f, c, model, r.final_val, dev);
   return r;
 }
 

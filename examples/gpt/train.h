@@ -7,6 +7,7 @@
 
 #include "data.h"
 #include "flags.h"
+#include "model.h"
 
 namespace gpt {
 
@@ -23,6 +24,9 @@ struct RunResult {
 double lr_at(const Flags& f, int64_t s);
 
 RunResult train(const Flags& f, const Corpus& c, bool record_losses = false);
+
+// Mean validation loss over --eval-batches fixed batches.
+double evaluate(GPT& model, const Flags& f, const Corpus& c, at::Device dev);
 
 // The model's dtype and device for these flags (also sets threads and TF32).
 at::Device device_of(const Flags& f);

@@ -44,7 +44,8 @@ LOWBIT_VEC_INLINE f32x16 sign_of(f32x16 x) {
 #endif
 
 // torch.optim.Adam / AdamW. s[0] = exp_avg, s[1] = exp_avg_sq, s[2] = max_exp_avg_sq (amsgrad).
-template <typename F>
+// AMSGRAD false: a caller that carries no slot 2 (h.amsgrad is then false too) drops the test.
+template <typename F, bool AMSGRAD = true>
 LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s) {
   if (decoupled) {
     p = p * h.decay;
@@ -54,7 +55,7 @@ LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s) {
   s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
   s[1] = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
   F v = s[1];
-  if (h.amsgrad) {
+  if (AMSGRAD && h.amsgrad) {
     s[2] = vmax(s[2], s[1]);
     v = s[2];
   }
@@ -146,12 +147,13 @@ LOWBIT_RULE void lamb(const Hyper& h, F g, F& p, F* s) {
 }
 
 // One element (or one vector of elements) of rule R. `maximize` flips the gradient first.
-template <Rule R, typename F>
+// SLOT2: whether the caller carries a third slot (a GPU kernel compiled for fewer leaves it out).
+template <Rule R, typename F, bool SLOT2 = true>
 LOWBIT_RULE void apply_rule(const Hyper& h, F g, F& p, F* s) {
   if (h.maximize) g = -g;
   switch (R) {
-    case Rule::Adam: adam(h, false, g, p, s); break;
-    case Rule::AdamW: adam(h, true, g, p, s); break;
+    case Rule::Adam: adam<F, SLOT2>(h, false, g, p, s); break;
+    case Rule::AdamW: adam<F, SLOT2>(h, true, g, p, s); break;
     case Rule::SGD: sgd(h, g, p, s); break;
     case Rule::Lion: lion(h, g, p, s); break;
     case Rule::RMSprop: rmsprop(h, g, p, s); break;

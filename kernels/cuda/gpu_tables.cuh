@@ -36,7 +36,8 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
     const EncodeTable enc = make_encode_table(fmt);
     const std::vector<float> cb = make_codebook(fmt);
     GpuTables& t = tables[i];
-    for (int k = 0; k < 256 + kGpuMaxScan; ++k) t.thresholds[k] = k < 256 ? enc.thresholds[k] : INFINITY;
+    // + 0.0f turns a -0 threshold into +0 (the same compares; the step's encode needs no -0).
+    for (int k = 0; k < 256 + kGpuMaxScan; ++k) t.thresholds[k] = k < 256 ? enc.thresholds[k] + 0.0f : INFINITY;
     for (int k = 0; k < 256; ++k) {
       t.sorted_codes[k] = enc.sorted_codes[k];
       t.codebook[k] = k < static_cast<int>(cb.size()) ? cb[k] : 0.0f;

@@ -125,8 +125,12 @@ __device__ __forceinline__ void stage_formats(SharedFormat* sh, const Args& a) {
 __device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x, bool identity) {
   const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
   static_assert(kGpuMaxScan == 3, "one compare per threshold a bucket may hold");
-  // Summed in one expression: the compiler adds the three compares with one three-input add.
-  const int c = s + (sh.thresholds[s] < x) + (sh.thresholds[s + 1] < x) + (sh.thresholds[s + 2] < x);
+  // t < x exactly when t - x has its sign bit set: t - x is 0 only for t == x (subnormals are kept),
+  // no threshold is -0 (gpu_tables.cuh stores +0), and a NaN x gives the canonical NaN (sign 0),
+  // like a false compare. A subtract and a shift-add each, where a compare costs three instructions.
+  const int c = s + static_cast<int>(__float_as_uint(sh.thresholds[s] - x) >> 31) +
+                static_cast<int>(__float_as_uint(sh.thresholds[s + 1] - x) >> 31) +
+                static_cast<int>(__float_as_uint(sh.thresholds[s + 2] - x) >> 31);
   return identity ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
 }
 
@@ -295,7 +299,7 @@ struct Lane {
 #pragma unroll
       for (int k = 0; k < RuleMaxSlots<R>::value; ++k) st[k] = k < NS ? s[k < NS ? k : 0][e] : 0.0f;
       float pe = p[e];
-      apply_rule<R>(h, ge, pe, st);
+      apply_rule<R, float, (NS >= 3)>(h, ge, pe, st);  // Adam's amsgrad test only where slot 2 is carried
       p[e] = pe;
 #pragma unroll
       for (int k = 0; k < NS; ++k) s[k][e] = st[k];
@@ -341,16 +345,29 @@ struct Lane {
                                               float amax, int64_t i, bool vec) const {
     const Normalizer nz = make_normalizer(amax);
     uint8_t c[8];
+    // pre == 1 (absmax within 2^-64..2^64: every block in practice): (x * 1) * inv is x * inv, one
+    // multiply. The test is the same for the lanes of a block, so the branch rarely diverges.
+    const bool one_multiply = nz.pre == 1.0f;
     if (FAMILY == kPow8) {
       const bool sgn = slot_is_signed(R, k);
+      if (one_multiply) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) c[e] = pow8_encode(normalize(nz, s[k][e]), sgn);
+        for (int e = 0; e < 8; ++e) c[e] = pow8_encode(s[k][e] * nz.inv, sgn);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = pow8_encode(normalize(nz, s[k][e]), sgn);
+      }
     } else {
       const int d = a.format_of_slot[k];
       const SharedFormat& f = sh[d];
       const bool identity = a.identity[d] != 0;
+      if (one_multiply) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), identity);
+        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, s[k][e] * nz.inv, identity);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), identity);
+      }
     }
     store_codes8<code_bits(FAMILY), FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
   }

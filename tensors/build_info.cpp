@@ -27,9 +27,14 @@ std::string build_info() {
     s << "yes (archs " << LOWBIT_HIP_ARCHS << ")\n";
   else
     s << "compiled, not linked (kernels for " << LOWBIT_HIP_ARCHS << "; libtorch is not a ROCm build)\n";
-  // distributed/: MpiCommunicator + ShardedOptimizer with MPI, NcclCommunicator with NCCL too.
+  // distributed/: MpiCommunicator + ShardedOptimizer with MPI, NcclCommunicator with NCCL too,
+  // ProcessGroupCommunicator over a c10d backend with a libtorch built with USE_DISTRIBUTED.
   s << "  mpi   " << (LOWBIT_WITH_MPI ? "yes (distributed/: MpiCommunicator, ShardedOptimizer)" : "no") << "\n";
   s << "  nccl  " << (LOWBIT_WITH_NCCL ? "yes (distributed/: NcclCommunicator)" : "no") << "\n";
+#ifndef LOWBIT_WITH_C10D
+#define LOWBIT_WITH_C10D 0
+#endif
+  s << "  c10d  " << (LOWBIT_WITH_C10D ? "yes (distributed/: ProcessGroupCommunicator)" : "no") << "\n";
   return s.str();
 }
 

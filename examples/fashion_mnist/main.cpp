@@ -12,49 +12,15 @@
 
 #include <lowbit/lowbit.h>
 
-#include "../idx_reader.h"
+#include "fashion_mnist.h"
 
 namespace lo = lowbit::optim;
 using lowbit::StateFormat;
+using lowbit_examples::default_lr;
+using lowbit_examples::make_optimizer;
+using lowbit_examples::Net;
 
 namespace {
-
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)))),
-        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-  at::Tensor forward(at::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc2(x);
-  }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Net);
-
-std::unique_ptr<lo::LowbitOptimizer> make_optimizer(const std::string& name, std::vector<at::Tensor> params,
-                                                    StateFormat f, double lr) {
-  if (name == "adamw") return std::make_unique<lo::AdamW>(params, lo::AdamWOptions(lr).state_format(f));
-  if (name == "adam") return std::make_unique<lo::Adam>(params, lo::AdamOptions(lr).state_format(f));
-  if (name == "sgd") return std::make_unique<lo::SGD>(params, lo::SGDOptions(lr).momentum(0.9).state_format(f));
-  if (name == "lion") return std::make_unique<lo::Lion>(params, lo::LionOptions(lr).state_format(f));
-  if (name == "rmsprop") return std::make_unique<lo::RMSprop>(params, lo::RMSpropOptions(lr).state_format(f));
-  if (name == "adagrad") return std::make_unique<lo::Adagrad>(params, lo::AdagradOptions(lr).state_format(f));
-  if (name == "ademamix") return std::make_unique<lo::AdEMAMix>(params, lo::AdEMAMixOptions(lr).state_format(f));
-  if (name == "lamb") return std::make_unique<lo::LAMB>(params, lo::LAMBOptions(lr).state_format(f));
-  throw std::runtime_error("unknown optimizer '" + name + "'; use adamw, adam, sgd, lion, rmsprop, adagrad, ademamix or lamb");
-}
-
-double default_lr(const std::string& name) {
-  if (name == "sgd") return 0.05;
-  if (name == "lion") return 1e-4;
-  if (name == "adagrad") return 0.02;
-  return 1e-3;
-}
 
 struct Result {
   StateFormat format;
@@ -95,10 +61,8 @@ int main(int argc, char** argv) {
   if (lr < 0) lr = default_lr(optimizer);
   try {
     const at::Device dev(device);
-    const at::Tensor train_x = (lowbit_examples::read_idx_gz(dir + "/train-images-idx3-ubyte.gz").to(at::kFloat) / 255 - 0.286) / 0.353;
-    const at::Tensor train_y = lowbit_examples::read_idx_gz(dir + "/train-labels-idx1-ubyte.gz").to(at::kLong);
-    const at::Tensor test_x = (lowbit_examples::read_idx_gz(dir + "/t10k-images-idx3-ubyte.gz").to(at::kFloat) / 255 - 0.286) / 0.353;
-    const at::Tensor test_y = lowbit_examples::read_idx_gz(dir + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);
+    const lowbit_examples::FashionMnist data = lowbit_examples::load_fashion_mnist(dir);
+    const at::Tensor &train_x = data.train_x, &train_y = data.train_y, &test_x = data.test_x;
     const int64_t n = train_x.size(0), steps_per_epoch = n / batch;
     std::printf("Fashion-MNIST: %lld train / %lld test images; optimizer %s lr %g, %d epoch(s) of %lld steps, batch %lld, %s\n",
                 (long long)n, (long long)test_x.size(0), optimizer.c_str(), lr, epochs, (long long)steps_per_epoch,
@@ -140,15 +104,7 @@ int main(int argc, char** argv) {
           }
         }
       }
-      torch::NoGradGuard ng;
-      net->eval();
-      int64_t correct = 0;
-      for (int64_t s = 0; s < test_x.size(0); s += 1000) {
-        const int64_t len = std::min<int64_t>(1000, test_x.size(0) - s);
-        const at::Tensor pred = net->forward(test_x.narrow(0, s, len).unsqueeze(1).to(dev)).argmax(1).cpu();
-        correct += pred.eq(test_y.narrow(0, s, len)).sum().item<int64_t>();
-      }
-      r.accuracy = 100.0 * correct / test_x.size(0);
+      r.accuracy = lowbit_examples::test_accuracy(net, data, dev);
       r.ms_per_step = train_ms / steps;
       r.state_bytes = opt->state_bytes();
       std::printf("\r  %-5s test accuracy %.2f%%, state %lld bytes, %.2f ms/step                 \n",

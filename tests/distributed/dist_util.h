@@ -48,4 +48,22 @@ inline std::vector<at::Tensor> make_params(at::ScalarType dtype, at::Device dev)
   return ps;
 }
 
+// Shared checks, run on the job's communicator and on the others the tests build (a c10d one).
+// test_communicator.cpp: every collective against values each rank computes itself; bad arguments
+// are errors naming the collective and the argument, and leave the communicator usable.
+void expect_expected_values(ld::Communicator& c);
+void expect_bad_arguments_named(ld::Communicator& c);
+
+// test_sharded_equality.cpp: a ShardedOptimizer over `c` (null: the job's) against one unsharded
+// process fed the averaged gradients, parameters and every fragment's state bit for bit.
+using Factory = std::function<std::unique_ptr<lo::LowbitOptimizer>(std::vector<at::Tensor>&)>;
+// Rank r's gradient of parameter k at step s (CPU); the reference gets the mean over ranks of it.
+using GradFn = std::function<at::Tensor(int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype)>;
+at::Tensor default_grad(int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype);
+struct Outcome {
+  int64_t sharded_state_bytes = 0, unsharded_state_bytes = 0;
+};
+Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
+                                   const GradFn& grad = default_grad, std::shared_ptr<ld::Communicator> c = nullptr);
+
 }  // namespace lowbit_test

@@ -6,27 +6,19 @@
 #include "../../distributed/fragment_state.h"
 
 namespace lowbit_test {
-namespace {
-
-using Factory = std::function<std::unique_ptr<lo::LowbitOptimizer>(std::vector<at::Tensor>&)>;
-// Rank r's gradient of parameter k at step s (CPU); the reference gets the mean over ranks of it.
-using GradFn = std::function<at::Tensor(int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype)>;
 
 at::Tensor default_grad(int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
   return rank_grad(r, s, k, shape, dtype);
 }
 
-struct Outcome {
-  int64_t sharded_state_bytes = 0, unsharded_state_bytes = 0;
-};
-
 Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
-                               const GradFn& grad = default_grad) {
-  const int rank = comm().rank(), world = comm().size();
+                                   const GradFn& grad, std::shared_ptr<ld::Communicator> c) {
+  if (!c) c = comm_ptr();
+  const int rank = c->rank(), world = c->size();
   std::vector<at::Tensor> ref_params = make_params(dtype, device()), params = make_params(dtype, device());
   std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
   std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
-  ld::ShardedOptimizer sharded(inner, comm_ptr(), so);
+  ld::ShardedOptimizer sharded(inner, c, so);
   for (int s = 1; s <= steps; ++s) {
     for (size_t k = 0; k < params.size(); ++k) {
       const auto shape = params[k].sizes();
@@ -65,6 +57,8 @@ Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld
   EXPECT_EQ(sharded.skipped_steps(), ref->skipped_steps());
   return {sharded.state_bytes(), ref->state_bytes()};
 }
+
+namespace {
 
 const auto& kFormats = lowbit::kAllStateFormats;
 

@@ -160,6 +160,29 @@ class Reader {
 constexpr int64_t kMaxCount = int64_t(1) << 40;  // above any real count of groups, parameters or steps
 constexpr int64_t kMaxSlots = 16;
 
+// Codes no writer produces: those whose codebook value is not finite (float8's Inf and NaN patterns;
+// the encoders saturate). A checkpoint holding one is refused before anything is assigned: for
+// example an FP8 second moment relabelled from E4M3 to E5M2 (its other allowed format), where
+// E4M3's largest codes 0x7C-0x7E, the ones every block's absmax encodes to, are Inf and NaN.
+void check_codes_finite(const Reader& r, const std::string& sk, const at::Tensor& codes, QuantFormat format) {
+  const at::Tensor cb = codebook(format).to(at::kFloat).cpu().contiguous();
+  std::vector<uint8_t> bad;
+  for (int64_t c = 0; c < cb.numel(); ++c)
+    if (!std::isfinite(cb.data_ptr<float>()[c])) bad.push_back(static_cast<uint8_t>(c));
+  if (bad.empty()) return;
+  TORCH_CHECK(cb.numel() == 256, r.who(), ": format ", format_name(format), " has non-finite codes in a packed codebook");
+  const at::Tensor bad_codes = at::tensor(at::ArrayRef<uint8_t>(bad)).to(codes.device());
+  const at::Tensor flat = codes.reshape(-1);
+  constexpr int64_t kChunk = int64_t(1) << 24;  // bounds the temporaries on large slots
+  for (int64_t i = 0; i < flat.numel(); i += kChunk) {
+    const at::Tensor hit = at::isin(flat.narrow(0, i, std::min(kChunk, flat.numel() - i)), bad_codes);
+    if (!hit.any().item<bool>()) continue;
+    const int64_t at_index = i + hit.nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK(false, r.who(), ": checkpoint tensor '", sk, "/codes' holds code ", int(flat[at_index].item<uint8_t>()),
+                " at element ", at_index, ", which is not a finite value of format ", format_name(format));
+  }
+}
+
 CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_t block_size) {
   CheckpointSlot s;
   s.storage = r.get_int(sk + "/storage", -1, kMaxStorageId);
@@ -179,6 +202,7 @@ CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_
     s.quantized = QTensor(s.codes, s.absmax, {numel}, static_cast<QuantFormat>(s.qformat), block_size);
     TORCH_CHECK(s.absmax.numel() == 0 || (s.absmax.isfinite().all().item<bool>() && s.absmax.min().item<float>() >= 0),
                 r.who(), ": checkpoint tensor '", sk, "/absmax' holds a negative or non-finite block scale");
+    check_codes_finite(r, sk, s.codes, static_cast<QuantFormat>(s.qformat));
   } else {
     s.values = r.get_tensor(sk + "/values", storage == StateFormat::BF16 ? at::kBFloat16 : at::kFloat);
     TORCH_CHECK(s.values.numel() == numel, r.who(), ": checkpoint tensor '", sk, "/values' has ", s.values.numel(),

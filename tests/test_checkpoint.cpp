@@ -132,6 +132,43 @@ TEST(Checkpoint, MismatchedOrCorruptCheckpointsAreRefusedAndChangeNothing) {
   for (const auto& f : {path, cut, foreign}) std::filesystem::remove(f);
 }
 
+// A code no encoder writes (not finite in its format) is refused at load: here FP8's second moment
+// relabelled from E4M3 to E5M2 (its other allowed format) and re-signed, where E4M3's code 0x7C (the
+// top of its range) is Inf. Found by the fuzzer's long run (wrong_format_id, seed 7): the loader
+// took it, and the first step then found every block overflowed.
+TEST(Checkpoint, CodesThatAreNotFiniteInTheirFormatAreRefused) {
+  auto p = params();
+  lo::AdamW opt(p, lo::AdamWOptions().state_format(StateFormat::FP8));
+  train(opt, p, grad_stream(p, 3), 0, 3);
+  const std::string path = temp_path("fp8_relabel");
+  torch::save(opt, path);
+  lowbit_test::Entries e = lowbit_test::read_entries(path);
+  std::string qkey;
+  for (const auto& [k, v] : e)
+    if (k.size() > 8 && k.compare(k.size() - 8, 8, "/qformat") == 0 && v.toInt() == int64_t(lowbit::QuantFormat::FP8E4M3) &&
+        k.find("/slot/1/") != std::string::npos)
+      qkey = k;
+  ASSERT_FALSE(qkey.empty()) << "no E4M3 second-moment slot in the checkpoint";
+  const std::string base = qkey.substr(0, qkey.size() - 8);
+  e[qkey] = c10::IValue(int64_t(lowbit::QuantFormat::FP8E5M2));
+  at::Tensor codes = e[base + "/codes"].toTensor().clone();
+  codes.reshape(-1)[7] = 0x7C;
+  e[base + "/codes"] = c10::IValue(codes);
+  lowbit_test::resign(e);
+  lowbit_test::write_entries(e, path);
+  const auto before = opt.export_state_fp32(p[0]);
+  try {
+    lo::load_checkpoint(opt, path);
+    ADD_FAILURE() << "a code that is Inf in its format loaded";
+  } catch (const c10::Error& err) {
+    EXPECT_NE(std::string(err.what_without_backtrace()).find("is not a finite value of format FP8E5M2"), std::string::npos)
+        << err.what_without_backtrace();
+  }
+  const auto after = opt.export_state_fp32(p[0]);
+  for (size_t k = 0; k < before.size(); ++k) EXPECT_TRUE(lowbit_test::bitwise_equal(before[k], after[k]));
+  std::filesystem::remove(path);
+}
+
 // libtorch does not check its archive's CRCs on load: a flipped bit in a tensor's data loads
 // silently. load_checkpoint checks every record's CRC-32 before libtorch reads the file; an archive
 // read by libtorch alone (torch::load) meets version 2's digests, and the header's digest refuses

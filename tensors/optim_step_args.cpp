@@ -38,35 +38,46 @@ std::string slot_list(const std::vector<kernels::SlotType>& slots) {
 // tensors (a parameter passed twice, a state aliasing a parameter) and not within one (an expanded
 // tensor), or elements would be updated twice or from a half-written state.
 void check_outputs_do_not_overlap(const StepCall& c, int num_slots, const char* op) {
+  // What a range is, as numbers: its name is only built for an error (a step over thousands of
+  // small tensors would otherwise make several strings per tensor on every call).
+  enum Kind { kParam, kCounters, kValues, kCodes, kAbsmax };
   struct Range {
     uintptr_t lo, hi;
-    std::string what;
+    int kind, param, slot;
+  };
+  const auto describe = [](const Range& r) {
+    static const char* const kSlotPart[] = {"", "", "the values", "the codes", "the absmax"};
+    const std::string pi = "parameter " + std::to_string(r.param);
+    if (r.kind == kParam) return pi;
+    if (r.kind == kCounters) return "counters[" + std::to_string(r.param) + "]";
+    return std::string(kSlotPart[r.kind]) + " of slot " + std::to_string(r.slot) + " of " + pi;
   };
   std::vector<Range> ranges;
-  const auto add = [&](const at::Tensor& t, const std::string& what) {
+  ranges.reserve(c.params.size() * (2 + 3 * static_cast<size_t>(num_slots)));
+  const auto add = [&](const at::Tensor& t, int kind, int param, int slot) {
     if (!t.defined() || t.numel() == 0 || t.is_meta()) return;
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", what,
+    const Range r{0, 0, kind, param, slot};
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", describe(r),
                 " has elements that share memory (e.g. an expanded tensor); the step writes it");
     int64_t extent = 1;
     for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
     const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr());
-    ranges.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), what});
+    ranges.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), kind, param, slot});
   };
   for (size_t i = 0; i < c.params.size(); ++i) {
     const StepParam& p = c.params[i];
-    const std::string pi = "parameter " + std::to_string(i);
-    add(p.param, pi);
-    add(p.counters, "counters[" + std::to_string(i) + "]");
+    const int pi = static_cast<int>(i);
+    add(p.param, kParam, pi, 0);
+    add(p.counters, kCounters, pi, 0);
     for (int s = 0; s < num_slots; ++s) {
-      const std::string of = " of slot " + std::to_string(s) + " of " + pi;
-      add(p.values[s], "the values" + of);
-      add(p.codes[s], "the codes" + of);
-      add(p.absmax[s], "the absmax" + of);
+      add(p.values[s], kValues, pi, s);
+      add(p.codes[s], kCodes, pi, s);
+      add(p.absmax[s], kAbsmax, pi, s);
     }
   }
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
   for (size_t k = 1, widest = 0; k < ranges.size(); ++k) {
-    TORCH_CHECK(ranges[k].lo >= ranges[widest].hi, op, ": ", ranges[k].what, " and ", ranges[widest].what,
+    TORCH_CHECK(ranges[k].lo >= ranges[widest].hi, op, ": ", describe(ranges[k]), " and ", describe(ranges[widest]),
                 " share memory; the step writes both (overlapping outputs)");
     if (ranges[k].hi > ranges[widest].hi) widest = k;
   }

@@ -61,7 +61,7 @@ void check_outputs_do_not_overlap(const StepCall& c, int num_slots, const char* 
                 " has elements that share memory (e.g. an expanded tensor); the step writes it");
     int64_t extent = 1;
     for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
-    const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const auto lo = reinterpret_cast<uintptr_t>(t.const_data_ptr());  // an address only: no copy-on-write check
     ranges.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), kind, param, slot});
   };
   for (size_t i = 0; i < c.params.size(); ++i) {

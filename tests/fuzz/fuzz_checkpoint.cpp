@@ -460,8 +460,14 @@ int main(int argc, char** argv) {
   g_seed = seed;
   for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_crash);
   at::set_num_threads(1);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("lowbit_fuzz_" + std::to_string(getpid()) + ".pt")).string();
+  // A folder of its own per run, and the same file name in every run: libtorch names the archive's
+  // folder inside the zip after the file, so a name with the pid in it would move every record by
+  // the pid's digits, and a flipped byte of the zip's structure (bitflip_zip) would land elsewhere
+  // from run to run: the same seed would not give the same cases.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("lowbit_fuzz_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "checkpoint.pt").string();
   const auto originals = make_originals(path);
   Rng rng(seed);
   std::vector<Counts> counts(kNumKinds);
@@ -487,6 +493,7 @@ int main(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::filesystem::remove(path);
   std::filesystem::remove(path + ".orig");
+  std::filesystem::remove(dir);
   std::printf("%-18s %8s %8s %9s %7s %5s %6s\n", "mutation", "cases", "refused", "loaded-ok", "crashes", "hangs",
               "silent");
   Counts total;

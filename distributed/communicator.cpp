@@ -17,6 +17,23 @@ void check_same_kind(const char* who, const char* collective, const at::Tensor& 
               b.device());
 }
 
+void check_chunked_collective(const char* who, const char* collective, const at::Tensor& input,
+                              const at::Tensor& output, int size, bool input_is_whole) {
+  check_collective_tensor(who, collective, "input", input);
+  check_collective_tensor(who, collective, "output", output);
+  check_same_kind(who, collective, input, output);
+  const at::Tensor& whole = input_is_whole ? input : output;
+  const at::Tensor& part = input_is_whole ? output : input;
+  const char* whole_name = input_is_whole ? "input" : "output";
+  const char* part_name = input_is_whole ? "output" : "input";
+  TORCH_CHECK(whole.numel() == part.numel() * size, who, ": ", collective, ": ", whole_name, " has ", whole.numel(),
+              " elements; expected size() * ", part_name, ".numel() = ", size, " * ", part.numel());
+}
+
+bool host_sums_natively(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kLong || t == at::kInt;
+}
+
 bool is_chunk_of(const at::Tensor& input, const at::Tensor& output, int rank) {
   if (!input.is_alias_of(output)) return false;
   const int64_t n = input.numel();

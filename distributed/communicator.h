@@ -38,8 +38,15 @@ class Communicator {
 // Checks shared by the backends; errors name the backend, the collective and the argument.
 void check_collective_tensor(const char* who, const char* collective, const char* arg, const at::Tensor& t);
 void check_same_kind(const char* who, const char* collective, const at::Tensor& a, const at::Tensor& b);
+// reduce_scatter (input_is_whole) and all_gather (output is whole): both tensors checked, of one
+// kind, and the whole one holding `size` chunks of the other's numel.
+void check_chunked_collective(const char* who, const char* collective, const at::Tensor& input,
+                              const at::Tensor& output, int size, bool input_is_whole);
 // True when `input` is exactly output's chunk `rank` of `chunks` (all_gather in place).
 bool is_chunk_of(const at::Tensor& input, const at::Tensor& output, int rank);
+// The dtypes the host backends (MPI, and c10d's, to give MPI's bits) sum as they are; every other
+// dtype is summed in float32 and rounded back.
+bool host_sums_natively(at::ScalarType t);
 
 }  // namespace distributed
 }  // namespace lowbit

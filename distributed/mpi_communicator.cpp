@@ -36,10 +36,6 @@ int count_of(const char* collective, int64_t numel) {
   return static_cast<int>(numel);
 }
 
-bool reduces_natively(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kLong || t == at::kInt;
-}
-
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -125,7 +121,7 @@ void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   check_usable(name);
   check_collective_tensor(kWho, name, "tensor", tensor);
   TORCH_CHECK(tensor.is_cpu(), kWho, ": ", name, ": tensor is on ", tensor.device(), "; MPI carries CPU tensors");
-  at::Tensor buf = reduces_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
+  at::Tensor buf = host_sums_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
   MPI_Request req;
   check_rc(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), count_of(name, buf.numel()), mpi_type(buf.scalar_type()),
                           MPI_SUM, comm_, &req),
@@ -138,13 +134,9 @@ void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
 void MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   const char* name = "reduce_scatter";
   check_usable(name);
-  check_collective_tensor(kWho, name, "input", input);
-  check_collective_tensor(kWho, name, "output", output);
-  check_same_kind(kWho, name, input, output);
+  check_chunked_collective(kWho, name, input, output, size_, /*input_is_whole=*/true);
   TORCH_CHECK(input.is_cpu(), kWho, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
-  TORCH_CHECK(input.numel() == output.numel() * size_, kWho, ": ", name, ": input has ", input.numel(),
-              " elements; expected size() * output.numel() = ", size_, " * ", output.numel());
-  const bool native = reduces_natively(input.scalar_type());
+  const bool native = host_sums_natively(input.scalar_type());
   const at::Tensor in = native ? input : input.to(at::kFloat);
   at::Tensor out = native ? output : at::empty({output.numel()}, input.options().dtype(at::kFloat));
   MPI_Request req;
@@ -159,12 +151,8 @@ void MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output
 void MpiCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_gather";
   check_usable(name);
-  check_collective_tensor(kWho, name, "input", input);
-  check_collective_tensor(kWho, name, "output", output);
-  check_same_kind(kWho, name, input, output);
+  check_chunked_collective(kWho, name, input, output, size_, /*input_is_whole=*/false);
   TORCH_CHECK(input.is_cpu(), kWho, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
-  TORCH_CHECK(output.numel() == input.numel() * size_, kWho, ": ", name, ": output has ", output.numel(),
-              " elements; expected size() * input.numel() = ", size_, " * ", input.numel());
   const bool in_place = is_chunk_of(input, output, rank_);
   const MPI_Datatype type = mpi_type(input.scalar_type());
   MPI_Request req;

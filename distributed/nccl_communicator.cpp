@@ -186,11 +186,7 @@ void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
 void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   const char* name = "reduce_scatter";
   check_usable(name);
-  check_collective_tensor(kWho, name, "input", input);
-  check_collective_tensor(kWho, name, "output", output);
-  check_same_kind(kWho, name, input, output);
-  TORCH_CHECK(input.numel() == output.numel() * impl_->size, kWho, ": ", name, ": input has ", input.numel(),
-              " elements; expected size() * output.numel() = ", impl_->size, " * ", output.numel());
+  check_chunked_collective(kWho, name, input, output, impl_->size, /*input_is_whole=*/true);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const bool native = reduces_natively(input.scalar_type());
   const at::Tensor in = native ? input : input.to(at::kFloat);
@@ -206,11 +202,7 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
 void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_gather";
   check_usable(name);
-  check_collective_tensor(kWho, name, "input", input);
-  check_collective_tensor(kWho, name, "output", output);
-  check_same_kind(kWho, name, input, output);
-  TORCH_CHECK(output.numel() == input.numel() * impl_->size, kWho, ": ", name, ": output has ", output.numel(),
-              " elements; expected size() * input.numel() = ", impl_->size, " * ", input.numel());
+  check_chunked_collective(kWho, name, input, output, impl_->size, /*input_is_whole=*/false);
   // In place when input is output's own chunk (NCCL reads sendbuff == recvbuff + rank * count).
   run(name, output.numel(), {input, output}, [&](void* s) {
     return static_cast<int>(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),

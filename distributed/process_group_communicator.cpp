@@ -14,11 +14,6 @@ namespace distributed {
 
 namespace {
 
-// As MpiCommunicator: these are summed in their own dtype; every other dtype goes through float32.
-bool reduces_natively(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kLong || t == at::kInt;
-}
-
 std::string what_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -120,7 +115,7 @@ void ProcessGroupCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   check_collective_tensor(who_.c_str(), name, "tensor", tensor);
   TORCH_CHECK(op == ReduceOp::Sum || at::isFloatingType(tensor.scalar_type()), who_, ": ", name,
               ": Avg needs a floating-point tensor, got dtype ", tensor.scalar_type());
-  at::Tensor buf = reduces_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
+  at::Tensor buf = host_sums_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
   std::vector<at::Tensor> tensors{buf};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
@@ -132,14 +127,10 @@ void ProcessGroupCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
 void ProcessGroupCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   const char* name = "reduce_scatter";
   check_usable(name);
-  check_collective_tensor(who_.c_str(), name, "input", input);
-  check_collective_tensor(who_.c_str(), name, "output", output);
-  check_same_kind(who_.c_str(), name, input, output);
-  TORCH_CHECK(input.numel() == output.numel() * size_, who_, ": ", name, ": input has ", input.numel(),
-              " elements; expected size() * output.numel() = ", size_, " * ", output.numel());
+  check_chunked_collective(who_.c_str(), name, input, output, size_, /*input_is_whole=*/true);
   TORCH_CHECK(op == ReduceOp::Sum || at::isFloatingType(input.scalar_type()), who_, ": ", name,
               ": Avg needs a floating-point tensor, got dtype ", input.scalar_type());
-  const bool native = reduces_natively(input.scalar_type());
+  const bool native = host_sums_natively(input.scalar_type());
   at::Tensor in = native ? input.view({-1}) : input.reshape({-1}).to(at::kFloat);
   at::Tensor out = native ? output.view({-1}) : at::empty({output.numel()}, input.options().dtype(at::kFloat));
   c10d::ReduceScatterOptions o;
@@ -152,11 +143,7 @@ void ProcessGroupCommunicator::reduce_scatter(const at::Tensor& input, at::Tenso
 void ProcessGroupCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_gather";
   check_usable(name);
-  check_collective_tensor(who_.c_str(), name, "input", input);
-  check_collective_tensor(who_.c_str(), name, "output", output);
-  check_same_kind(who_.c_str(), name, input, output);
-  TORCH_CHECK(output.numel() == input.numel() * size_, who_, ": ", name, ": output has ", output.numel(),
-              " elements; expected size() * input.numel() = ", size_, " * ", input.numel());
+  check_chunked_collective(who_.c_str(), name, input, output, size_, /*input_is_whole=*/false);
   // In place (input is output's chunk rank()): c10d backends accept the aliasing input as is.
   at::Tensor in = input.view({-1}), out = output.view({-1});
   c10d::AllgatherOptions o;

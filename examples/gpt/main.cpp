@@ -41,17 +41,23 @@ int check_resume(const gpt::Flags& f, const gpt::Corpus& c) {
   return ok ? 0 : 1;
 }
 
+// Two runs that must end in the same bits: the same training losses and parameter digest.
+int check_same_bits(const char* check, const char* a_name, const char* b_name, const gpt::Flags& fa,
+                    const gpt::Flags& fb, const gpt::Corpus& c) {
+  const gpt::RunResult a = gpt::train(fa, c, true), b = gpt::train(fb, c, true);
+  const bool ok = a.digest == b.digest && a.losses == b.losses;
+  std::printf("%s check: parameter digests %016llx (%s) vs %016llx (%s): %s\n", check, (unsigned long long)a.digest,
+              a_name, (unsigned long long)b.digest, b_name, ok ? "bit for bit" : "DIFFERENT");
+  return ok ? 0 : 1;
+}
+
 // Activation checkpointing recomputes exactly what the forward computed: the same losses and
 // parameters, bit for bit, with and without it.
 int check_recompute(const gpt::Flags& f, const gpt::Corpus& c) {
   gpt::Flags plain = f, recompute = f;
   plain.checkpoint_activations = false, recompute.checkpoint_activations = true;
   plain.out = f.out + "_plain", recompute.out = f.out + "_recompute";
-  const gpt::RunResult a = gpt::train(plain, c, true), b = gpt::train(recompute, c, true);
-  const bool ok = a.digest == b.digest && a.losses == b.losses;
-  std::printf("recompute check: parameter digests %016llx (stored activations) vs %016llx (checkpointed): %s\n",
-              (unsigned long long)a.digest, (unsigned long long)b.digest, ok ? "bit for bit" : "DIFFERENT");
-  return ok ? 0 : 1;
+  return check_same_bits("recompute", "stored activations", "checkpointed", plain, recompute, c);
 }
 
 // Gradient release steps each parameter inside backward() to the bits opt.step() after it gives:
@@ -61,11 +67,7 @@ int check_release(const gpt::Flags& f, const gpt::Corpus& c) {
   plain.gradient_release = false, released.gradient_release = true;
   plain.clip = released.clip = 0;
   plain.out = f.out + "_plain", released.out = f.out + "_released";
-  const gpt::RunResult a = gpt::train(plain, c, true), b = gpt::train(released, c, true);
-  const bool ok = a.digest == b.digest && a.losses == b.losses;
-  std::printf("release check: parameter digests %016llx (step after backward) vs %016llx (released): %s\n",
-              (unsigned long long)a.digest, (unsigned long long)b.digest, ok ? "bit for bit" : "DIFFERENT");
-  return ok ? 0 : 1;
+  return check_same_bits("release", "step after backward", "released", plain, released, c);
 }
 
 // The tiny CI run: validation loss well below its start, and the last training losses below the first.

@@ -370,7 +370,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
         }
       }
     }
-    for (const CallBucket& b : buckets) ops::optim_step(b.args, path_ == StepPath::Reference);
+    for (CallBucket& b : buckets) ops::optim_step(std::move(b.args), path_ == StepPath::Reference);
   }
 
   // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked.

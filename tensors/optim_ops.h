@@ -86,6 +86,15 @@ struct StepParam {
   std::array<at::Tensor, kernels::kMaxSlots> values, codes, absmax;  // by slot: dense, or quantized
   int64_t offset = 0;
   int64_t rng_key = 0;
+  // Addresses taken while checking, so a backend's launch preparation reads these instead of
+  // touching every tensor's metadata again (over thousands of small tensors each pass costs cache
+  // misses). What optim_step_ writes is copy-on-write materialized (mutable_data_ptr). Null for
+  // meta tensors, and grad_data also where the gradient is not contiguous.
+  void* param_data = nullptr;
+  const void* grad_data = nullptr;
+  int64_t* counters_data = nullptr;
+  std::array<void*, kernels::kMaxSlots> state_data{};     // by slot: dense values, or codes
+  std::array<float*, kernels::kMaxSlots> absmax_data{};  // quantized slots
 };
 
 // A checked call: every list has the length its parameters need, every tensor the dtype, size and
@@ -116,8 +125,9 @@ double call_lr(const StepCall& c);
 
 // Calls through the dispatcher: the kernel of the tensors' device (the reference where none is
 // registered), or the reference itself.
-void optim_step(const StepArgs& a, bool reference = false);
-at::Tensor optim_lamb_norms(const StepArgs& a, bool reference = false);
+// By value: an optimizer moves its argument lists in (thousands of tensors, no copy).
+void optim_step(StepArgs a, bool reference = false);
+at::Tensor optim_lamb_norms(StepArgs a, bool reference = false);
 std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                               bool want_sumsq);
 

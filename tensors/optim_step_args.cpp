@@ -36,52 +36,65 @@ std::string slot_list(const std::vector<kernels::SlotType>& slots) {
 
 // What the step writes (parameters, counters, state) must not share memory: not between two
 // tensors (a parameter passed twice, a state aliasing a parameter) and not within one (an expanded
-// tensor), or elements would be updated twice or from a half-written state.
-void check_outputs_do_not_overlap(const StepCall& c, int num_slots, const char* op) {
-  // What a range is, as numbers: its name is only built for an error (a step over thousands of
-  // small tensors would otherwise make several strings per tensor on every call).
+// tensor), or elements would be updated twice or from a half-written state. Each tensor's range is
+// taken while check_step_call has it at hand (thousands of small tensors: a second pass over their
+// metadata costs cache misses), and its name is only built for an error.
+class OutputRanges {
+ public:
   enum Kind { kParam, kCounters, kValues, kCodes, kAbsmax };
+
+  OutputRanges(bool enabled, size_t tensors, const char* op) : enabled_(enabled), op_(op) {
+    if (enabled_) ranges_.reserve(tensors);
+  }
+
+  // The address of an output of the step, materialized where it is copy-on-write (the step writes
+  // it); optim_lamb_norms only reads.
+  void* address(const at::Tensor& t) const {
+    if (!t.defined() || t.is_meta() || t.numel() == 0) return nullptr;
+    return enabled_ ? t.mutable_data_ptr() : const_cast<void*>(t.const_data_ptr());
+  }
+
+  // Records t (at address `data`, from address()).
+  void add(const at::Tensor& t, const void* data, Kind kind, int param, int slot = 0) {
+    if (!enabled_ || !t.defined() || t.numel() == 0 || t.is_meta()) return;
+    const Range r{0, 0, kind, param, slot};
+    int64_t extent = t.numel();  // a contiguous tensor spans its elements, none shared
+    if (!t.is_contiguous()) {
+      TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op_, ": ", describe(r),
+                  " has elements that share memory (e.g. an expanded tensor); the step writes it");
+      extent = 1;
+      for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+    }
+    const auto lo = reinterpret_cast<uintptr_t>(data);
+    ranges_.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), kind, param, slot});
+  }
+
+  void check() {
+    std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+    for (size_t k = 1, widest = 0; k < ranges_.size(); ++k) {
+      TORCH_CHECK(ranges_[k].lo >= ranges_[widest].hi, op_, ": ", describe(ranges_[k]), " and ",
+                  describe(ranges_[widest]), " share memory; the step writes both (overlapping outputs)");
+      if (ranges_[k].hi > ranges_[widest].hi) widest = k;
+    }
+  }
+
+ private:
   struct Range {
     uintptr_t lo, hi;
     int kind, param, slot;
   };
-  const auto describe = [](const Range& r) {
+  static std::string describe(const Range& r) {
     static const char* const kSlotPart[] = {"", "", "the values", "the codes", "the absmax"};
     const std::string pi = "parameter " + std::to_string(r.param);
     if (r.kind == kParam) return pi;
     if (r.kind == kCounters) return "counters[" + std::to_string(r.param) + "]";
     return std::string(kSlotPart[r.kind]) + " of slot " + std::to_string(r.slot) + " of " + pi;
-  };
-  std::vector<Range> ranges;
-  ranges.reserve(c.params.size() * (2 + 3 * static_cast<size_t>(num_slots)));
-  const auto add = [&](const at::Tensor& t, int kind, int param, int slot) {
-    if (!t.defined() || t.numel() == 0 || t.is_meta()) return;
-    const Range r{0, 0, kind, param, slot};
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", describe(r),
-                " has elements that share memory (e.g. an expanded tensor); the step writes it");
-    int64_t extent = 1;
-    for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
-    const auto lo = reinterpret_cast<uintptr_t>(t.const_data_ptr());  // an address only: no copy-on-write check
-    ranges.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), kind, param, slot});
-  };
-  for (size_t i = 0; i < c.params.size(); ++i) {
-    const StepParam& p = c.params[i];
-    const int pi = static_cast<int>(i);
-    add(p.param, kParam, pi, 0);
-    add(p.counters, kCounters, pi, 0);
-    for (int s = 0; s < num_slots; ++s) {
-      add(p.values[s], kValues, pi, s);
-      add(p.codes[s], kCodes, pi, s);
-      add(p.absmax[s], kAbsmax, pi, s);
-    }
   }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
-  for (size_t k = 1, widest = 0; k < ranges.size(); ++k) {
-    TORCH_CHECK(ranges[k].lo >= ranges[widest].hi, op, ": ", describe(ranges[k]), " and ", describe(ranges[widest]),
-                " share memory; the step writes both (overlapping outputs)");
-    if (ranges[k].hi > ranges[widest].hi) widest = k;
-  }
-}
+
+  bool enabled_;
+  const char* op_;
+  std::vector<Range> ranges_;
+};
 
 }  // namespace
 
@@ -192,6 +205,9 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
 
   c.params.resize(n);
   size_t next = 0;
+  // Only the step writes; optim_lamb_norms reads (the sharded optimizer passes it one scratch
+  // counter for every parameter).
+  OutputRanges outputs(std::string(op) != "lowbit::optim_lamb_norms", a.params.size() * 2 + a.state.size(), op);
   for (int64_t i = 0; i < n; ++i) {
     StepParam& p = c.params[i];
     p.param = a.params[i];
@@ -216,6 +232,11 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                 p.counters.scalar_type(), " ", p.counters.sizes());
     TORCH_CHECK(p.counters.device() == device, op, ": counters[", i, "] is on ", p.counters.device(),
                 " but the parameter on ", device);
+    p.param_data = outputs.address(p.param);
+    p.counters_data = static_cast<int64_t*>(outputs.address(p.counters));
+    if (!p.grad.is_meta() && p.grad.numel() > 0 && p.grad.is_contiguous()) p.grad_data = p.grad.const_data_ptr();
+    outputs.add(p.param, p.param_data, OutputRanges::kParam, static_cast<int>(i));
+    outputs.add(p.counters, p.counters_data, OutputRanges::kCounters, static_cast<int>(i));
     p.offset = a.offsets.empty() ? 0 : a.offsets[i];
     p.rng_key = a.rng_keys.empty() ? 0 : a.rng_keys[i];
     TORCH_CHECK(p.offset >= 0, op, ": offsets[", i, "] is ", p.offset, "; must be >= 0");
@@ -224,17 +245,19 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     for (int s = 0; s < c.num_slots; ++s) {
       const kernels::SlotType& t = c.slots[s];
       if (t.storage == kernels::SlotStorage::None) continue;
-      const auto take = [&](const char* what) {
+      const auto take = [&](const char* what, OutputRanges::Kind kind, void** data) {
         const at::Tensor& x = a.state[next++];
         TORCH_CHECK(x.device() == device, op, ": the ", what, " of slot ", s, " of parameter ", i, " is on ",
                     x.device(), " but the parameter on ", device);
         TORCH_CHECK(x.layout() == at::kStrided, op, ": the ", what, " of slot ", s, " of parameter ", i, " has layout ",
                     x.layout(), "; state tensors are dense");
         TORCH_CHECK(x.is_contiguous(), op, ": the ", what, " of slot ", s, " of parameter ", i, " is not contiguous");
+        *data = outputs.address(x);
+        outputs.add(x, *data, kind, static_cast<int>(i), s);
         return x;
       };
       if (kernels::is_correction(t.storage)) {
-        p.values[s] = take("correction");
+        p.values[s] = take("correction", OutputRanges::kValues, &p.state_data[s]);
         const at::ScalarType want = t.storage == kernels::SlotStorage::Int16 ? at::kShort : at::kChar;
         TORCH_CHECK(p.param.scalar_type() == at::kBFloat16, op, ": parameter ", i, " has dtype ",
                     p.param.scalar_type(), "; a master-weight correction (", slot_type_name(t),
@@ -245,15 +268,17 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         continue;
       }
       if (t.storage != kernels::SlotStorage::Quant) {
-        p.values[s] = take("values");
+        p.values[s] = take("values", OutputRanges::kValues, &p.state_data[s]);
         const at::ScalarType want = t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16;
         TORCH_CHECK(p.values[s].scalar_type() == want && p.values[s].numel() == numel, op, ": slot ", s,
                     " of parameter ", i, " (", slot_type_name(t), ") must be ", want, " with ", numel,
                     " elements, got ", p.values[s].scalar_type(), " with ", p.values[s].numel());
         continue;
       }
-      p.codes[s] = take("codes");
-      p.absmax[s] = take("absmax");
+      p.codes[s] = take("codes", OutputRanges::kCodes, &p.state_data[s]);
+      void* absmax = nullptr;
+      p.absmax[s] = take("absmax", OutputRanges::kAbsmax, &absmax);
+      p.absmax_data[s] = static_cast<float*>(absmax);
       TORCH_CHECK(p.codes[s].scalar_type() == at::kByte && p.codes[s].numel() == code_bytes(t.format, numel), op,
                   ": slot ", s, " of parameter ", i, " (", format_name(t.format), ") needs ",
                   code_bytes(t.format, numel), " uint8 codes, got ", p.codes[s].numel(), " of ",
@@ -264,9 +289,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                   p.absmax[s].scalar_type());
     }
   }
-  // Only the step writes; optim_lamb_norms reads (the sharded optimizer passes it one scratch
-  // counter for every parameter).
-  if (std::string(op) != "lowbit::optim_lamb_norms") check_outputs_do_not_overlap(c, c.num_slots, op);
+  outputs.check();
   return c;
 }
 

@@ -28,6 +28,17 @@ kernels::Rule parse_rule(const std::string& name) {
   TORCH_CHECK(false, "lowbit::optim_step_: unknown rule '", name, "'; expected one of ", all);
 }
 
+// The list's tensors, moved out where the stack holds the only reference to the list (the
+// optimizers' calls: no reference count touched per tensor), copied otherwise.
+std::vector<at::Tensor> take_tensors(c10::IValue& v) {
+  c10::List<at::Tensor> list = std::move(v).toTensorList();
+  if (list.use_count() != 1) return list.vec();
+  std::vector<at::Tensor> out;
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) out.push_back(list.extract(i));
+  return out;
+}
+
 std::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
   if (v.isNone()) return std::nullopt;
   return v.toTensor();
@@ -39,16 +50,16 @@ StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t base = stack->size() - n;
-  const auto arg = [&](const char* name) -> const c10::IValue& {
+  const auto arg = [&](const char* name) -> c10::IValue& {
     const auto i = schema.argumentIndexWithName(name);
     TORCH_INTERNAL_ASSERT(i.has_value(), "lowbit: no argument ", name, " in ", schema.name());
     return (*stack)[base + *i];
   };
   StepArgs a;
-  a.params = arg("params").toTensorVector();
-  a.grads = arg("grads").toTensorVector();
-  a.state = arg("state").toTensorVector();
-  a.counters = arg("counters").toTensorVector();
+  a.params = take_tensors(arg("params"));
+  a.grads = take_tensors(arg("grads"));
+  a.state = take_tensors(arg("state"));
+  a.counters = take_tensors(arg("counters"));
   a.lr = arg("lr").toTensor();
   kernels::StepConfig& c = a.config;
   c.rule = parse_rule(arg("rule").toStringRef());
@@ -89,8 +100,8 @@ StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 
 namespace {
 
-// Pushes a's values in the schema's order.
-torch::jit::Stack step_stack(const c10::OperatorHandle& op, const StepArgs& a) {
+// Pushes a's values in the schema's order, moving its tensor lists.
+torch::jit::Stack step_stack(const c10::OperatorHandle& op, StepArgs&& a) {
   const c10::FunctionSchema& schema = op.schema();
   torch::jit::Stack stack(schema.arguments().size());
   const auto set = [&](const char* name, c10::IValue v) { stack[*schema.argumentIndexWithName(name)] = std::move(v); };
@@ -98,10 +109,10 @@ torch::jit::Stack step_stack(const c10::OperatorHandle& op, const StepArgs& a) {
   const kernels::StepConfig& c = a.config;
   std::vector<std::string> slots;
   for (const auto& t : a.slots) slots.push_back(slot_type_name(t));
-  set("params", a.params);
-  set("grads", a.grads);
-  set("state", a.state);
-  set("counters", a.counters);
+  set("params", std::move(a.params));
+  set("grads", std::move(a.grads));
+  set("state", std::move(a.state));
+  set("counters", std::move(a.counters));
   set("lr", a.lr);
   set("rule", std::string(kernels::rule_name(c.rule)));
   set("slots", c10::List<std::string>(slots));
@@ -139,19 +150,19 @@ c10::OperatorHandle find_op(const char* name) {
 
 }  // namespace
 
-void optim_step(const StepArgs& a, bool reference) {
+void optim_step(StepArgs a, bool reference) {
   static const c10::OperatorHandle fused = find_op("lowbit::optim_step_");
   static const c10::OperatorHandle oracle = find_op("lowbit::optim_step_reference_");
   const c10::OperatorHandle& op = reference ? oracle : fused;
-  torch::jit::Stack stack = step_stack(op, a);
+  torch::jit::Stack stack = step_stack(op, std::move(a));
   op.callBoxed(&stack);
 }
 
-at::Tensor optim_lamb_norms(const StepArgs& a, bool reference) {
+at::Tensor optim_lamb_norms(StepArgs a, bool reference) {
   static const c10::OperatorHandle fused = find_op("lowbit::optim_lamb_norms");
   static const c10::OperatorHandle oracle = find_op("lowbit::optim_lamb_norms_reference");
   const c10::OperatorHandle& op = reference ? oracle : fused;
-  torch::jit::Stack stack = step_stack(op, a);
+  torch::jit::Stack stack = step_stack(op, std::move(a));
   op.callBoxed(&stack);
   return stack.back().toTensor();
 }

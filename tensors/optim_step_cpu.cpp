@@ -23,14 +23,15 @@ void check_cpu(const at::Tensor& t, const char* what, size_t i) {
               "; the CPU kernel takes CPU tensors only");
 }
 
-// The kernel's view of one parameter at step t.
-kernels::ParamTask make_task(const StepCall& c, const StepParam& p, const at::Tensor& param, int64_t t, double lr,
-                             const at::Tensor& grad) {
+// The kernel's view of one parameter at step t: `param` and `grad` are its data (the addresses
+// check_step_call took, or contiguous copies).
+kernels::ParamTask make_task(const StepCall& c, const StepParam& p, void* param, const void* grad, int64_t t,
+                             double lr) {
   kernels::ParamTask task;
-  task.param = param.data_ptr();
-  task.param_type = elem_type(param.scalar_type());
-  task.grad = grad.data_ptr();
-  task.grad_type = elem_type(grad.scalar_type());
+  task.param = param;
+  task.param_type = elem_type(p.param.scalar_type());
+  task.grad = grad;
+  task.grad_type = elem_type(p.grad.scalar_type());
   task.numel = p.param.numel();
   task.offset = p.offset;
   task.block_size = c.block_size;
@@ -43,10 +44,10 @@ kernels::ParamTask make_task(const StepCall& c, const StepParam& p, const at::Te
     r.storage = c.slots[k].storage;
     r.format = c.slots[k].format;
     if (r.storage == kernels::SlotStorage::Quant) {
-      r.codes = p.codes[k].data_ptr<uint8_t>();
-      r.absmax = p.absmax[k].data_ptr<float>();
+      r.codes = static_cast<uint8_t*>(p.state_data[k]);
+      r.absmax = p.absmax_data[k];
     } else if (r.storage != kernels::SlotStorage::None) {
-      r.values = p.values[k].data_ptr();
+      r.values = p.state_data[k];
     }
   }
   return task;
@@ -56,7 +57,7 @@ kernels::ParamTask make_task(const StepCall& c, const StepParam& p, const at::Te
 // apart (the reference steps them).
 struct CpuCall {
   StepCall call;
-  std::vector<at::Tensor> grads, params;  // contiguous copies where needed, kept alive
+  std::vector<at::Tensor> copies;  // contiguous copies where needed, kept alive
   std::vector<kernels::ParamTask> tasks;
   std::vector<size_t> task_param, strided;
   std::vector<int64_t> steps;
@@ -68,22 +69,26 @@ void prepare(CpuCall& cc, bool for_norms) {
   StepCall& c = cc.call;
   cc.grad_mult = call_grad_multiplier(c);
   const double lr = call_lr(c);
-  cc.grads.reserve(c.params.size());
-  cc.params.reserve(c.params.size());
   for (size_t i = 0; i < c.params.size(); ++i) {
     StepParam& p = c.params[i];
     check_cpu(p.param, "value", i);
-    const int64_t t = p.counters.data_ptr<int64_t>()[0] + 1;
+    const int64_t t = p.counters_data[0] + 1;
     cc.steps.push_back(t);
-    if (!p.param.is_contiguous() && !for_norms) {
+    const bool contiguous = p.param.is_contiguous();
+    if (!contiguous && !for_norms) {
       cc.strided.push_back(i);
       continue;
     }
-    cc.grads.push_back(p.grad.contiguous());
     // For the step the parameter is contiguous (strided ones went to the reference above); LAMB's
     // read-only pass takes a contiguous copy of any other.
-    cc.params.push_back(p.param.contiguous());
-    cc.tasks.push_back(make_task(c, p, cc.params.back(), t, lr, cc.grads.back()));
+    const auto data = [&](const at::Tensor& t, const void* taken) -> void* {
+      if (taken || t.numel() == 0) return const_cast<void*>(taken);
+      cc.copies.push_back(t.contiguous());
+      return cc.copies.back().data_ptr();
+    };
+    void* param = contiguous ? p.param_data : data(p.param, nullptr);
+    const void* grad = data(p.grad, p.grad_data);
+    cc.tasks.push_back(make_task(c, p, param, grad, t, lr));
     cc.task_param.push_back(i);
   }
   cc.kernel.rule = c.config.rule;
@@ -112,7 +117,7 @@ void step_cpu(const StepArgs& args) {
   cc.kernel.nonfinite_blocks = nonfinite.data();
   kernels::optim_step_cpu(cc.kernel);
   for (size_t k = 0; k < cc.tasks.size(); ++k) {
-    int64_t* counters = c.params[cc.task_param[k]].counters.data_ptr<int64_t>();
+    int64_t* counters = c.params[cc.task_param[k]].counters_data;
     counters[0] = cc.steps[cc.task_param[k]];
     counters[1] += nonfinite[k];
   }
@@ -154,8 +159,9 @@ std::tuple<at::Tensor, at::Tensor> grad_check_cpu(at::TensorList grads, at::IntA
   for (size_t i = 0; i < grads.size(); ++i) {
     TORCH_CHECK(grads[i].device().is_cpu(), "lowbit::grad_check: gradient ", i, " is on ", grads[i].device(),
                 "; the CPU kernel takes CPU tensors only");
-    keep.push_back(grads[i].contiguous());
-    refs.push_back({keep.back().data_ptr(), elem_type(grads[i].scalar_type()), keep.back().numel()});
+    if (!grads[i].is_contiguous()) keep.push_back(grads[i].contiguous());
+    const at::Tensor& c = grads[i].is_contiguous() ? grads[i] : keep.back();
+    refs.push_back({c.const_data_ptr(), elem_type(grads[i].scalar_type()), c.numel()});
   }
   const int64_t n = static_cast<int64_t>(refs.size());
   std::vector<uint8_t> finite(n);

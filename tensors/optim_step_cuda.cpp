@@ -24,7 +24,7 @@ void check(const char* err, const char* op) { TORCH_CHECK(err == nullptr, op, ":
 // stepped by the reference.
 struct GpuCall {
   StepCall call;
-  std::vector<at::Tensor> grads;  // contiguous copies where needed, kept alive
+  std::vector<at::Tensor> grads;  // contiguous copies of gradients that are not (else undefined)
   std::vector<size_t> strided;
   std::vector<std::vector<size_t>> groups;  // parameter indices per dtype
   std::vector<at::ScalarType> dtypes;
@@ -47,12 +47,14 @@ kernels::GpuStep base_step(const StepCall& c) {
   return s;
 }
 
+// From the addresses check_step_call took (no second pass over the tensors' metadata); `grad` is
+// a contiguous copy where the gradient is not contiguous, else undefined.
 kernels::GpuStepParam gpu_param(const StepCall& c, const StepParam& p, const at::Tensor& grad) {
   kernels::GpuStepParam g;
-  g.param = p.param.data_ptr();
-  g.grad = grad.data_ptr();
-  g.grad_type = elem_type(grad.scalar_type());
-  g.counters = p.counters.data_ptr<int64_t>();
+  g.param = p.param_data;
+  g.grad = grad.defined() ? grad.const_data_ptr() : p.grad_data;
+  g.grad_type = elem_type(p.grad.scalar_type());
+  g.counters = p.counters_data;
   g.numel = p.param.numel();
   g.offset = p.offset;
   g.rng_key = p.rng_key;
@@ -60,16 +62,12 @@ kernels::GpuStepParam gpu_param(const StepCall& c, const StepParam& p, const at:
   for (int k = 0; k < c.num_slots && k < kernels::kMomentSlots; ++k) {
     const kernels::SlotType& t = c.slots[k];
     if (t.storage == kernels::SlotStorage::None) continue;
-    if (t.storage == kernels::SlotStorage::Quant) {
-      g.slot[k] = p.codes[k].data_ptr();
-      g.absmax[k] = p.absmax[k].data_ptr<float>();
-    } else {
-      g.slot[k] = p.values[k].data_ptr();
-    }
+    g.slot[k] = p.state_data[k];
+    if (t.storage == kernels::SlotStorage::Quant) g.absmax[k] = p.absmax_data[k];
     aligned &= aligned16(g.slot[k]);
   }
   if (c.num_slots > kernels::kCorrectionSlot && kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage)) {
-    g.correction = p.values[kernels::kCorrectionSlot].data_ptr();
+    g.correction = p.state_data[kernels::kCorrectionSlot];
     aligned &= aligned16(g.correction);
   }
   g.aligned = aligned ? 1 : 0;
@@ -85,7 +83,7 @@ void prepare(GpuCall& gc) {
       gc.strided.push_back(i);
       continue;
     }
-    gc.grads[i] = p.grad.contiguous();
+    if (!p.grad_data && p.grad.numel() > 0) gc.grads[i] = p.grad.contiguous();
     const at::ScalarType t = p.param.scalar_type();
     size_t d = 0;
     while (d < gc.dtypes.size() && gc.dtypes[d] != t) ++d;
@@ -184,11 +182,12 @@ std::tuple<at::Tensor, at::Tensor> grad_check_cuda(at::TensorList grads, at::Int
   std::vector<kernels::GpuGrad> refs;
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto t = grads[i].scalar_type();
-    keep.push_back(grads[i].contiguous());
+    if (!grads[i].is_contiguous()) keep.push_back(grads[i].contiguous());
+    const at::Tensor& c = grads[i].is_contiguous() ? grads[i] : keep.back();
     kernels::GpuGrad g;
-    g.data = keep.back().data_ptr();
+    g.data = c.const_data_ptr();
     g.type = elem_type(t);
-    g.numel = keep.back().numel();
+    g.numel = c.numel();
     g.group = groups[i];
     g.aligned = aligned16(g.data) ? 1 : 0;
     refs.push_back(g);

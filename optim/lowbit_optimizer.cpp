@@ -317,6 +317,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   }
 
   // ---- build the calls: per group, one per (device, state layout).
+  bool stepped_cpu = false;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     auto& group = param_groups_[gi];
     const auto& options = group.options();
@@ -328,6 +329,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
       at::Tensor& p = group.params()[i];
       if (!p.grad().defined() || skip(p)) continue;
       ParamState& st = ensure_state(p, options, gi, i);
+      stepped_cpu |= p.is_cpu();
       // Its bucket: compared slot by slot, no list built per parameter (thousands of small
       // parameters make this loop the host's cost of a step).
       auto b = std::find_if(buckets.begin(), buckets.end(), [&](const CallBucket& x) {
@@ -373,9 +375,10 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     for (CallBucket& b : buckets) ops::optim_step(std::move(b.args), path_ == StepPath::Reference);
   }
 
-  // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked.
+  // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked. A step of
+  // GPU parameters alone skips the pass (over thousands of tensors it is a cache miss or two each).
   const bool interval_due = overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0;
-  check_overflow_on(!interval_due);
+  if (interval_due || stepped_cpu) check_overflow_on(!interval_due);
 }
 
 }  // namespace optim

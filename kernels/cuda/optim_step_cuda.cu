@@ -230,12 +230,24 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
   const bool lamb_pass = s.config.rule == Rule::LAMB && (lamb_out != nullptr || s.lamb_norms == nullptr);
   if (lamb_out) sc.lamb_norms = nullptr;
   Chunk chunk;
+  // Every chunk's per-step values first (each parameter has its own scratch entry), so the step
+  // kernels then run back to back: a small prologue between two large launches costs a drain
+  // and a refill of the device per chunk. LAMB's chunks share their norm scratch: one at a time.
+  if (!lamb_pass) {
+    for (int64_t first = 0; first < s.n; first += kChunk) {
+      fill_chunk(s, plan, first, &chunk);
+      prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return cudaGetErrorString(e);
+    }
+  }
   for (int64_t first = 0; first < s.n; first += kChunk) {
     fill_chunk(s, plan, first, &chunk);
-    prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return cudaGetErrorString(e);
+    cudaError_t e = cudaSuccess;
     if (lamb_pass) {
+      prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
+      e = cudaGetLastError();
+      if (e != cudaSuccess) return cudaGetErrorString(e);
       const int grid = grid_for(chunk.first_block[chunk.count], kThreads / plan.warp, plan);
       switch (s.param_type) {
         case ElemType::F32: e = launch_lamb_sums<float>(chunk, a, plan.family, plan.warp, grid, stream); break;

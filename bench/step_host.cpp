@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -102,6 +103,18 @@ int main(int argc, char** argv) {
     std::printf("  %-44s %10.1f us  (%6.3f us/tensor)\n", name, us, us / n);
   };
   const int inner = dev.is_cuda() ? 8 : 3;
+  // For a profiler: one layer alone, 25 x `inner` calls (LOWBIT_STEP_HOST_ONLY=step, check or op).
+  if (const char* only = std::getenv("LOWBIT_STEP_HOST_ONLY")) {
+    const std::string o = only;
+    const std::function<void()> fn = o == "step"    ? std::function<void()>([&] { opt.step(); })
+                                     : o == "check" ? std::function<void()>([&] { lowbit::ops::check_step_call(a, "lowbit::optim_step_"); })
+                                                    : std::function<void()>([&] { lowbit::ops::optim_step(a); });
+    for (int r = 0; r < 25; ++r) {
+      for (int i = 0; i < inner; ++i) fn();
+      sync(dev);
+    }
+    return 0;
+  }
   row("opt.step()", host_us([&] { opt.step(); }, dev, inner));
   row("grad_check op (pre-pass)", host_us([&] { lowbit::ops::grad_check(a.grads, groups, 1, false); }, dev, inner));
   row("check_step_call (argument checks)",

@@ -176,6 +176,14 @@ std::vector<Row> rows() {
                  const at::Tensor base = at::zeros({100});
                  step_with<lo::SGD>({base.narrow(0, 0, 60), base.narrow(0, 50, 50)}, lo::SGDOptions(0.1).momentum(0.9));
                }, {"parameter", "share memory"}});
+  r.push_back({"step: outputs made to overlap after a step that passed (no stale result)", [] {
+                 std::vector<at::Tensor> p = {at::zeros({64}), at::zeros({64})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 for (at::Tensor& t : p) t.mutable_grad() = at::ones({64});
+                 o.step();
+                 p[1].set_(p[0]);  // the same outputs, but parameter 1 now aliases parameter 0
+                 o.step();
+               }, {"parameter 1", "parameter 0", "share memory"}});
   r.push_back({"step: expanded parameter (internal overlap)", [] {
                  step_with<lo::Lion>({at::zeros({1}).expand({16})}, lo::LionOptions());
                }, {"parameter 0", "share memory"}});

@@ -1,9 +1,11 @@
 // How much each state format loses of a real optimizer state: an MLP trained on Fashion-MNIST with
-// fp32 AdamW; at a few steps its moments (exp_avg m, exp_avg_sq v) are quantized in each format
-// and decoded, and we compare what the update uses, u = m_hat / (sqrt(v_hat) + eps), against fp32.
-// A snapshot error, one quantization deep (training re-quantizes every step; the examples measure
-// that end to end). Prints one table row per (step, format).
+// fp32 AdamW, or the moments the GPT example saved (gpt --state-format FP32 --save-moments FILE);
+// at a few steps the moments (exp_avg m, exp_avg_sq v) are quantized in each format and decoded,
+// and we compare what the update uses, u = m_hat / (sqrt(v_hat) + eps), against fp32. A snapshot
+// error, one quantization deep (training re-quantizes every step; the examples measure that end to
+// end). Prints one table row per (step, format).
 //   bench_state_error [--steps 50,300,1500] [--dir /usr/share/datasets/fashion-mnist]
+//   bench_state_error --moments FILE[,FILE...]
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -45,6 +47,66 @@ std::vector<int64_t> parse_list(const std::string& s) {
   return out;
 }
 
+// One row per state format: the errors of moments (m, v) quantized in it, at `step`.
+void print_rows(int64_t step, const std::vector<std::pair<at::Tensor, at::Tensor>>& moments, double b1, double b2,
+                double eps) {
+  const double c1 = 1 - std::pow(b1, double(step)), c2 = 1 - std::pow(b2, double(step));
+  for (StateFormat f : lowbit::kAllStateFormats) {
+    if (f == StateFormat::FP32) continue;
+    Errors e;
+    for (const auto& [m, v] : moments) {
+      if (m.numel() < 4096) continue;  // small tensors keep fp32 state (min_quant_numel)
+      const at::Tensor mq = state_as(m, f, true), vq = state_as(v, f, false);
+      const at::Tensor u = (m / c1) / ((v / c2).sqrt() + eps), uq = (mq / c1) / ((vq / c2).sqrt() + eps);
+      e.m += (mq - m).pow(2).sum().item<double>();
+      e.mn += m.pow(2).sum().item<double>();
+      e.v += (vq - v).pow(2).sum().item<double>();
+      e.vn += v.pow(2).sum().item<double>();
+      e.u += (uq - u).pow(2).sum().item<double>();
+      e.un += u.pow(2).sum().item<double>();
+      e.v_zeroed += ((v > 0) & (vq == 0)).sum().item<int64_t>();
+      e.v_nonzero += (v > 0).sum().item<int64_t>();
+      e.u_max = std::max(e.u_max, uq.abs().max().item<double>());
+      e.u_ref_max = std::max(e.u_ref_max, u.abs().max().item<double>());
+    }
+    std::printf("%-6lld %-5s %12.3e %12.3e %12.3e %13.4f%% %12.3f\n", (long long)step, lowbit::state_format_name(f),
+                std::sqrt(e.m / e.mn), std::sqrt(e.v / e.vn), std::sqrt(e.u / e.un),
+                100.0 * double(e.v_zeroed) / double(std::max<int64_t>(1, e.v_nonzero)), e.u_max / e.u_ref_max);
+  }
+}
+
+void print_header() {
+  std::printf("%-6s %-5s %12s %12s %12s %14s %12s\n", "step", "state", "rel err m", "rel err v", "rel err u",
+              "v>0 decoded 0", "max|u|/ref");
+}
+
+// The moments a GPT run saved (examples/gpt: --save-moments), one table block per file.
+int from_files(const std::string& list) {
+  std::stringstream ss(list);
+  std::string path;
+  print_header();
+  while (std::getline(ss, path, ',')) {
+    torch::serialize::InputArchive ar;
+    ar.load_from(path);
+    const auto scalar = [&](const char* key) {
+      at::Tensor t;
+      ar.read(key, t);
+      return t.item<double>();
+    };
+    at::Tensor count;
+    ar.read("count", count);
+    std::vector<std::pair<at::Tensor, at::Tensor>> moments;
+    for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
+      at::Tensor m, v;
+      ar.read("m" + std::to_string(i), m);
+      ar.read("v" + std::to_string(i), v);
+      moments.emplace_back(m.to(at::kFloat).flatten(), v.to(at::kFloat).flatten());
+    }
+    print_rows(static_cast<int64_t>(scalar("step")), moments, scalar("beta1"), scalar("beta2"), scalar("eps"));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,8 +116,10 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--steps") snapshots = parse_list(argv[i + 1]);
     else if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--moments") return from_files(argv[i + 1]);
     else {
-      std::fprintf(stderr, "unknown argument %s; use --steps N,N,... or --dir DIR\n", a.c_str());
+      std::fprintf(stderr, "unknown argument %s; use --steps N,N,... and --dir DIR, or --moments FILE,FILE...\n",
+                   a.c_str());
       return 2;
     }
   }
@@ -67,8 +131,7 @@ int main(int argc, char** argv) {
   const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
   lo::AdamW opt(net->parameters(), lo::AdamWOptions(1e-3).betas({b1, b2}).eps(eps).state_format(StateFormat::FP32));
   const int64_t batch = 128, n = images.size(0);
-  std::printf("%-6s %-5s %12s %12s %12s %14s %12s\n", "step", "state", "rel err m", "rel err v", "rel err u",
-              "v>0 decoded 0", "max|u|/ref");
+  print_header();
   int64_t step = 0;
   for (int64_t target : snapshots) {
     for (; step < target; ++step) {
@@ -78,31 +141,12 @@ int main(int argc, char** argv) {
           .backward();
       opt.step();
     }
-    const double c1 = 1 - std::pow(b1, double(step)), c2 = 1 - std::pow(b2, double(step));
-    for (StateFormat f : lowbit::kAllStateFormats) {
-      if (f == StateFormat::FP32) continue;
-      Errors e;
-      for (const at::Tensor& p : net->parameters()) {
-        if (p.numel() < 4096) continue;  // small tensors keep fp32 state (min_quant_numel)
-        const std::vector<at::Tensor> st = opt.export_state_fp32(p);
-        const at::Tensor m = st[0], v = st[1];
-        const at::Tensor mq = state_as(m, f, true), vq = state_as(v, f, false);
-        const at::Tensor u = (m / c1) / ((v / c2).sqrt() + eps), uq = (mq / c1) / ((vq / c2).sqrt() + eps);
-        e.m += (mq - m).pow(2).sum().item<double>();
-        e.mn += m.pow(2).sum().item<double>();
-        e.v += (vq - v).pow(2).sum().item<double>();
-        e.vn += v.pow(2).sum().item<double>();
-        e.u += (uq - u).pow(2).sum().item<double>();
-        e.un += u.pow(2).sum().item<double>();
-        e.v_zeroed += ((v > 0) & (vq == 0)).sum().item<int64_t>();
-        e.v_nonzero += (v > 0).sum().item<int64_t>();
-        e.u_max = std::max(e.u_max, uq.abs().max().item<double>());
-        e.u_ref_max = std::max(e.u_ref_max, u.abs().max().item<double>());
-      }
-      std::printf("%-6lld %-5s %12.3e %12.3e %12.3e %13.4f%% %12.3f\n", (long long)step, lowbit::state_format_name(f),
-                  std::sqrt(e.m / e.mn), std::sqrt(e.v / e.vn), std::sqrt(e.u / e.un),
-                  100.0 * double(e.v_zeroed) / double(std::max<int64_t>(1, e.v_nonzero)), e.u_max / e.u_ref_max);
+    std::vector<std::pair<at::Tensor, at::Tensor>> moments;
+    for (const at::Tensor& p : net->parameters()) {
+      const std::vector<at::Tensor> st = opt.export_state_fp32(p);
+      moments.emplace_back(st[0], st[1]);
     }
+    print_rows(step, moments, b1, b2, eps);
   }
   return 0;
 }

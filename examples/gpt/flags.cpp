@@ -67,7 +67,7 @@ std::string usage() {
          "            --state-format FP32|BF16|Q8|Q4|FP8 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
-         "            --save DIR --resume DIR --stop-after STEP\n"
+         "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
          "  checks    --check-decreases --check-resume --check-recompute --check-release\n"
          "  QAT       --qat-steps N --qat-lr X --qat-group N --qat-bits N (after training: int8 per-token\n"
@@ -140,6 +140,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--eval-batches") f.eval_batches = to_int(a, next(), 1, 1 << 20);
     else if (a == "--sample") f.sample = to_int(a, next(), 0, 1 << 20);
     else if (a == "--save") f.save = next();
+    else if (a == "--save-moments") f.save_moments = next();
     else if (a == "--resume") f.resume = next();
     else if (a == "--stop-after") f.stop_after = to_int(a, next(), 1, kMax);
     else if (a == "--check-decreases") f.check_decreases = true;

@@ -36,6 +36,7 @@ struct Flags {
   int64_t log_every = 10, eval_every = 100, eval_batches = 8, sample = 0;
   std::string out = "gpt";          // prefix of OUT.csv, OUT.png
   std::string save, resume;         // checkpoint folders
+  std::string save_moments;         // after training: the optimizer's moments in fp32 (bench_state_error)
   int64_t stop_after = 0;           // stop (and --save) after this step, schedule unchanged
   // ---- checks (what CTest runs)
   bool check_decreases = false, check_resume = false, check_recompute = false, check_release = false;

@@ -13,6 +13,29 @@ namespace lo = lowbit::optim;
 
 // ---- lowbit ---------------------------------------------------------------------------------------
 
+// The archive bench_state_error --moments reads: "step", "beta1", "beta2", "eps" (float64 [1]),
+// "count" (int64 [1]), then "m<i>" and "v<i>" (fp32, CPU) for every parameter with two moments.
+void write_moments(const std::string& path, const lo::LowbitOptimizer& opt, const std::vector<at::Tensor>& params,
+                   int64_t step, double beta1, double beta2, double eps) {
+  torch::serialize::OutputArchive ar;
+  const auto scalar = [](double x) { return at::full({1}, x, at::kDouble); };
+  ar.write("step", scalar(static_cast<double>(step)));
+  ar.write("beta1", scalar(beta1));
+  ar.write("beta2", scalar(beta2));
+  ar.write("eps", scalar(eps));
+  int64_t count = 0;
+  for (const at::Tensor& p : params) {
+    const std::vector<at::Tensor> st = opt.export_state_fp32(p);
+    if (st.size() < 2) continue;
+    ar.write("m" + std::to_string(count), st[0].cpu().contiguous());
+    ar.write("v" + std::to_string(count), st[1].cpu().contiguous());
+    ++count;
+  }
+  TORCH_CHECK(count > 0, "--save-moments ", path, ": the optimizer keeps no first and second moments");
+  ar.write("count", at::full({1}, count, at::kLong));
+  ar.save_to(path);
+}
+
 class Lowbit : public TrainOptimizer {
  public:
   Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release)
@@ -31,6 +54,20 @@ class Lowbit : public TrainOptimizer {
   void save(const std::string& path) override { torch::save(*opt_, path); }
   void load(const std::string& path) override { lo::load_checkpoint(*opt_, path); }
   std::string describe() const override { return what_; }
+  void save_moments(const std::string& path, const std::vector<at::Tensor>& params, int64_t step) const override {
+    const auto& o = opt_->param_groups()[0].options();
+    double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    if (const auto* a = dynamic_cast<const lo::AdamWOptions*>(&o)) {
+      std::tie(b1, b2) = a->betas();
+      eps = a->eps();
+    } else if (const auto* a = dynamic_cast<const lo::AdamOptions*>(&o)) {
+      std::tie(b1, b2) = a->betas();
+      eps = a->eps();
+    } else {
+      TORCH_CHECK(false, "--save-moments needs --optimizer adamw or adam");
+    }
+    write_moments(path, *opt_, params, step, b1, b2, eps);
+  }
 
  private:
   std::unique_ptr<lo::LowbitOptimizer> opt_;
@@ -157,6 +194,10 @@ std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector
   if (o == "lamb")
     return lowbit_opt<lo::LAMB>(f, params, lo::LAMBOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
   throw std::invalid_argument("--optimizer " + o + ": unknown");
+}
+
+void TrainOptimizer::save_moments(const std::string& path, const std::vector<at::Tensor>&, int64_t) const {
+  TORCH_CHECK(false, "--save-moments ", path, ": needs a lowbit optimizer (its state decoded to fp32)");
 }
 
 }  // namespace gpt

@@ -21,6 +21,9 @@ class TrainOptimizer {
   // lowbit's per-kind report (LowbitOptimizer::memory_report); "" for ATen's optimizer.
   virtual std::string memory_report() const { return ""; }
   virtual void save(const std::string& path) = 0;
+  // --save-moments: each parameter's first and second moments decoded to fp32 (lowbit optimizers
+  // with an exp_avg / exp_avg_sq state), for bench_state_error's error tables on GPT state.
+  virtual void save_moments(const std::string& path, const std::vector<at::Tensor>& params, int64_t step) const;
   virtual void load(const std::string& path) = 0;
   virtual std::string describe() const = 0;
 };

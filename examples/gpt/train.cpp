@@ -272,6 +272,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   r.seconds = seconds_since(t_run);
   csv.close();
   if (!f.save.empty()) save_checkpoint(f.save, f, c, model, *opt, r.last_step, dev);
+  if (!f.save_moments.empty()) opt->save_moments(f.save_moments, params, r.last_step);
   r.digest = digest_of(params);
   if (!f.quiet) {
     const std::string report = opt->memory_report();

@@ -141,6 +141,15 @@ TEST(ProcessGroupCommunicator, ShardedOptimizerMatchesOneProcess) {
   zero1.zero1 = true;
   expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, false); },
                              at::kFloat, zero1, 2, default_grad, gloo());
+  // Overlap: buckets reduce-scattered from backward()'s hooks (small buckets: several form).
+  ld::ShardedOptions overlap;
+  overlap.overlap = true;
+  overlap.bucket_bytes = 8192;
+  for (const RuleCase& rc : rule_cases()) {
+    SCOPED_TRACE(std::string(rc.name) + " overlap");
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q4, false); },
+                               at::kFloat, overlap, 2, default_grad, gloo());
+  }
 }
 
 // ---- errors -----------------------------------------------------------------------------------------

@@ -78,10 +78,12 @@ TEST(ShardedBuckets, ClippingAndTheNonFiniteSkipMatchOneProcess) {
 }
 
 TEST(ShardedBuckets, UnusedParametersCountAsZerosAndAreNotSteppedWhereNoRankHasThem) {
-  // Parameter 4 never has a gradient; parameter 2 lacks one on rank 0; parameter 5 (the first
-  // registered last: bucket 0) lacks one everywhere at step 2, which holds back every bucket.
-  const GradFn grad = [](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
-    if (k == 4 || (k == 2 && r == 0) || (k == 5 && s == 2)) return at::Tensor();
+  // Parameter 4 never has a gradient; parameter 2 lacks one on rank 0; parameter 1 on the last rank
+  // at step 2 only (the bucket must not keep step 1's); parameter 5 (registered last: bucket 0)
+  // lacks one everywhere at step 2, which holds back every bucket.
+  const int last = comm().size() - 1;
+  const GradFn grad = [last](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+    if (k == 4 || (k == 2 && r == 0) || (k == 1 && s == 2 && r == last) || (k == 5 && s == 2)) return at::Tensor();
     return rank_grad(r, s, k, shape, dtype);
   };
   for (const RuleCase& rc : rule_cases()) {

@@ -42,7 +42,9 @@ struct ShardedOptions {
   // all-gather of bucket k under the update of bucket k+1). Buckets hold whole parameters taken in
   // reverse registration order (the order backward() usually finishes them), one dtype each, and
   // are reduced strictly in that order on every rank, so the ranks' collectives always pair up, even
-  // where backward() finishes them in another order or some never (below).
+  // where backward() finishes them in another order or some never (below). Today's communicators
+  // block until a collective completes (NCCL's too, to enforce its timeout), so a bucket's
+  // reduce-scatter runs inside backward(), on its thread, rather than beside it.
   //   - Every parameter must be a leaf that requires grad and carry no other post-accumulate-grad
   //     hook (a GradientRelease, another overlapped ShardedOptimizer).
   //   - A gradient is taken when backward() finalises it: changing .grad after backward() (say,
@@ -88,10 +90,10 @@ class ShardedOptimizer {
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   // One step of every parameter; every rank calls it. Without overlap every parameter needs a
-  // gradient on every rank (with overlap: see ShardedOptions::overlap). The averaged gradient is computed as sum / world_size. Clipping's norm adds the ranks'
-  // partial sums of squares (one scalar per group): it equals one process's norm where those sums
-  // are exact, and may differ from it in the last bit otherwise (as for parameters on several
-  // devices in one optimizer).
+  // gradient on every rank (with overlap: see ShardedOptions::overlap). The averaged gradient is
+  // computed as sum / world_size. Clipping's norm adds the ranks' partial sums of squares (one
+  // scalar per group): it equals one process's norm where those sums are exact, and may differ from
+  // it in the last bit otherwise (as for parameters on several devices in one optimizer).
   at::Tensor step(LossClosure closure = nullptr);
   void zero_grad(bool set_to_none = true);
 

@@ -201,6 +201,39 @@ TEST(ShardedBuckets, SameBitsAndCheckpointsAsWithoutBuckets) {
   }
 }
 
+TEST(ShardedBuckets, MixedDtypesFillBucketsOfTheirOwn) {
+  // float32 and bfloat16 parameters in one optimizer: buckets of one dtype each, the same bits as
+  // the unbucketed optimizer (one buffer per dtype).
+  const auto mixed = [] {
+    std::vector<at::Tensor> p = make_params(at::kFloat, device());
+    for (size_t k = 1; k < p.size(); k += 2) p[k] = p[k].detach().to(at::kBFloat16).set_requires_grad(true);
+    return p;
+  };
+  std::vector<at::Tensor> pa = mixed(), pb = mixed();
+  const auto make = [](std::vector<at::Tensor>& p) {
+    return std::make_shared<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  };
+  ld::ShardedOptimizer plain(make(pa), comm_ptr()), buckets(make(pb), comm_ptr(), bucketed(4000));
+  EXPECT_EQ(plain.buckets(), 2);
+  EXPECT_GE(buckets.buckets(), 4);
+  for (int s = 1; s <= 2; ++s) {
+    std::vector<at::Tensor> g;
+    for (size_t k = 0; k < pa.size(); ++k) {
+      g.push_back(rank_grad(comm().rank(), s, static_cast<int>(k), pa[k].sizes(), pa[k].scalar_type()));
+      pa[k].mutable_grad() = g.back().to(device());
+    }
+    buckets.zero_grad();
+    backward_with(pb, g);
+    EXPECT_EQ(buckets.buckets_pending(), 0);
+    plain.step();
+    buckets.step();
+  }
+  for (size_t k = 0; k < pa.size(); ++k) {
+    EXPECT_EQ(pb[k].scalar_type(), pa[k].scalar_type()) << "parameter " << k;
+    EXPECT_TRUE(bitwise_equal(pa[k], pb[k])) << "parameter " << k;
+  }
+}
+
 TEST(ShardedBuckets, InvalidUsesAreClearErrors) {
   std::vector<at::Tensor> params = make_params(at::kFloat, device());
   const auto make = [&] { return std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3)); };

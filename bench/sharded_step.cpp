@@ -4,8 +4,11 @@
 // and the bus bandwidth of the communicator's all_reduce of the same bytes (nccl-tests' formula:
 // algbw * 2(N-1)/N for all_reduce, algbw * (N-1)/N for reduce-scatter and all-gather). Reports the
 // step against (reduce-scatter + all-gather at that bus bandwidth + the local update), and the
-// per-rank optimizer state against the unsharded optimizer's. Medians over the repetitions.
-//   mpirun -np 2 bench_sharded_step [--cuda] [params=64] [numel=4194304] [reps=10]
+// per-rank optimizer state against the unsharded optimizer's. Then with the gradients coming from a
+// backward() (of sum(p * g)): backward + step without buckets, and with ShardedOptions::overlap
+// (buckets of bucket_mib MiB reduce-scattered from backward()'s hooks), and its step() alone.
+// Medians over the repetitions.
+//   mpirun -np 2 bench_sharded_step [--cuda] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
   }
   const int64_t count = nums.size() > 0 ? nums[0] : 64, numel = nums.size() > 1 ? nums[1] : 4194304;
   const int reps = nums.size() > 2 ? static_cast<int>(nums[2]) : 10;
+  const int64_t bucket_mib = nums.size() > 3 ? nums[3] : 25;
   ld::InitOptions io;
   io.device_type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   auto comm = ld::init_from_env(io);
@@ -72,13 +76,56 @@ int main(int argc, char** argv) {
   for (auto& p : local) p.mutable_grad() = at::randn_like(p) * 1e-3;
   const double update_ms = time([&] { local_opt.step(); });
 
+  // Gradients from a backward(): d/dp sum(p * g) = g. Plain (step() reduces everything) against
+  // overlap (the hooks reduce each bucket as backward() fills it; step() then updates and gathers).
+  std::vector<at::Tensor> g;
+  for (auto& p : params) g.push_back(at::randn_like(p) * 1e-3);
+  const auto backward = [&] {
+    at::Tensor loss = at::zeros({}, at::TensorOptions().device(dev));
+    for (size_t k = 0; k < params.size(); ++k) loss = loss + (params[k] * g[k]).sum();
+    loss.backward();
+  };
+  const double backward_ms = time([&] {
+    sharded.zero_grad();
+    backward();
+  });
+  const double plain_ms = time([&] {
+    sharded.zero_grad();
+    backward();
+    sharded.step();
+  });
+  const int64_t plain_state = sharded.state_bytes();
+  ld::ShardedOptions ov;
+  ov.overlap = true;
+  ov.bucket_bytes = bucket_mib << 20;
+  // Over the same parameters (they become views of this one's buckets; `sharded` steps no more).
+  ld::ShardedOptimizer overlapped(std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-4)),
+                                  comm, ov);
+  const double overlap_ms = time([&] {
+    overlapped.zero_grad();
+    backward();
+    overlapped.step();
+  });
+  std::vector<double> step_only;
+  for (int r = 0; r < reps; ++r) {
+    overlapped.zero_grad();
+    backward();
+    sync();
+    comm->barrier();
+    const double t0 = now_ms();
+    overlapped.step();
+    sync();
+    step_only.push_back(now_ms() - t0);
+  }
+  const double overlap_step_ms = median(step_only);
+
   const double bytes = 4.0 * chunk * n;
   const double ar_busbw = bytes / (ar_ms * 1e-3) * 2.0 * (n - 1) / n / 1e9;  // GB/s
   // reduce-scatter and all-gather each move (N-1)/N of the bytes per rank: at the all_reduce's bus
   // bandwidth each takes half of its time.
   const double rs_at_bw = n > 1 ? bytes * (n - 1) / n / (ar_busbw * 1e9) * 1e3 : 0.0;
   const double model_ms = 2 * rs_at_bw + update_ms;
-  at::Tensor bytes_t = at::full({1}, static_cast<double>(sharded.state_bytes()), at::TensorOptions().dtype(at::kDouble).device(dev));
+  at::Tensor bytes_t = at::full({1}, static_cast<double>(plain_state), at::TensorOptions().dtype(at::kDouble).device(dev));
   comm->all_reduce(bytes_t);
   const double all_state = bytes_t.cpu()[0].item<double>();
   if (rank == 0) {
@@ -94,7 +141,12 @@ int main(int argc, char** argv) {
     std::printf("  model: rs + ag at that busbw + update = %.3f ms; step / model = %.2f (target <= 1.2)\n", model_ms,
                 step_ms / model_ms);
     std::printf("  state bytes: rank 0 %.1f MB, all ranks %.1f MB (= unsharded), ratio %.3f (1/N = %.3f)\n",
-                sharded.state_bytes() / 1e6, all_state / 1e6, sharded.state_bytes() / all_state, 1.0 / n);
+                plain_state / 1e6, all_state / 1e6, plain_state / all_state, 1.0 / n);
+    std::printf("  backward alone        %9.3f ms\n", backward_ms);
+    std::printf("  backward + step       %9.3f ms   (no buckets: step() reduces everything)\n", plain_ms);
+    std::printf("  backward + step       %9.3f ms   (overlap: %d bucket(s) of %lld MiB reduced from the hooks)\n",
+                overlap_ms, overlapped.buckets(), static_cast<long long>(bucket_mib));
+    std::printf("    of which step()     %9.3f ms   (update + all-gather, bucket by bucket)\n", overlap_step_ms);
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <lowbit/optim/fragment_access.h>
+#include <lowbit/optim/grad_hooks.h>
 #include <lowbit/tensors/optim_ops.h>
 
 #include "fragment_state.h"
@@ -32,6 +33,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     : optimizer_(std::move(optimizer)), comm_(std::move(comm)), options_(options) {
   TORCH_CHECK(optimizer_, kWho, ": optimizer is null");
   TORCH_CHECK(comm_, kWho, ": communicator is null");
+  TORCH_CHECK(options_.bucket_bytes > 0, kWho, ": ShardedOptions::bucket_bytes must be > 0, got ",
+              options_.bucket_bytes);
   torch::NoGradGuard no_grad;
   const int rank = comm_->rank();
   auto& groups = optimizer_->param_groups();
@@ -50,16 +53,24 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                   device_, "; shard parameters of one device per optimizer");
       TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kWho, ": ", where(),
                   " already has optimizer state; wrap a fresh optimizer and load checkpoints into the ShardedOptimizer");
-      Param pr{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p)};
-      auto b = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& x) { return x.dtype == t; });
-      if (b == buffers_.end()) b = buffers_.insert(buffers_.end(), Buffer{t, {}, {}, {}, {}, {}});
-      pr.buffer = static_cast<size_t>(b - buffers_.begin());
-      b->members.push_back(params_.size());
-      params_.push_back(std::move(pr));
+      params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p)});
     }
   }
-  // Flat buffers: the parameters are copied in, made identical on every rank, then become views.
-  for (Buffer& b : buffers_) {
+  // The hooks check every parameter before any collective, so a refusal is the same on every rank
+  // and leaves the parameters as they were. They fire only in backward(), never before the end of
+  // this constructor.
+  if (options_.overlap) {
+    std::vector<at::Tensor> ps;
+    for (const Param& pr : params_) ps.push_back(pr.param);
+    hooks_ = std::make_unique<optim::GradHooks>(
+        c10::str(kWho, " (ShardedOptions::overlap)"), std::move(ps), [this](size_t m) { return name(m); },
+        [this](size_t m, const at::Tensor& param) { on_gradient(m, param); });
+  }
+  // Buckets: the parameters are copied in, made identical on every rank, then become views.
+  for (std::vector<size_t>& members : plan_buckets()) {
+    Bucket b;
+    b.dtype = params_[members[0]].param.scalar_type();
+    b.members = std::move(members);
     std::vector<FlatEntry> entries;
     for (size_t m : b.members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
     b.layout = plan_flat_layout(entries, comm_->size());
@@ -70,23 +81,27 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                                   : at::zeros({b.layout.chunk}, opts);
     for (size_t k = 0; k < b.members.size(); ++k) {
       Param& pr = params_[b.members[k]];
+      pr.bucket = buckets_.size();
       pr.flat_offset = b.layout.offsets[k];
       b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
     }
     if (options_.broadcast_parameters) comm_->broadcast(b.flat_param, 0);
-    for (size_t k = 0; k < b.members.size(); ++k) {
-      Param& pr = params_[b.members[k]];
+    for (size_t m : b.members) {
+      Param& pr = params_[m];
       pr.param.set_data(b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
     }
+    b.waiting = b.members.size();
+    buckets_.push_back(std::move(b));
   }
   // This rank's fragments, in (group, index) order (params_ is in that order).
   for (size_t m = 0; m < params_.size(); ++m) {
     Param& pr = params_[m];
-    const Buffer& b = buffers_[pr.buffer];
+    Bucket& b = buckets_[pr.bucket];
     const size_t k = static_cast<size_t>(std::find(b.members.begin(), b.members.end(), m) - b.members.begin());
     const auto range = b.layout.owned(k, rank, pr.param.numel());
     if (range.first == range.second) continue;
     pr.fragment = static_cast<int>(fragments_.size());
+    b.fragments.push_back(fragments_.size());
     Fragment f;
     f.group = pr.group;
     f.index = pr.index;
@@ -94,9 +109,97 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     f.numel = range.second - range.first;
     f.param_numel = pr.param.numel();
     fragments_.push_back(std::move(f));
+    fragment_param_.push_back(m);
     fragment_params_.push_back(b.flat_param.narrow(0, pr.flat_offset + range.first, range.second - range.first));
     fragment_grads_.push_back(
         b.grad_shard.narrow(0, pr.flat_offset + range.first - rank * b.layout.chunk, range.second - range.first));
+  }
+}
+
+ShardedOptimizer::~ShardedOptimizer() = default;  // hooks_ removes the hooks
+
+std::string ShardedOptimizer::name(size_t m) const {
+  return c10::str("parameter ", params_[m].index, " of group ", params_[m].group);
+}
+
+std::vector<std::vector<size_t>> ShardedOptimizer::plan_buckets() const {
+  std::vector<std::vector<size_t>> out;
+  if (!options_.overlap) {
+    // One bucket per dtype, members in registration order.
+    std::vector<at::ScalarType> dtypes;
+    for (size_t m = 0; m < params_.size(); ++m) {
+      const auto t = params_[m].param.scalar_type();
+      const size_t d = static_cast<size_t>(std::find(dtypes.begin(), dtypes.end(), t) - dtypes.begin());
+      if (d == dtypes.size()) {
+        dtypes.push_back(t);
+        out.emplace_back();
+      }
+      out[d].push_back(m);
+    }
+    return out;
+  }
+  // Reverse registration order; one open bucket per dtype, closed once it holds bucket_bytes. A
+  // bucket's number is the order it closes in (those still open at the end close in the order of
+  // their last member), which is the order backward() completes them when it runs in reverse.
+  struct Open {
+    at::ScalarType dtype;
+    std::vector<size_t> members;
+    int64_t bytes = 0;
+  };
+  std::vector<Open> open;
+  for (size_t r = params_.size(); r-- > 0;) {
+    const at::Tensor& p = params_[r].param;
+    auto o = std::find_if(open.begin(), open.end(), [&](const Open& x) { return x.dtype == p.scalar_type(); });
+    if (o == open.end()) o = open.insert(open.end(), Open{p.scalar_type(), {}, 0});
+    o->members.push_back(r);
+    o->bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    if (o->bytes >= options_.bucket_bytes) {
+      out.push_back(std::move(o->members));
+      open.erase(o);
+    }
+  }
+  std::sort(open.begin(), open.end(), [](const Open& a, const Open& b) { return a.members.back() > b.members.back(); });
+  for (Open& o : open) out.push_back(std::move(o.members));
+  return out;
+}
+
+// ---- gradients into the buckets, reduced in bucket order ----------------------------------------
+
+void ShardedOptimizer::set_accumulating(bool on) {
+  TORCH_CHECK(options_.overlap, kWho, ": set_accumulating is for ShardedOptions::overlap (without it, gradients "
+              "add up in .grad until step() as usual)");
+  accumulating_ = on;
+}
+
+void ShardedOptimizer::on_gradient(size_t m, const at::Tensor& param) {
+  if (accumulating_ || !param.grad().defined()) return;
+  TORCH_CHECK(!params_[m].taken, kWho, ": ", name(m), " received a second gradient before step(); with "
+              "ShardedOptions::overlap call set_accumulating(true) before every backward() of a step but the last");
+  torch::NoGradGuard no_grad;
+  take_gradient(m, param.grad());
+  reduce_ready_buckets();
+}
+
+void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .grad may be reset below
+  Param& pr = params_[m];
+  TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kWho, ": the gradient of ", name(m), " has shape ",
+              g.sizes(), "; expected ", pr.param.sizes());
+  Bucket& b = buckets_[pr.bucket];
+  b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(g);
+  if (options_.release_gradients) pr.param.mutable_grad().reset();
+  pr.taken = pr.had = true;
+  --b.waiting;
+}
+
+void ShardedOptimizer::reduce_ready_buckets() {
+  // Strictly in bucket order: every rank then issues the same collectives in the same order,
+  // whatever order its backward() completed the buckets in.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].waiting == 0) {
+    Bucket& b = buckets_[next_bucket_++];
+    if (options_.zero1)
+      comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
+    else
+      comm_->reduce_scatter(b.flat_grad, b.grad_shard, ReduceOp::Avg);
   }
 }
 
@@ -186,6 +289,58 @@ at::Tensor ShardedOptimizer::lamb_norms(size_t group, const std::vector<size_t>&
   return out.to(device_);
 }
 
+void ShardedOptimizer::update(size_t gi, const std::vector<size_t>& frags, const at::Tensor& found_inf,
+                              const at::Tensor& sumsq, const std::vector<at::Tensor>& lamb_rows) {
+  // One op call per (dtype, state layout) among `frags`, all of group gi.
+  const optim::CommonOptions c = FragmentAccess::common(*optimizer_, gi);
+  const kernels::StepConfig cfg = FragmentAccess::config(*optimizer_, gi);
+  struct Call {
+    at::ScalarType dtype;
+    std::vector<kernels::SlotType> slots;
+    int64_t block_size;
+    ops::StepArgs args;
+    std::vector<at::Tensor> norms;
+  };
+  std::vector<Call> calls;
+  for (size_t fi : frags) {
+    const Fragment& f = fragments_[fi];
+    const at::ScalarType dtype = fragment_params_[fi].scalar_type();
+    auto call = std::find_if(calls.begin(), calls.end(), [&](const Call& x) {
+      return x.dtype == dtype && x.block_size == f.state.block_size && same_slots(x.slots, f.state);
+    });
+    if (call == calls.end()) {
+      std::vector<kernels::SlotType> slots;
+      for (const auto& st : f.state.slots) slots.push_back(st.type);
+      call = calls.insert(calls.end(), Call{dtype, slots, f.state.block_size, {}, {}});
+      ops::StepArgs& a = call->args;
+      a.config = cfg;
+      a.slots = slots;
+      a.block_size = f.state.block_size;
+      a.lr = FragmentAccess::lr_tensor(*optimizer_, gi, device_);
+      a.seed = FragmentAccess::seed(*optimizer_);
+      a.stochastic_round = c.bf16_stochastic_round;
+      if (c.skip_nonfinite && found_inf.defined()) a.found_inf = found_inf;
+      if (c.max_grad_norm > 0) {
+        a.grad_sumsq = sumsq.narrow(0, static_cast<int64_t>(gi), 1);
+        a.max_grad_norm = c.max_grad_norm;
+      }
+      a.scalar_loop = FragmentAccess::scalar_loop(*optimizer_);
+    }
+    ops::StepArgs& a = call->args;
+    a.params.push_back(fragment_params_[fi]);
+    a.grads.push_back(fragment_grads_[fi]);
+    a.counters.push_back(f.state.counters);
+    a.offsets.push_back(f.offset);
+    a.rng_keys.push_back(FragmentAccess::rng_key(f.group, f.index));
+    append_state_range(f.state, 0, f.numel, a.state);
+    if (cfg.rule == kernels::Rule::LAMB) call->norms.push_back(lamb_rows[fi]);
+  }
+  for (Call& call : calls) {
+    if (!call.norms.empty()) call.args.lamb_norms = at::cat(call.norms);
+    ops::optim_step(call.args, FragmentAccess::reference_path(*optimizer_));
+  }
+}
+
 at::Tensor ShardedOptimizer::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   at::Tensor loss;
@@ -194,24 +349,44 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     loss = closure();
   }
   const int rank = comm_->rank();
-  // ---- gradients into the flat buffers, then averaged over the ranks.
-  for (const Param& pr : params_) {
+  // ---- the gradients no hook took (all of them without overlap) into the buckets, checked before
+  // any collective; then the buckets not reduced yet, in order.
+  for (size_t m = 0; m < params_.size(); ++m) {
+    const Param& pr = params_[m];
+    if (pr.taken) continue;
     const at::Tensor& g = pr.param.grad();
-    TORCH_CHECK(g.defined(), kWho, ": parameter ", pr.index, " of group ", pr.group,
-                " has no gradient; every rank needs a gradient for every parameter (zero it where unused)");
-    TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kWho, ": the gradient of parameter ", pr.index,
-                " of group ", pr.group, " has shape ", g.sizes(), "; expected ", pr.param.sizes());
-    buffers_[pr.buffer].flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(g);
+    TORCH_CHECK(g.defined() || options_.overlap, kWho, ": ", name(m),
+                " has no gradient; every rank needs a gradient for every parameter (zero it where unused, or "
+                "use ShardedOptions::overlap, which counts a missing gradient as zeros)");
+    TORCH_CHECK(!g.defined() || (g.sizes() == pr.param.sizes() && !g.is_sparse()), kWho, ": the gradient of ",
+                name(m), " has shape ", g.sizes(), "; expected ", pr.param.sizes());
   }
-  for (Buffer& b : buffers_) {
-    if (options_.zero1)
-      comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
-    else
-      comm_->reduce_scatter(b.flat_grad, b.grad_shard, ReduceOp::Avg);
+  for (size_t m = 0; m < params_.size(); ++m) {
+    Param& pr = params_[m];
+    if (pr.taken) continue;
+    const at::Tensor g = pr.param.grad();
+    if (g.defined()) {
+      take_gradient(m, g);
+      continue;
+    }
+    Bucket& b = buckets_[pr.bucket];  // overlap: no gradient here, zeros from this rank
+    b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).zero_();
+    pr.taken = true;
+    --b.waiting;
   }
+  reduce_ready_buckets();
+  TORCH_INTERNAL_ASSERT(next_bucket_ == buckets_.size());
+  std::vector<char> had(params_.size());
+  for (size_t m = 0; m < params_.size(); ++m) {
+    had[m] = params_[m].had;
+    params_[m].taken = params_[m].had = false;
+  }
+  for (Bucket& b : buckets_) b.waiting = b.members.size();
+  next_bucket_ = 0;
   ensure_states();
 
-  // ---- one small all_reduce: (any non-finite, each group's sum of squares) over the owned pieces.
+  // ---- one small all_reduce: (any non-finite, each group's sum of squares) over the owned pieces,
+  // and with overlap how many ranks had each parameter's gradient.
   const auto& groups = optimizer_->param_groups();
   const int64_t ngroups = static_cast<int64_t>(groups.size());
   bool want_sumsq = false, prepass = false;
@@ -222,97 +397,69 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   at::Tensor found_inf, sumsq;
   bool cpu_found = false;
-  if (prepass) {
+  std::vector<char> stepped(params_.size(), 1);
+  if (prepass || options_.overlap) {
+    at::Tensor found_local, sumsq_local;
     std::vector<at::Tensor> grads;
     std::vector<int64_t> gids;
-    for (size_t f = 0; f < fragments_.size(); ++f) {
+    for (size_t f = 0; f < fragments_.size() && prepass; ++f) {
       grads.push_back(fragment_grads_[f]);
       gids.push_back(static_cast<int64_t>(fragments_[f].group));
     }
-    at::Tensor found_local, sumsq_local;
     if (!grads.empty()) {
       std::tie(found_local, sumsq_local) = ops::grad_check(grads, gids, ngroups, want_sumsq);
     } else {
       found_local = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
       sumsq_local = at::zeros({ngroups}, at::TensorOptions().dtype(at::kDouble).device(device_));
     }
-    at::Tensor both = at::cat({found_local.to(at::kDouble), sumsq_local});
+    std::vector<at::Tensor> parts{found_local.to(at::kDouble), sumsq_local};
+    if (options_.overlap) {
+      at::Tensor h = at::empty({static_cast<int64_t>(params_.size())}, at::TensorOptions().dtype(at::kDouble));
+      for (size_t m = 0; m < params_.size(); ++m) h.data_ptr<double>()[m] = had[m];
+      parts.push_back(h.to(device_));
+    }
+    at::Tensor both = at::cat(parts);
     comm_->all_reduce(both, ReduceOp::Sum);
-    found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
-    sumsq = both.narrow(0, 1, ngroups);
-    if (!skipped_.defined()) skipped_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
-    if (device_.is_cpu()) {
-      cpu_found = found_inf.data_ptr<float>()[0] != 0.0f;
-      if (cpu_found) skipped_ += 1;
-    } else {
-      skipped_.add_(found_inf.to(at::kLong));
+    if (options_.overlap) {
+      const at::Tensor counts = both.narrow(0, 1 + ngroups, static_cast<int64_t>(params_.size())).cpu();
+      for (size_t m = 0; m < params_.size(); ++m) stepped[m] = counts.data_ptr<double>()[m] > 0;
+    }
+    if (prepass) {
+      found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
+      sumsq = both.narrow(0, 1, ngroups);
+      if (!skipped_.defined()) skipped_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+      if (device_.is_cpu()) {
+        cpu_found = found_inf.data_ptr<float>()[0] != 0.0f;
+        if (cpu_found) skipped_ += 1;
+      } else {
+        skipped_.add_(found_inf.to(at::kLong));
+      }
     }
   }
 
-  // ---- the update of the owned pieces: per group, one op call per (dtype, state layout).
+  // ---- LAMB's per-parameter norms: collective, every rank for every LAMB group, before any update.
+  std::vector<at::Tensor> lamb_rows(fragments_.size());
   for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const optim::CommonOptions c = FragmentAccess::common(*optimizer_, gi);
-    if (c.skip_nonfinite && cpu_found) continue;
-    const kernels::StepConfig cfg = FragmentAccess::config(*optimizer_, gi);
-    struct Call {
-      at::ScalarType dtype;
-      std::vector<kernels::SlotType> slots;
-      int64_t block_size;
-      ops::StepArgs args;
-      std::vector<size_t> frags;
-    };
-    std::vector<Call> calls;
-    for (size_t fi = 0; fi < fragments_.size(); ++fi) {
-      const Fragment& f = fragments_[fi];
-      if (f.group != gi) continue;
-      const at::ScalarType dtype = fragment_params_[fi].scalar_type();
-      auto call = std::find_if(calls.begin(), calls.end(), [&](const Call& x) {
-        return x.dtype == dtype && x.block_size == f.state.block_size && same_slots(x.slots, f.state);
-      });
-      if (call == calls.end()) {
-        std::vector<kernels::SlotType> slots;
-        for (const auto& s : f.state.slots) slots.push_back(s.type);
-        call = calls.insert(calls.end(), Call{dtype, slots, f.state.block_size, {}, {}});
-        ops::StepArgs& a = call->args;
-        a.config = cfg;
-        a.slots = slots;
-        a.block_size = f.state.block_size;
-        a.lr = FragmentAccess::lr_tensor(*optimizer_, gi, device_);
-        a.seed = FragmentAccess::seed(*optimizer_);
-        a.stochastic_round = c.bf16_stochastic_round;
-        if (c.skip_nonfinite && prepass) a.found_inf = found_inf;
-        if (c.max_grad_norm > 0) {
-          a.grad_sumsq = sumsq.narrow(0, static_cast<int64_t>(gi), 1);
-          a.max_grad_norm = c.max_grad_norm;
-        }
-        a.scalar_loop = FragmentAccess::scalar_loop(*optimizer_);
-      }
-      ops::StepArgs& a = call->args;
-      a.params.push_back(fragment_params_[fi]);
-      a.grads.push_back(fragment_grads_[fi]);
-      a.counters.push_back(f.state.counters);
-      a.offsets.push_back(f.offset);
-      a.rng_keys.push_back(FragmentAccess::rng_key(f.group, f.index));
-      append_state_range(f.state, 0, f.numel, a.state);
-      call->frags.push_back(fi);
-    }
-    if (cfg.rule == kernels::Rule::LAMB) {
-      // Collective: every rank runs it for every LAMB group, whatever it owns.
-      std::vector<size_t> all;
-      for (const Call& call : calls) all.insert(all.end(), call.frags.begin(), call.frags.end());
-      const at::Tensor norms = lamb_norms(gi, all, found_inf, sumsq);
-      int64_t row = 0;
-      for (Call& call : calls) {
-        const int64_t n = static_cast<int64_t>(call.frags.size());
-        call.args.lamb_norms = norms.narrow(0, row, n);
-        row += n;
-      }
-    }
-    for (const Call& call : calls) ops::optim_step(call.args, FragmentAccess::reference_path(*optimizer_));
+    if (FragmentAccess::config(*optimizer_, gi).rule != kernels::Rule::LAMB) continue;
+    if (FragmentAccess::common(*optimizer_, gi).skip_nonfinite && cpu_found) continue;
+    std::vector<size_t> all;
+    for (size_t fi = 0; fi < fragments_.size(); ++fi)
+      if (fragments_[fi].group == gi) all.push_back(fi);
+    const at::Tensor norms = lamb_norms(gi, all, found_inf, sumsq);
+    for (size_t j = 0; j < all.size(); ++j) lamb_rows[all[j]] = norms.narrow(0, static_cast<int64_t>(j), 1);
   }
 
-  // ---- every rank's updated range to every rank: the parameters are views of flat_param.
-  for (Buffer& b : buffers_) {
+  // ---- bucket by bucket: the update of the owned pieces (per group, one op call per (dtype,
+  // state layout)), then every rank's updated range to every rank (the parameters are views of
+  // flat_param). An asynchronous communicator overlaps bucket k's all-gather with k+1's update.
+  for (Bucket& b : buckets_) {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      if (FragmentAccess::common(*optimizer_, gi).skip_nonfinite && cpu_found) continue;
+      std::vector<size_t> frags;
+      for (size_t fi : b.fragments)
+        if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
+      if (!frags.empty()) update(gi, frags, found_inf, sumsq, lamb_rows);
+    }
     at::Tensor mine = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk);
     comm_->all_gather(mine, b.flat_param);
   }

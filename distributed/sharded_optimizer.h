@@ -1,12 +1,13 @@
 // ShardedOptimizer (ZeRO-2, ZeRO-1 as an option): wraps any lowbit optimizer and keeps on each rank
 // only the optimizer state of the range of the parameters it owns. Parameters become views of flat
-// per-(device, dtype) buffers (flat_layout.h). Per step: the gradients are copied into the flat
-// buffer and reduce-scattered (average) -> one small all_reduce decides the non-finite skip and
-// gives the clipping norms -> the owned range steps through the same step op as one process, with
-// each piece's element offset in its parameter (quantization blocks, state formats and
-// stochastic-rounding indices are those of the whole parameter) -> the parameters are all-gathered.
-// Results do not depend on the number of ranks: 1, 2 or 3 ranks give the same bits as one
-// unsharded optimizer fed the averaged gradients (see the note on clipping at step()).
+// buckets (flat_layout.h), each cut into equal block-aligned ranges, one per rank. Per step: the
+// gradients are copied into the buckets and reduce-scattered (average) -> one small all_reduce
+// decides the non-finite skip and gives the clipping norms -> the owned ranges step through the same
+// step op as one process, with each piece's element offset in its parameter (quantization blocks,
+// state formats and stochastic-rounding indices are those of the whole parameter) -> the parameters
+// are all-gathered, bucket by bucket. Results do not depend on the number of ranks nor on the
+// buckets: 1, 2 or 3 ranks, with or without overlap, give the same bits as one unsharded optimizer
+// fed the averaged gradients (see the note on clipping at step()).
 #pragma once
 
 #include <functional>
@@ -21,6 +22,9 @@
 #include "flat_layout.h"
 
 namespace lowbit {
+namespace optim {
+class GradHooks;
+}
 namespace distributed {
 
 struct ShardedOptions {
@@ -29,6 +33,38 @@ struct ShardedOptions {
   bool zero1 = false;
   // Copy rank 0's parameters to every rank when constructed (ranks then start identical).
   bool broadcast_parameters = true;
+
+  // Overlap (off by default): a post-accumulate-grad hook on every parameter (the mechanism of
+  // optim::GradientRelease) copies each gradient into its bucket as soon as backward() has summed
+  // it, and a bucket is reduce-scattered (all-reduced with zero1) as soon as all its gradients are
+  // in, while backward() goes on with the layers before. step() then reduces only the buckets still
+  // outstanding, updates and all-gathers bucket by bucket (an asynchronous communicator can run the
+  // all-gather of bucket k under the update of bucket k+1). Buckets hold whole parameters taken in
+  // reverse registration order (the order backward() usually finishes them), one dtype each, and
+  // are reduced strictly in that order on every rank, so the ranks' collectives always pair up, even
+  // where backward() finishes them in another order or some never (below). Today's communicators
+  // block until a collective completes (NCCL's too, to enforce its timeout), so a bucket's
+  // reduce-scatter runs inside backward(), on its thread, rather than beside it.
+  //   - Every parameter must be a leaf that requires grad and carry no other post-accumulate-grad
+  //     hook (a GradientRelease, another overlapped ShardedOptimizer).
+  //   - A gradient is taken when backward() finalises it: changing .grad after backward() (say,
+  //     unscaling) is not seen; do it in the loss instead.
+  //   - A parameter without a gradient on a rank (unused in its forward) counts as zeros from that
+  //     rank; one without a gradient on every rank is not stepped (its state untouched), as one
+  //     process skips a parameter whose .grad is undefined. Its bucket, and every later one, is then
+  //     reduced in step(): correct, not overlapped.
+  //   - Gradient accumulation: set_accumulating(true) for every backward() of a step but the last
+  //     (gradients add up in .grad as usual), false before the last. A second backward() into a
+  //     parameter already taken this step is an error naming it.
+  // Without overlap the buckets are one per dtype (today's single reduce-scatter and all-gather).
+  bool overlap = false;
+  // The size a bucket is filled to, in bytes of parameters (a larger parameter gets its own).
+  // Smaller buckets start communicating earlier; each costs one reduce-scatter, one all-gather and
+  // up to world_size * 256 elements of padding. Used with overlap; must be > 0.
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // Drop each .grad once it is copied into its bucket (by the hook with overlap, else in step()):
+  // the gradients then live only in the buckets, not twice.
+  bool release_gradients = false;
 };
 
 // One rank's piece of one parameter: elements [offset, offset + numel) of parameter `index` of
@@ -48,14 +84,27 @@ class ShardedOptimizer {
   // All parameters must be on one device; the communicator carries that device's tensors.
   ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
                    ShardedOptions options = {});
+  ~ShardedOptimizer();  // removes the overlap hooks
+  // The hooks point at this object: neither copied nor moved.
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
-  // One step of every parameter; every rank calls it, and every parameter needs a gradient on every
-  // rank. The averaged gradient is computed as sum / world_size. Clipping's norm adds the ranks'
-  // partial sums of squares (one scalar per group): it equals one process's norm where those sums
-  // are exact, and may differ from it in the last bit otherwise (as for parameters on several
-  // devices in one optimizer).
+  // One step of every parameter; every rank calls it. Without overlap every parameter needs a
+  // gradient on every rank (with overlap: see ShardedOptions::overlap). The averaged gradient is
+  // computed as sum / world_size. Clipping's norm adds the ranks' partial sums of squares (one
+  // scalar per group): it equals one process's norm where those sums are exact, and may differ from
+  // it in the last bit otherwise (as for parameters on several devices in one optimizer).
   at::Tensor step(LossClosure closure = nullptr);
   void zero_grad(bool set_to_none = true);
+
+  // Overlap only: while on, the hooks leave gradients to add up in .grad (micro-batches); step()
+  // takes whatever is in .grad for parameters not taken by a hook.
+  void set_accumulating(bool on);
+  bool accumulating() const { return accumulating_; }
+  // Buckets in all (one per dtype without overlap), and those of the coming step whose gradients are
+  // not reduced yet (0 after a backward() that produced every gradient with overlap).
+  int buckets() const { return static_cast<int>(buckets_.size()); }
+  int buckets_pending() const { return static_cast<int>(buckets_.size() - next_bucket_); }
 
   // Bytes of optimizer state this rank holds (its fragments only).
   int64_t state_bytes() const;
@@ -72,20 +121,31 @@ class ShardedOptimizer {
   void load(const std::string& prefix);
 
  private:
-  struct Buffer {
+  struct Bucket {
     at::ScalarType dtype;
     FlatLayout layout;
     std::vector<size_t> members;  // indices into params_
     at::Tensor flat_param, flat_grad, grad_shard;
+    std::vector<size_t> fragments;  // this rank's pieces of the members, indices into fragments_
+    size_t waiting = 0;             // members whose gradient of this step is not in flat_grad yet
   };
   struct Param {
     size_t group, index;
     at::Tensor param;
-    size_t buffer;
+    size_t bucket;
     int64_t flat_offset;
     int fragment = -1;  // index into fragments_ (this rank owns a piece), or -1
     optim::StateLayout layout;
+    bool taken = false;  // this step's gradient is in the bucket
+    bool had = false;    // ... and it was a gradient, not zeros for a missing one
   };
+  std::vector<std::vector<size_t>> plan_buckets() const;
+  std::string name(size_t m) const;
+  void on_gradient(size_t m, const at::Tensor& param);  // the overlap hook
+  void take_gradient(size_t m, at::Tensor grad);
+  void reduce_ready_buckets();
+  void update(size_t group, const std::vector<size_t>& frags, const at::Tensor& found_inf, const at::Tensor& sumsq,
+              const std::vector<at::Tensor>& lamb_rows);
   void ensure_states();
   // LAMB: each piece's sums of p^2 and r^2 over its whole parameter, added block by block in the
   // order one process adds them (per-block sums all-reduced), as float64 [pieces, 2].
@@ -96,9 +156,13 @@ class ShardedOptimizer {
   std::shared_ptr<Communicator> comm_;
   ShardedOptions options_;
   at::Device device_ = at::kCPU;
-  std::vector<Buffer> buffers_;
+  std::vector<Bucket> buckets_;  // in the order they are reduced
+  size_t next_bucket_ = 0;       // the next bucket to reduce this step
+  bool accumulating_ = false;
+  std::unique_ptr<optim::GradHooks> hooks_;  // overlap only
   std::vector<Param> params_;
   std::vector<Fragment> fragments_;
+  std::vector<size_t> fragment_param_;  // index into params_ of each fragment
   std::vector<at::Tensor> fragment_params_, fragment_grads_;  // views: the piece of the parameter / gradient shard
   at::Tensor skipped_;   // int64 [1] on the device
   int64_t skipped_loaded_ = 0;

@@ -1,8 +1,7 @@
-// GradientRelease (gradient_release.h): libtorch's post-accumulate-grad hook on each parameter.
+// GradientRelease (gradient_release.h): a post-accumulate-grad hook on each parameter (grad_hooks.h).
 #include "gradient_release.h"
 
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
+#include "grad_hooks.h"
 
 namespace lowbit {
 namespace optim {
@@ -13,50 +12,31 @@ struct GradientRelease::Shared {
   int64_t released = 0;
 };
 
-namespace {
-
-struct ReleaseHook : torch::autograd::PostAccumulateGradHook {
-  explicit ReleaseHook(std::shared_ptr<GradientRelease::Shared> s) : shared(std::move(s)) {}
-  void operator()(const torch::autograd::Variable& param) override {
-    if (shared->accumulating || !param.grad().defined()) return;
-    shared->opt->step_parameters({param});
-    param.mutable_grad().reset();  // released: the next backward starts from nothing
-    ++shared->released;
-  }
-  std::shared_ptr<GradientRelease::Shared> shared;
-};
-
-}  // namespace
-
 GradientRelease::GradientRelease(LowbitOptimizer& opt) : shared_(std::make_shared<Shared>()) {
   shared_->opt = &opt;
   TORCH_CHECK(!opt.clips_gradients(), "GradientRelease: a param group has max_grad_norm > 0; global-norm clipping "
               "needs every gradient at once, which gradient release frees as it goes. Clip without release, or "
               "set max_grad_norm to 0");
+  std::vector<at::Tensor> params;
+  std::vector<std::pair<size_t, size_t>> where;  // (group, index) of each, for errors
   for (size_t gi = 0; gi < opt.param_groups().size(); ++gi) {
-    const auto& params = opt.param_groups()[gi].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor& p = params[i];
-      TORCH_CHECK(p.requires_grad() && p.is_leaf(), "GradientRelease: parameter ", i, " of group ", gi,
-                  " is not a leaf tensor that requires grad; only those receive their gradient in backward()");
-      TORCH_CHECK(!torch::autograd::impl::post_acc_grad_hooks(p), "GradientRelease: parameter ", i, " of group ", gi,
-                  " already has a post-accumulate-grad hook (another GradientRelease, or one from Python)");
+    const auto& ps = opt.param_groups()[gi].params();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      params.push_back(ps[i]);
+      where.emplace_back(gi, i);
     }
   }
-  for (const auto& g : opt.param_groups())
-    for (const at::Tensor& p : g.params()) {
-      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<ReleaseHook>(shared_));
-      params_.push_back(p);
-    }
+  const auto name = [&where](size_t k) { return c10::str("parameter ", where[k].second, " of group ", where[k].first); };
+  hooks_ = std::make_unique<GradHooks>("GradientRelease", std::move(params), name,
+                                       [shared = shared_](size_t, const at::Tensor& param) {
+    if (shared->accumulating || !param.grad().defined()) return;
+    shared->opt->step_parameters({param});
+    param.mutable_grad().reset();  // released: the next backward starts from nothing
+    ++shared->released;
+  });
 }
 
-GradientRelease::~GradientRelease() {
-  for (const at::Tensor& p : params_) {
-    auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
-    auto* ours = dynamic_cast<ReleaseHook*>(hook.get());
-    if (ours && ours->shared == shared_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
-  }
-}
+GradientRelease::~GradientRelease() = default;  // hooks_ removes the hooks
 
 void GradientRelease::set_accumulating(bool on) { shared_->accumulating = on; }
 bool GradientRelease::accumulating() const { return shared_->accumulating; }

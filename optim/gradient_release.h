@@ -3,7 +3,6 @@
 #pragma once
 
 #include <memory>
-#include <vector>
 
 #include "lowbit_optimizer.h"
 
@@ -24,6 +23,8 @@ namespace optim {
 //
 // Gradient accumulation: set_accumulating(true) for every micro-batch but the last, so gradients
 // add up in .grad as usual; set_accumulating(false) before the last backward() releases them.
+class GradHooks;
+
 class GradientRelease {
  public:
   explicit GradientRelease(LowbitOptimizer& opt);
@@ -40,7 +41,7 @@ class GradientRelease {
 
  private:
   std::shared_ptr<Shared> shared_;
-  std::vector<at::Tensor> params_;
+  std::unique_ptr<GradHooks> hooks_;
 };
 
 }  // namespace optim

@@ -63,7 +63,16 @@ at::Tensor default_grad(int r, int s, int k, at::IntArrayRef shape, at::ScalarTy
 struct Outcome {
   int64_t sharded_state_bytes = 0, unsharded_state_bytes = 0;
 };
+// With so.overlap the gradients come through backward() (backward_with), and a GradFn may return an
+// undefined tensor: that parameter is unused on that rank (the reference: the mean of the others
+// with zeros for it, no gradient where no rank has one).
 Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
                                    const GradFn& grad = default_grad, std::shared_ptr<ld::Communicator> c = nullptr);
+
+// The sharded parameters and every fragment's state against one process's, bit for bit.
+void expect_same_as(const ld::ShardedOptimizer& sharded, const std::vector<at::Tensor>& params,
+                    const lo::LowbitOptimizer& ref, const std::vector<at::Tensor>& ref_params);
+// One backward() whose gradient of params[k] is grads[k] exactly (undefined: params[k] unused).
+void backward_with(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads);
 
 }  // namespace lowbit_test

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <cstdio>
 #include <unistd.h>
 
 #include <lowbit/distributed/process_group_communicator.h>
@@ -22,6 +23,10 @@ c10::intrusive_ptr<c10d::Store>& store() {
   static c10::intrusive_ptr<c10d::Store> s;
   if (!s) {
     at::Tensor id = at::full({1}, static_cast<int64_t>(getpid()), at::kLong);
+    // A job that aborted left its file behind, and pids come round again (pid_max may be 32768): a
+    // stale store under this name would hand this job another job's keys, so rank 0 removes it
+    // before any rank opens it.
+    if (comm().rank() == 0) std::remove(("gloo_store." + std::to_string(getpid())).c_str());
     comm().broadcast(id, 0);
     const std::string path = "gloo_store." + std::to_string(id.item<int64_t>());
     s = c10::make_intrusive<c10d::FileStore>(path, comm().size());  // the last rank to close it removes it
@@ -141,6 +146,15 @@ TEST(ProcessGroupCommunicator, ShardedOptimizerMatchesOneProcess) {
   zero1.zero1 = true;
   expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, false); },
                              at::kFloat, zero1, 2, default_grad, gloo());
+  // Overlap: buckets reduce-scattered from backward()'s hooks (small buckets: several form).
+  ld::ShardedOptions overlap;
+  overlap.overlap = true;
+  overlap.bucket_bytes = 8192;
+  for (const RuleCase& rc : rule_cases()) {
+    SCOPED_TRACE(std::string(rc.name) + " overlap");
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q4, false); },
+                               at::kFloat, overlap, 2, default_grad, gloo());
+  }
 }
 
 // ---- errors -----------------------------------------------------------------------------------------

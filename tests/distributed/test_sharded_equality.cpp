@@ -11,31 +11,24 @@ at::Tensor default_grad(int r, int s, int k, at::IntArrayRef shape, at::ScalarTy
   return rank_grad(r, s, k, shape, dtype);
 }
 
-Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
-                                   const GradFn& grad, std::shared_ptr<ld::Communicator> c) {
-  if (!c) c = comm_ptr();
-  const int rank = c->rank(), world = c->size();
-  std::vector<at::Tensor> ref_params = make_params(dtype, device()), params = make_params(dtype, device());
-  std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
-  std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
-  ld::ShardedOptimizer sharded(inner, c, so);
-  for (int s = 1; s <= steps; ++s) {
-    for (size_t k = 0; k < params.size(); ++k) {
-      const auto shape = params[k].sizes();
-      params[k].mutable_grad() = grad(rank, s, static_cast<int>(k), shape, dtype).to(device());
-      at::Tensor sum = at::zeros(shape, at::kFloat);
-      for (int r = 0; r < world; ++r) sum += grad(r, s, static_cast<int>(k), shape, dtype).to(at::kFloat);
-      ref_params[k].mutable_grad() = (sum / world).to(dtype).to(device());
-    }
-    sharded.step();
-    ref->step();
+void backward_with(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
+  // d/dp sum(p * g) = ones * g: the gradient arrives through autograd bit for bit as g.
+  at::Tensor loss;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (!grads[k].defined()) continue;
+    at::Tensor term = (params[k] * grads[k].to(params[k].device())).sum();
+    loss = loss.defined() ? loss + term : term;
   }
+  if (loss.defined()) loss.backward();
+}
+
+void expect_same_as(const ld::ShardedOptimizer& sharded, const std::vector<at::Tensor>& params,
+                    const lo::LowbitOptimizer& ref, const std::vector<at::Tensor>& ref_params) {
   for (size_t k = 0; k < params.size(); ++k)
     EXPECT_TRUE(bitwise_equal(params[k], ref_params[k])) << "parameter " << k << " max |diff| "
         << (params[k].to(at::kFloat) - ref_params[k].to(at::kFloat)).abs().max().item<float>();
-  EXPECT_FALSE(sharded.fragments().empty() && world == 1);
   for (const ld::Fragment& f : sharded.fragments()) {
-    const lo::ParamState* want = ref->state_of(ref_params[f.index]);
+    const lo::ParamState* want = ref.state_of(ref_params[f.index]);
     if (!want) {
       EXPECT_FALSE(f.state.counters.defined() && f.state.step() > 0) << "parameter " << f.index;
       continue;
@@ -54,7 +47,49 @@ Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld
       EXPECT_TRUE(bitwise_equal(a[t], b[t])) << "parameter " << f.index << " elements " << f.offset << ".."
                                              << f.offset + f.numel << " state tensor " << t;
   }
-  EXPECT_EQ(sharded.skipped_steps(), ref->skipped_steps());
+  EXPECT_EQ(sharded.skipped_steps(), ref.skipped_steps());
+}
+
+Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
+                                   const GradFn& grad, std::shared_ptr<ld::Communicator> c) {
+  if (!c) c = comm_ptr();
+  const int rank = c->rank(), world = c->size();
+  std::vector<at::Tensor> ref_params = make_params(dtype, device()), params = make_params(dtype, device());
+  std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
+  std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
+  ld::ShardedOptimizer sharded(inner, c, so);
+  for (int s = 1; s <= steps; ++s) {
+    std::vector<at::Tensor> mine(params.size());
+    bool all_mine = true;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto shape = params[k].sizes();
+      mine[k] = grad(rank, s, static_cast<int>(k), shape, dtype);  // undefined: unused here (overlap only)
+      all_mine &= mine[k].defined();
+      at::Tensor sum = at::zeros(shape, at::kFloat);
+      bool any = false;
+      for (int r = 0; r < world; ++r) {
+        const at::Tensor g = grad(r, s, static_cast<int>(k), shape, dtype);
+        if (!g.defined()) continue;
+        sum += g.to(at::kFloat);
+        any = true;
+      }
+      ref_params[k].mutable_grad() = any ? (sum / world).to(dtype).to(device()) : at::Tensor();
+    }
+    if (so.overlap) {
+      // Through backward(): the hooks take the gradients and reduce the buckets as they fill.
+      sharded.zero_grad();
+      backward_with(params, mine);
+      if (all_mine) EXPECT_EQ(sharded.buckets_pending(), 0) << "step " << s;
+      if (so.release_gradients)
+        for (size_t k = 0; k < params.size(); ++k) EXPECT_FALSE(params[k].grad().defined()) << "parameter " << k;
+    } else {
+      for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = mine[k].to(device());
+    }
+    sharded.step();
+    ref->step();
+  }
+  expect_same_as(sharded, params, *ref, ref_params);
+  EXPECT_FALSE(sharded.fragments().empty() && world == 1);
   return {sharded.state_bytes(), ref->state_bytes()};
 }
 

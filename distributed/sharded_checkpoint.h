@@ -14,7 +14,9 @@
 namespace lowbit {
 namespace distributed {
 
-constexpr int64_t kFragmentFormatVersion = 1;
+// 2: a digest of every entry, and the file's zip CRC-32s checked before libtorch reads it; files of
+// version 1 (no digests) still load, with every other check.
+constexpr int64_t kFragmentFormatVersion = 2;
 
 // The file rank `rank` of `world_size` writes for `prefix`.
 std::string fragment_file(const std::string& prefix, int rank, int world_size);

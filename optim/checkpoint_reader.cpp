@@ -100,8 +100,16 @@ void check_tensor_digest(const std::string& who, const std::string& key, const a
 }
 
 void check_quant_block_size(const std::string& who, const std::string& key, QuantFormat format, int64_t block_size) {
-  TORCH_CHECK(block_size >= 1 && resolve_block_size(format, block_size, who.c_str()) == block_size, who,
-              ": checkpoint entry '", key, "' is ", block_size, ", not a block size of ", format_name(format));
+  // resolve_block_size's own error says which sizes the format takes; the entry is named here.
+  int64_t resolved = -1;
+  std::string why;
+  try {
+    resolved = resolve_block_size(format, block_size, "block size");
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+  }
+  TORCH_CHECK(block_size >= 1 && resolved == block_size, who, ": checkpoint entry '", key, "' is ", block_size,
+              ", not a block size of ", format_name(format), why.empty() ? "" : " (" + why + ")");
 }
 
 void check_block_scales(const std::string& who, const std::string& key, const at::Tensor& absmax) {

@@ -255,6 +255,7 @@ std::vector<Damage> damages() {
       {"numel", [](E& e) { set_int(e, "f0.meta", kNumel, 5001); }, "field numel of 'f0.meta' is 5001, expected 0..5000"},
       {"format", [](E& e) { set_int(e, "f0.meta", kFormat, 6); }, "field format of 'f0.meta' is 6, expected 0..5"},
       {"block_size", [](E& e) { set_int(e, "f0.meta", kBlockSize, 100); }, "'f0.meta block_size' is 100, not a block size of DE4Signed"},
+      {"block_size_range", [](E& e) { set_int(e, "f2.meta", kBlockSize, 0); }, "field block_size of 'f2.meta' is 0, expected 1.."},
       {"nslots", [](E& e) { set_int(e, "f0.meta", kNslots, 5); }, "field nslots of 'f0.meta' is 5, expected 0..4"},
       {"step", [](E& e) { set_int(e, "f0.meta", kStep, -1); }, "field step of 'f0.meta' is -1"},
       {"overflow", [](E& e) { set_int(e, "f0.meta", kOverflow, -2); }, "field overflow of 'f0.meta' is -2"},
@@ -288,9 +289,9 @@ std::vector<Damage> damages() {
 
 TEST(ShardedCheckpoint, EveryCheckOfADamagedFragmentFileRefusesItWhole) {
   Saved saved(StateFormat::Q4, "checks");
-  Victim victim(StateFormat::Q4);
   for (const Damage& d : damages()) {
     SCOPED_TRACE(d.name);
+    Victim victim(StateFormat::Q4);  // one per case: a case that loads fails itself only
     Entries e = saved.entries;
     d.edit(e);
     if (std::string(d.name) != "digest") resign_fragments(e);

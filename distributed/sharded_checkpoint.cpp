@@ -1,4 +1,5 @@
-// Fragment checkpoints: write each holder's pieces, read every writer's file, check the whole, then
+// Fragment checkpoints: write each holder's pieces (version 2: a digest per entry), read every
+// writer's file (zip CRC-32s, digests, every value's range, dtypes and sizes) and check the whole, then
 // load the ranges each optimizer needs. POSIX directory calls, not std::filesystem (the torch
 // wheel exports std::filesystem symbols that clash with the toolchain's).
 #include "sharded_checkpoint.h"
@@ -7,9 +8,12 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <set>
 #include <torch/serialize/archive.h>
 
+#include <lowbit/optim/checkpoint_reader.h>
 #include <lowbit/optim/fragment_access.h>
 
 #include "fragment_state.h"
@@ -23,128 +27,312 @@ using optim::FragmentAccess;
 namespace {
 
 constexpr int64_t kMagic = 0x6C6F77626672ll;  // "lowbfr"
+// Version 2 adds a digest per entry (optim::tensor_digest: its key, dtype, sizes and bytes) as
+// entry "<key>.digest". Version 1 files (lowbit before the digests) still load: they pass every
+// other check below (the zip's CRC-32s included), only without digests; refusing them would strand
+// every sharded checkpoint written so far, and the CRC-32s already catch damage to their bytes.
+constexpr int64_t kVersionDigests = 2;
+constexpr int64_t kHeaderSize = 7;  // magic, version, rank, world size, seed, fragment count, skipped steps
+constexpr int64_t kMax = optim::kMaxCheckpointCount;
 
 struct Meta {  // the int64 header of one fragment
   int64_t group, index, offset, numel, param_numel, format, block_size, nslots, step, overflow;
 };
+constexpr const char* kMetaFields[] = {"group", "index",      "offset", "numel", "param_numel",
+                                       "format", "block_size", "nslots", "step",  "overflow"};
+constexpr int64_t kMetaSize = sizeof(kMetaFields) / sizeof(kMetaFields[0]);
+static_assert(kMetaSize * sizeof(int64_t) == sizeof(Meta), "one name per Meta field");
 
 struct FileFragment {
   Meta meta;
   std::vector<kernels::SlotType> slots;
   std::vector<at::Tensor> tensors;  // as append_state_range gives them
-  std::string file;
+  std::string where;                // "<file>: fragment <i>", for errors
 };
-
-struct Holder {  // what one writer saves: its fragments (piece + state) and the optimizer-wide values
-  std::vector<std::pair<Fragment, bool>> pieces;  // bool: the piece has state
-};
-
-void write_file(const std::string& path, int rank, int world_size, uint64_t seed, int64_t skipped,
-                const std::vector<const Fragment*>& frags) {
-  torch::serialize::OutputArchive ar;
-  ar.write("header", at::tensor(std::vector<int64_t>{kMagic, kFragmentFormatVersion, rank, world_size,
-                                                     static_cast<int64_t>(seed), static_cast<int64_t>(frags.size()),
-                                                     skipped}));
-  for (size_t i = 0; i < frags.size(); ++i) {
-    const Fragment& f = *frags[i];
-    const optim::ParamState& st = f.state;
-    const at::Tensor c = st.counters.cpu();
-    const std::string key = "f" + std::to_string(i);
-    ar.write(key + ".meta", at::tensor(std::vector<int64_t>{
-                                static_cast<int64_t>(f.group), static_cast<int64_t>(f.index), f.offset, f.numel,
-                                f.param_numel, static_cast<int64_t>(st.format), st.block_size,
-                                static_cast<int64_t>(st.slots.size()), c.data_ptr<int64_t>()[0], c.data_ptr<int64_t>()[1]}));
-    std::vector<int64_t> slots;
-    for (const auto& s : st.slots) {
-      slots.push_back(static_cast<int64_t>(s.type.storage));
-      slots.push_back(static_cast<int64_t>(s.type.format));
-    }
-    ar.write(key + ".slots", at::tensor(slots));
-    std::vector<at::Tensor> ts;
-    append_state_range(st, 0, f.numel, ts);
-    for (size_t k = 0; k < ts.size(); ++k) ar.write(key + ".t" + std::to_string(k), ts[k].cpu().contiguous());
-  }
-  ar.save_to(path);
-}
 
 struct FileHeader {
   int64_t version, rank, world_size, seed, count, skipped;
 };
 
-std::vector<FileFragment> read_file(const std::string& path, FileHeader* h) {
-  torch::serialize::InputArchive ar;
-  try {
-    ar.load_from(path);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "load fragments: cannot read ", path, ": ", e.what_without_backtrace());
+// How many tensors a slot of `storage` holds in a file: codes + absmax, values, or none.
+int tensors_of(kernels::SlotStorage storage) {
+  return storage == kernels::SlotStorage::Quant ? 2 : storage == kernels::SlotStorage::None ? 0 : 1;
+}
+
+std::string fragment_key(int64_t i) { return "f" + std::to_string(i); }
+
+// ---------------------------------------------------------------------------------------------
+// Writing (version 2): every entry a tensor, each followed by its digest
+// ---------------------------------------------------------------------------------------------
+
+void put(torch::serialize::OutputArchive& ar, const std::string& key, const at::Tensor& t) {
+  const at::Tensor c = t.cpu().contiguous();
+  ar.write(key, c);
+  ar.write(key + ".digest", c10::IValue(optim::tensor_digest(key, c)));
+}
+
+void write_file(const std::string& path, int rank, int world_size, uint64_t seed, int64_t skipped,
+                const std::vector<const Fragment*>& frags) {
+  torch::serialize::OutputArchive ar;
+  put(ar, "header", at::tensor(std::vector<int64_t>{kMagic, kFragmentFormatVersion, rank, world_size,
+                                                    static_cast<int64_t>(seed), static_cast<int64_t>(frags.size()),
+                                                    skipped}));
+  for (size_t i = 0; i < frags.size(); ++i) {
+    const Fragment& f = *frags[i];
+    const optim::ParamState& st = f.state;
+    const at::Tensor c = st.counters.cpu();
+    const std::string key = fragment_key(static_cast<int64_t>(i));
+    put(ar, key + ".meta", at::tensor(std::vector<int64_t>{
+                               static_cast<int64_t>(f.group), static_cast<int64_t>(f.index), f.offset, f.numel,
+                               f.param_numel, static_cast<int64_t>(st.format), st.block_size,
+                               static_cast<int64_t>(st.slots.size()), c.data_ptr<int64_t>()[0], c.data_ptr<int64_t>()[1]}));
+    std::vector<int64_t> slots;
+    for (const auto& s : st.slots) {
+      slots.push_back(static_cast<int64_t>(s.type.storage));
+      slots.push_back(static_cast<int64_t>(s.type.format));
+    }
+    put(ar, key + ".slots", at::tensor(slots, at::kLong));
+    std::vector<at::Tensor> ts;
+    append_state_range(st, 0, f.numel, ts);
+    for (size_t k = 0; k < ts.size(); ++k) put(ar, key + ".t" + std::to_string(k), ts[k]);
   }
-  at::Tensor header;
-  TORCH_CHECK(ar.try_read("header", header) && header.numel() == 7 && header.data_ptr<int64_t>()[0] == kMagic,
-              "load fragments: ", path, " is not a lowbit fragment file");
-  const int64_t* x = header.data_ptr<int64_t>();
-  *h = {x[1], x[2], x[3], x[4], x[5], x[6]};
-  TORCH_CHECK(h->version == kFragmentFormatVersion, "load fragments: ", path, " has format version ", h->version,
-              "; this lowbit reads version ", kFragmentFormatVersion);
+  ar.save_to(path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading: the zip and its CRC-32s first (libtorch checks neither), then every entry checked
+// (type, dtype, shape, digest, each value's range) before any is used
+// ---------------------------------------------------------------------------------------------
+
+class FileReader {
+ public:
+  explicit FileReader(const std::string& path) : who_("load fragments: " + path) {
+    try {
+      optim::load_checkpoint_archive(path, ar_);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "load fragments: ", e.what_without_backtrace());
+    }
+  }
+
+  int64_t version = 0;  // 0 until the header is read: no digests expected before
+  const std::string& who() const { return who_; }
+
+  // A state tensor of `dtype` (flat, cpu), its digest checked in version 2.
+  at::Tensor tensor(const std::string& key, at::ScalarType dtype) {
+    c10::IValue v;
+    TORCH_CHECK(ar_.try_read(key, v), who_, ": entry '", key, "' is missing");
+    TORCH_CHECK(v.isTensor(), who_, ": entry '", key, "' is not a tensor (", v.tagKind(), ")");
+    const at::Tensor t = v.toTensor();
+    optim::check_stored_tensor(who_, key, t, dtype);
+    read_.insert(key);
+    if (version >= kVersionDigests) {
+      const std::string dk = key + ".digest";
+      TORCH_CHECK(ar_.try_read(dk, v) && v.isInt(), who_, ": entry '", dk, "' is missing or not an integer");
+      optim::check_tensor_digest(who_, key, t, v.toInt());
+      read_.insert(dk);
+    }
+    return t;
+  }
+
+  // An int64 entry of exactly `n` values.
+  std::vector<int64_t> ints(const std::string& key, int64_t n) {
+    const at::Tensor t = tensor(key, at::kLong);
+    TORCH_CHECK(t.numel() == n, who_, ": entry '", key, "' has ", t.numel(), " values, expected ", n);
+    const at::Tensor c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n);
+  }
+
+  // Entries beyond those read are none a writer writes (an edited or spliced file).
+  void check_no_other_entries() {
+    const std::vector<std::string> keys = ar_.keys();
+    for (const std::string& k : keys)
+      TORCH_CHECK(read_.count(k), who_, ": entry '", k, "' is not one a version-", version, " writer writes");
+    TORCH_CHECK(keys.size() == read_.size(), who_, ": ", keys.size(), " entries, expected ", read_.size());
+  }
+
+  // Count checks against what the archive holds before a loop trusts them.
+  int64_t entries() { return static_cast<int64_t>(ar_.keys().size()); }
+
+ private:
+  torch::serialize::InputArchive ar_;
+  std::string who_;
+  std::set<std::string> read_;
+};
+
+void check_range(const std::string& who, const std::string& field, int64_t v, int64_t lo, int64_t hi) {
+  TORCH_CHECK(v >= lo && v <= hi, who, ": ", field, " is ", v, ", expected ", lo, "..", hi);
+}
+
+FileHeader read_header(FileReader& r, int rank, int world_size) {
+  const at::Tensor t = r.tensor("header", at::kLong);  // version unknown yet: its digest is checked below
+  TORCH_CHECK(t.numel() == kHeaderSize && t.data_ptr<int64_t>()[0] == kMagic, r.who(),
+              " is not a lowbit fragment file (no fragment header)");
+  const int64_t* x = t.data_ptr<int64_t>();
+  const FileHeader h{x[1], x[2], x[3], x[4], x[5], x[6]};
+  TORCH_CHECK(h.version == 1 || h.version == kVersionDigests, r.who(), ": format version ", h.version,
+              " is not supported (this lowbit reads versions 1 and ", kVersionDigests, ")");
+  r.version = h.version;
+  if (h.version >= kVersionDigests) r.ints("header", kHeaderSize);  // now with its digest
+  TORCH_CHECK(h.rank == rank && h.world_size == world_size, r.who(), ": the header says rank ", h.rank, " of ",
+              h.world_size, ", the file name rank ", rank, " of ", world_size);
+  // Each fragment has at least two entries (meta and slots): a larger count is not this file's.
+  check_range(r.who(), "the header's fragment count", h.count, 0, r.entries() / 2);
+  check_range(r.who(), "the header's skipped-step count", h.skipped, 0, kMax);
+  return h;
+}
+
+// The fragment's meta values, each checked against its range and the others before any is used.
+Meta read_meta(FileReader& r, const std::string& key, const std::string& where) {
+  const std::vector<int64_t> m = r.ints(key + ".meta", kMetaSize);
+  Meta meta;
+  std::memcpy(&meta, m.data(), sizeof meta);
+  const auto check = [&](int k, int64_t lo, int64_t hi) {
+    check_range(where, c10::str("field ", kMetaFields[k], " of '", key, ".meta'"), m[k], lo, hi);
+  };
+  check(0, 0, kMax);                                   // group
+  check(1, 0, kMax);                                   // index
+  check(4, 1, kMax);                                   // param_numel
+  check(2, 0, meta.param_numel);                       // offset
+  check(3, 0, meta.param_numel - meta.offset);         // numel: inside the parameter
+  check(5, 0, kNumStateFormats - 1);                   // format
+  check(6, 1, kMax);                                   // block_size
+  check(7, 0, kernels::kMaxSlots);                     // nslots
+  check(8, 0, kMax);                                   // step
+  check(9, 0, kMax);                                   // overflow
+  const auto format = static_cast<StateFormat>(meta.format);
+  if (is_quantized(format)) {
+    // Quantization blocks are global to the parameter: a fragment starts on a block boundary.
+    optim::check_quant_block_size(where, key + ".meta block_size", quant_format_for(format, true), meta.block_size);
+    TORCH_CHECK(meta.offset % meta.block_size == 0, where, ": offset ", meta.offset,
+                " is not a multiple of the block size ", meta.block_size);
+  }
+  return meta;
+}
+
+// Slot k's storage and format, checked against the fragment's state format: quantized storage for
+// a quantized format, FP32 / BF16 values for those formats, a correction only in the last slot.
+kernels::SlotType read_slot_type(const std::string& where, const Meta& meta, const std::vector<int64_t>& slots,
+                                 int64_t k) {
+  const std::string field = c10::str(where, ": slot ", k);
+  check_range(field, "storage", slots[2 * k], 0, static_cast<int64_t>(kernels::SlotStorage::Int8));
+  check_range(field, "format", slots[2 * k + 1], 0, kNumQuantFormats - 1);
+  kernels::SlotType t{static_cast<kernels::SlotStorage>(slots[2 * k]), static_cast<QuantFormat>(slots[2 * k + 1])};
+  const auto format = static_cast<StateFormat>(meta.format);
+  bool fits = true;
+  switch (t.storage) {
+    case kernels::SlotStorage::None: break;
+    case kernels::SlotStorage::F32: fits = format == StateFormat::FP32; break;
+    case kernels::SlotStorage::BF16: fits = format == StateFormat::BF16; break;
+    case kernels::SlotStorage::Quant: fits = is_quantized(format); break;
+    case kernels::SlotStorage::Int16:
+    case kernels::SlotStorage::Int8: fits = k == kernels::kCorrectionSlot; break;
+  }
+  TORCH_CHECK(fits, field, " is stored as ", kernels::slot_type_name(t), ", which a ",
+              state_format_name(format), " state ", k == kernels::kCorrectionSlot ? "" : "in this slot ",
+              "does not hold");
+  return t;
+}
+
+// The tensors of one slot: dtype and size from the slot and the fragment's numel / block size;
+// quantized ones with finite block scales and codes (the checks of optim/checkpoint_reader.h).
+void read_slot_tensors(FileReader& r, const std::string& key, const Meta& meta, kernels::SlotType t, int64_t* next,
+                       std::vector<at::Tensor>* out) {
+  const auto tkey = [&] { return key + ".t" + std::to_string((*next)++); };
+  using S = kernels::SlotStorage;
+  if (t.storage == S::None) return;
+  if (t.storage == S::Quant) {
+    const std::string ck = tkey(), ak = tkey();
+    const at::Tensor codes = r.tensor(ck, at::kByte), absmax = r.tensor(ak, at::kFloat);
+    TORCH_CHECK(codes.numel() == code_bytes(t.format, meta.numel), r.who(), ": entry '", ck, "' has ", codes.numel(),
+                " code bytes, expected ", code_bytes(t.format, meta.numel), " for ", meta.numel, " elements of ",
+                format_name(t.format));
+    const int64_t blocks = (meta.numel + meta.block_size - 1) / meta.block_size;
+    TORCH_CHECK(absmax.numel() == blocks, r.who(), ": entry '", ak, "' has ", absmax.numel(), " block scales, expected ",
+                blocks, " (", meta.numel, " elements in blocks of ", meta.block_size, ")");
+    optim::check_block_scales(r.who(), ak, absmax);
+    optim::check_codes_finite(r.who(), ck, codes, t.format);
+    out->push_back(codes);
+    out->push_back(absmax);
+    return;
+  }
+  const at::ScalarType dtype = t.storage == S::F32    ? at::kFloat
+                               : t.storage == S::BF16 ? at::kBFloat16
+                               : t.storage == S::Int16 ? at::kShort
+                                                       : at::kChar;
+  const std::string vk = tkey();
+  const at::Tensor values = r.tensor(vk, dtype);
+  TORCH_CHECK(values.numel() == meta.numel, r.who(), ": entry '", vk, "' has ", values.numel(), " values, expected ",
+              meta.numel);
+  out->push_back(values);
+}
+
+FileFragment read_fragment(FileReader& r, int64_t i) {
+  const std::string key = fragment_key(i);
+  FileFragment f;
+  f.where = c10::str(r.who(), ": fragment ", i);
+  f.meta = read_meta(r, key, f.where);
+  f.where += c10::str(" (parameter ", f.meta.index, " of group ", f.meta.group, ")");
+  const std::vector<int64_t> slots = r.ints(key + ".slots", 2 * f.meta.nslots);
+  int64_t next = 0;
+  for (int64_t k = 0; k < f.meta.nslots; ++k) {
+    f.slots.push_back(read_slot_type(f.where, f.meta, slots, k));
+    read_slot_tensors(r, key, f.meta, f.slots.back(), &next, &f.tensors);
+  }
+  return f;
+}
+
+// One writer's file, whole: rank and world size are those of its name.
+std::vector<FileFragment> read_file(const std::string& path, int rank, int world_size, FileHeader* h) {
+  FileReader r(path);
+  *h = read_header(r, rank, world_size);
   std::vector<FileFragment> out;
-  for (int64_t i = 0; i < h->count; ++i) {
-    const std::string key = "f" + std::to_string(i);
-    FileFragment f;
-    f.file = path;
-    at::Tensor meta, slots;
-    TORCH_CHECK(ar.try_read(key + ".meta", meta) && meta.numel() == 10 && ar.try_read(key + ".slots", slots),
-                "load fragments: ", path, ": fragment ", i, " is incomplete");
-    const int64_t* m = meta.data_ptr<int64_t>();
-    f.meta = {m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9]};
-    TORCH_CHECK(slots.numel() == 2 * f.meta.nslots, "load fragments: ", path, ": fragment ", i, " has a bad slot list");
-    int64_t ntensors = 0;
-    for (int64_t k = 0; k < f.meta.nslots; ++k) {
-      kernels::SlotType t;
-      t.storage = static_cast<kernels::SlotStorage>(slots.data_ptr<int64_t>()[2 * k]);
-      t.format = static_cast<QuantFormat>(slots.data_ptr<int64_t>()[2 * k + 1]);
-      ntensors += t.storage == kernels::SlotStorage::Quant ? 2 : t.storage == kernels::SlotStorage::None ? 0 : 1;
-      f.slots.push_back(t);
-    }
-    for (int64_t k = 0; k < ntensors; ++k) {
-      at::Tensor t;
-      TORCH_CHECK(ar.try_read(key + ".t" + std::to_string(k), t), "load fragments: ", path, ": fragment ", i,
-                  " misses state tensor ", k);
-      f.tensors.push_back(t);
-    }
-    out.push_back(std::move(f));
-  }
+  for (int64_t i = 0; i < h->count; ++i) out.push_back(read_fragment(r, i));
+  r.check_no_other_entries();
   return out;
 }
 
-// Every writer's file of `prefix`: exactly ranks 0..N-1 of one N, or an error naming what is wrong.
-std::vector<std::string> writer_files(const std::string& prefix) {
+// A writer's file: its name and the rank and world size the name says.
+struct WriterFile {
+  std::string path;
+  int rank, world_size;
+};
+
+// Every writer's file of `prefix`: exactly ranks 0..N-1 of one N, or an error naming what is wrong
+// (a missing rank, files of two world sizes, a rank outside 0..N-1, a name no writer gives).
+std::vector<WriterFile> writer_files(const std::string& prefix) {
   const auto slash = prefix.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : prefix.substr(0, slash == 0 ? 1 : slash);
   const std::string base = (slash == std::string::npos ? prefix : prefix.substr(slash + 1)) + ".rank-";
   DIR* d = opendir(dir.c_str());
   TORCH_CHECK(d, "load fragments: cannot open the directory ", dir, " of ", prefix);
-  std::map<int, int> ranks;  // rank -> world size
+  std::set<int> ranks;
   int world = -1;
+  std::string error;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     if (name.compare(0, base.size(), base) != 0) continue;
     int r = -1, n = -1;
     char tail = 0;
     if (std::sscanf(name.c_str() + base.size(), "%d-of-%d%c", &r, &n, &tail) != 2) continue;
-    if (world >= 0 && n != world) {
-      closedir(d);
-      TORCH_CHECK(false, "load fragments: ", prefix, " has files of ", world, " and of ", n,
-                  " writers; remove the stale ones");
-    }
+    const std::string path = dir + "/" + name;
+    if (n < 1 || r < 0 || r >= n || name != base + std::to_string(r) + "-of-" + std::to_string(n))
+      error = c10::str("load fragments: ", path, " is not a writer's file name (rank ", r, " of ", n,
+                       "); remove or rename it");
+    else if (world >= 0 && n != world)
+      error = c10::str("load fragments: ", prefix, " has files of ", world, " and of ", n,
+                       " writers; remove the stale ones");
+    if (!error.empty()) break;
     world = n;
-    ranks[r] = n;
+    ranks.insert(r);
   }
   closedir(d);
+  TORCH_CHECK(error.empty(), error);
   TORCH_CHECK(world > 0, "load fragments: no fragment files ", prefix, ".rank-*-of-*");
-  std::vector<std::string> files;
+  std::vector<WriterFile> files;
   for (int r = 0; r < world; ++r) {
     TORCH_CHECK(ranks.count(r), "load fragments: the file of rank ", r, " of ", world, " is missing: ",
                 fragment_file(prefix, r, world));
-    files.push_back(fragment_file(prefix, r, world));
+    files.push_back({fragment_file(prefix, r, world), r, world});
   }
   return files;
 }
@@ -156,82 +344,99 @@ struct Whole {
   bool present = false;
 };
 
+// Fragments of parameter (gi, i), sorted by offset, against the optimizer's layout `want` for `p`:
+// same whole numel, format, block size and slots, at one step, covering every element once.
+void check_fragments(const std::vector<FileFragment>& frags, const optim::StateLayout& want, const at::Tensor& p) {
+  int64_t next = 0;
+  for (const FileFragment& f : frags) {
+    const std::string& where = f.where;
+    TORCH_CHECK(f.meta.param_numel == p.numel(), where, ": the parameter has ", f.meta.param_numel,
+                " elements in the checkpoint but ", p.numel(), " here");
+    TORCH_CHECK(f.meta.offset >= next, where, ": elements ", f.meta.offset, "..",
+                std::min(next, f.meta.offset + f.meta.numel), " are in two fragments (duplicated fragment)");
+    TORCH_CHECK(f.meta.offset == next, where, ": elements ", next, "..", f.meta.offset,
+                " are in no fragment (missing fragment)");
+    TORCH_CHECK(f.meta.format == static_cast<int64_t>(want.format), where, " was saved with state format ",
+                state_format_name(static_cast<StateFormat>(f.meta.format)), " but this optimizer uses ",
+                state_format_name(want.format));
+    TORCH_CHECK(f.meta.block_size == want.block_size, where, " was saved with block size ", f.meta.block_size,
+                " but this optimizer uses ", want.block_size);
+    TORCH_CHECK(f.slots.size() == want.slots.size(), where, " has ", f.slots.size(),
+                " state slots but this optimizer has ", want.slots.size());
+    for (size_t k = 0; k < want.slots.size(); ++k)
+      TORCH_CHECK(f.slots[k] == want.slots[k], where, ": state slot ", k, " is stored as ",
+                  kernels::slot_type_name(f.slots[k]), " but this optimizer stores it as ",
+                  kernels::slot_type_name(want.slots[k]));
+    TORCH_CHECK(f.meta.step == frags[0].meta.step, where, ": fragments at different steps (", f.meta.step, " and ",
+                frags[0].meta.step, ")");
+    next = f.meta.offset + f.meta.numel;
+  }
+  TORCH_CHECK(next == p.numel(), frags.back().where, ": elements ", next, "..", p.numel(),
+              " are in no fragment (missing fragment)");
+}
+
+// The checked fragments of `p` concatenated slot by slot (every fragment but the last is a whole
+// number of blocks: read_meta checked that each starts on a block boundary).
+optim::ParamState join_fragments(const std::vector<FileFragment>& frags, const optim::StateLayout& want,
+                                 const at::Tensor& p) {
+  optim::ParamState st;
+  st.format = want.format;
+  st.block_size = want.block_size;
+  st.counters = at::tensor(std::vector<int64_t>{frags[0].meta.step, 0}).to(p.device());
+  st.slots.resize(want.slots.size());
+  size_t t = 0;
+  for (size_t k = 0; k < want.slots.size(); ++k) {
+    optim::StateSlot& s = st.slots[k];
+    s.type = want.slots[k];
+    const int per = tensors_of(s.type.storage);
+    std::vector<at::Tensor> a, b;
+    for (const FileFragment& f : frags) {
+      if (per >= 1) a.push_back(f.tensors.at(t));
+      if (per == 2) b.push_back(f.tensors.at(t + 1));
+    }
+    if (per == 1) s.dense = at::cat(a).to(p.device());
+    if (per == 2)
+      s.quantized = QTensor(at::cat(a).to(p.device()), at::cat(b).to(p.device()), {p.numel()}, s.type.format,
+                            st.block_size);
+    t += per;
+  }
+  return st;
+}
+
+// Every writer's file read and checked whole, then every parameter's fragments against the
+// optimizer: throws before anything is changed.
 std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimizer& o, const std::string& prefix,
                                                       uint64_t* seed, int64_t* skipped) {
   std::map<std::pair<int64_t, int64_t>, std::vector<FileFragment>> by_param;
-  bool first = true;
-  for (const std::string& file : writer_files(prefix)) {
+  for (const WriterFile& file : writer_files(prefix)) {
     FileHeader h;
-    for (FileFragment& f : read_file(file, &h)) by_param[{f.meta.group, f.meta.index}].push_back(std::move(f));
-    if (first) {
+    for (FileFragment& f : read_file(file.path, file.rank, file.world_size, &h))
+      by_param[{f.meta.group, f.meta.index}].push_back(std::move(f));
+    if (file.rank == 0) {
       *seed = static_cast<uint64_t>(h.seed);
       *skipped = h.skipped;
     }
-    TORCH_CHECK(static_cast<uint64_t>(h.seed) == *seed, "load fragments: ", file,
-                " has another stochastic-rounding seed than rank 0's file");
-    first = false;
+    // Both are the job's, not a rank's: every writer saved the same.
+    TORCH_CHECK(static_cast<uint64_t>(h.seed) == *seed, "load fragments: ", file.path,
+                " has another stochastic-rounding seed (", h.seed, ") than rank 0's file (", *seed, ")");
+    TORCH_CHECK(h.skipped == *skipped, "load fragments: ", file.path, " counts ", h.skipped,
+                " skipped steps, rank 0's file ", *skipped);
   }
   const auto& groups = o.param_groups();
   std::map<std::pair<int64_t, int64_t>, Whole> out;
   for (auto& kv : by_param) {
     const int64_t gi = kv.first.first, i = kv.first.second;
     auto& frags = kv.second;
-    TORCH_CHECK(gi >= 0 && gi < static_cast<int64_t>(groups.size()) && i >= 0 &&
-                    i < static_cast<int64_t>(groups[gi].params().size()),
-                "load fragments: ", frags[0].file, " holds parameter ", i, " of group ", gi,
-                ", which this optimizer does not have");
+    TORCH_CHECK(gi < static_cast<int64_t>(groups.size()) && i < static_cast<int64_t>(groups[gi].params().size()),
+                frags[0].where, ": this optimizer has no parameter ", i, " in group ", gi);
     const at::Tensor& p = groups[gi].params()[i];
     const optim::StateLayout want = FragmentAccess::layout(o, static_cast<size_t>(gi), p);
-    std::sort(frags.begin(), frags.end(), [](const FileFragment& a, const FileFragment& b) { return a.meta.offset < b.meta.offset; });
-    int64_t next = 0;
-    for (const FileFragment& f : frags) {
-      const auto where = [&] { return c10::str("parameter ", i, " of group ", gi, " (", f.file, ")"); };
-      TORCH_CHECK(f.meta.param_numel == p.numel(), "load fragments: ", where(), " has ", f.meta.param_numel,
-                  " elements in the checkpoint but ", p.numel(), " here");
-      TORCH_CHECK(f.meta.offset >= next, "load fragments: ", where(), ": elements ", f.meta.offset, "..",
-                  std::min(next, f.meta.offset + f.meta.numel), " are in two fragments (duplicated fragment)");
-      TORCH_CHECK(f.meta.offset == next, "load fragments: ", where(), ": elements ", next, "..", f.meta.offset,
-                  " are in no fragment (missing fragment)");
-      TORCH_CHECK(f.meta.format == static_cast<int64_t>(want.format) && f.meta.block_size == want.block_size &&
-                      f.slots.size() == want.slots.size(),
-                  "load fragments: ", where(), " was saved with state format ", f.meta.format, " and block size ",
-                  f.meta.block_size, " but this optimizer uses ", static_cast<int64_t>(want.format), " and ",
-                  want.block_size);
-      for (size_t k = 0; k < want.slots.size(); ++k)
-        TORCH_CHECK(f.slots[k] == want.slots[k], "load fragments: ", where(), ": state slot ", k,
-                    " is stored as ", kernels::slot_type_name(f.slots[k]), " but this optimizer stores it as ",
-                    kernels::slot_type_name(want.slots[k]));
-      TORCH_CHECK(f.meta.step == frags[0].meta.step, "load fragments: ", where(), ": fragments at different steps (",
-                  f.meta.step, " and ", frags[0].meta.step, ")");
-      next = f.meta.offset + f.meta.numel;
-    }
-    TORCH_CHECK(next == p.numel(), "load fragments: parameter ", i, " of group ", gi, ": elements ", next, "..",
-                p.numel(), " are in no fragment (missing fragment)");
-    // Concatenate slot by slot (every fragment but the last is a whole number of blocks).
+    std::sort(frags.begin(), frags.end(),
+              [](const FileFragment& a, const FileFragment& b) { return a.meta.offset < b.meta.offset; });
+    check_fragments(frags, want, p);
     Whole w;
     w.present = true;
-    optim::ParamState& st = w.state;
-    st.format = want.format;
-    st.block_size = want.block_size;
-    st.counters = at::tensor(std::vector<int64_t>{frags[0].meta.step, 0});
-    st.slots.resize(want.slots.size());
-    size_t t = 0;
-    for (size_t k = 0; k < want.slots.size(); ++k) {
-      optim::StateSlot& s = st.slots[k];
-      s.type = want.slots[k];
-      const int per = s.type.storage == kernels::SlotStorage::Quant ? 2 : s.type.storage == kernels::SlotStorage::None ? 0 : 1;
-      std::vector<at::Tensor> a, b;
-      for (const FileFragment& f : frags) {
-        if (per >= 1) a.push_back(f.tensors.at(t));
-        if (per == 2) b.push_back(f.tensors.at(t + 1));
-      }
-      if (per == 1) s.dense = at::cat(a).to(p.device());
-      if (per == 2)
-        s.quantized = QTensor(at::cat(a).to(p.device()), at::cat(b).to(p.device()), {p.numel()}, s.type.format,
-                              st.block_size);
-      t += per;
-    }
-    st.counters = st.counters.to(p.device());
+    w.state = join_fragments(frags, want, p);
     out[kv.first] = std::move(w);
   }
   return out;
@@ -293,9 +498,17 @@ void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix) {
   uint64_t seed = 0;
   int64_t skipped = 0;
   auto wholes = assemble(o, prefix, &seed, &skipped);  // throws before anything is changed
+  // The checkpoint's state replaces the whole state: a parameter it has no state for has none after
+  // (as LowbitOptimizer::load does), not the state it had before.
   const auto& groups = o.param_groups();
-  for (auto& kv : wholes)
-    FragmentAccess::set_state(o, groups[kv.first.first].params()[kv.first.second], std::move(kv.second.state));
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (size_t i = 0; i < groups[gi].params().size(); ++i) {
+      auto it = wholes.find({static_cast<int64_t>(gi), static_cast<int64_t>(i)});
+      if (it == wholes.end())
+        FragmentAccess::clear_state(o, groups[gi].params()[i]);
+      else
+        FragmentAccess::set_state(o, groups[gi].params()[i], std::move(it->second.state));
+    }
   FragmentAccess::set_seed(o, seed);
   FragmentAccess::set_skipped(o, skipped);
 }

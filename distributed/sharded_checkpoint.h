@@ -1,10 +1,13 @@
 // Reshardable checkpoints of sharded optimizer state. Each rank writes its fragments (parameter
 // group and index, element offset, numel, the whole parameter's numel, state format, block size,
 // slot storage, step counters) with the format version and the stochastic-rounding seed, to
-// `prefix`.rank-R-of-N. Loading reads the files of all N writers, checks that they cover every
-// parameter exactly once and match the optimizer (shapes, formats, block sizes, version), and only
-// then takes the ranges it needs: N ranks' files load on M ranks and into one unsharded optimizer,
-// and an unsharded optimizer's save_fragments loads on any number of ranks, bit-exact.
+// `prefix`.rank-R-of-N. Loading reads the files of all N writers whole (each file's zip CRC-32s
+// before libtorch parses it, every entry's digest, every value's range, each state tensor's dtype
+// and size against its slot, finite codes), checks that they cover every parameter exactly once
+// and match the optimizer (shapes, formats, block sizes, slots), and only then takes the ranges it
+// needs: N ranks' files load on M ranks and into one unsharded optimizer, and an unsharded
+// optimizer's save_fragments loads on any number of ranks, bit-exact. A refused load changes
+// nothing; errors name the file, the fragment and the field or entry with its value.
 #pragma once
 
 #include <string>
@@ -14,7 +17,9 @@
 namespace lowbit {
 namespace distributed {
 
-constexpr int64_t kFragmentFormatVersion = 1;
+// 2: a digest of every entry, and the file's zip CRC-32s checked before libtorch reads it; files of
+// version 1 (no digests) still load, with every other check.
+constexpr int64_t kFragmentFormatVersion = 2;
 
 // The file rank `rank` of `world_size` writes for `prefix`.
 std::string fragment_file(const std::string& prefix, int rank, int world_size);

@@ -80,6 +80,67 @@ void load_checkpoint_archive(const std::string& path, torch::serialize::InputArc
 }
 
 // ---------------------------------------------------------------------------------------------
+// Checks of stored state, shared with the fragment reader (distributed/sharded_checkpoint.cpp)
+// ---------------------------------------------------------------------------------------------
+
+void check_stored_tensor(const std::string& who, const std::string& key, const at::Tensor& t, at::ScalarType dtype) {
+  TORCH_CHECK(t.defined(), who, ": checkpoint tensor '", key, "' is undefined");
+  TORCH_CHECK(t.scalar_type() == dtype, who, ": checkpoint tensor '", key, "' has dtype ", t.scalar_type(),
+              ", expected ", dtype);
+  TORCH_CHECK(t.device().is_cpu(), who, ": checkpoint tensor '", key, "' is on ", t.device(), ", expected cpu");
+  TORCH_CHECK(t.layout() == at::kStrided, who, ": checkpoint tensor '", key, "' has layout ", t.layout());
+  // State is written flat; another shape of the same numel is not what any writer produced.
+  TORCH_CHECK(t.dim() == 1, who, ": checkpoint tensor '", key, "' has shape ", t.sizes(), ", expected 1-D");
+}
+
+void check_tensor_digest(const std::string& who, const std::string& key, const at::Tensor& t, int64_t recorded) {
+  const int64_t got = tensor_digest(key, t);
+  TORCH_CHECK(got == recorded, who, ": checkpoint tensor '", key, "' is corrupt: its digest is ", got,
+              ", the checkpoint recorded ", recorded);
+}
+
+void check_quant_block_size(const std::string& who, const std::string& key, QuantFormat format, int64_t block_size) {
+  // resolve_block_size's own error says which sizes the format takes; the entry is named here.
+  int64_t resolved = -1;
+  std::string why;
+  try {
+    resolved = resolve_block_size(format, block_size, "block size");
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+  }
+  TORCH_CHECK(block_size >= 1 && resolved == block_size, who, ": checkpoint entry '", key, "' is ", block_size,
+              ", not a block size of ", format_name(format), why.empty() ? "" : " (" + why + ")");
+}
+
+void check_block_scales(const std::string& who, const std::string& key, const at::Tensor& absmax) {
+  TORCH_CHECK(absmax.numel() == 0 || (absmax.isfinite().all().item<bool>() && absmax.min().item<float>() >= 0), who,
+              ": checkpoint tensor '", key, "' holds a negative or non-finite block scale");
+}
+
+// Codes no writer produces: those whose codebook value is not finite (float8's Inf and NaN patterns;
+// the encoders saturate). A checkpoint holding one is refused before anything is assigned: for
+// example an FP8 second moment relabelled from E4M3 to E5M2 (its other allowed format), where
+// E4M3's largest codes 0x7C-0x7E, the ones every block's absmax encodes to, are Inf and NaN.
+void check_codes_finite(const std::string& who, const std::string& key, const at::Tensor& codes, QuantFormat format) {
+  const at::Tensor cb = codebook(format).to(at::kFloat).cpu().contiguous();
+  std::vector<uint8_t> bad;
+  for (int64_t c = 0; c < cb.numel(); ++c)
+    if (!std::isfinite(cb.data_ptr<float>()[c])) bad.push_back(static_cast<uint8_t>(c));
+  if (bad.empty()) return;
+  TORCH_CHECK(cb.numel() == 256, who, ": format ", format_name(format), " has non-finite codes in a packed codebook");
+  const at::Tensor bad_codes = at::tensor(at::ArrayRef<uint8_t>(bad)).to(codes.device());
+  const at::Tensor flat = codes.reshape(-1);
+  constexpr int64_t kChunk = int64_t(1) << 24;  // bounds the temporaries on large slots
+  for (int64_t i = 0; i < flat.numel(); i += kChunk) {
+    const at::Tensor hit = at::isin(flat.narrow(0, i, std::min(kChunk, flat.numel() - i)), bad_codes);
+    if (!hit.any().item<bool>()) continue;
+    const int64_t at_index = i + hit.nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK(false, who, ": checkpoint tensor '", key, "' holds code ", int(flat[at_index].item<uint8_t>()),
+                " at element ", at_index, ", which is not a finite value of format ", format_name(format));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The entries
 // ---------------------------------------------------------------------------------------------
 
@@ -118,19 +179,8 @@ class Reader {
   at::Tensor get_tensor(const std::string& key, at::ScalarType dtype) {
     at::Tensor t;
     TORCH_CHECK(a_.try_read(key, t), who_, ": checkpoint tensor '", key, "' is missing");
-    TORCH_CHECK(t.defined(), who_, ": checkpoint tensor '", key, "' is undefined");
-    TORCH_CHECK(t.scalar_type() == dtype, who_, ": checkpoint tensor '", key, "' has dtype ", t.scalar_type(),
-                ", expected ", dtype);
-    TORCH_CHECK(t.device().is_cpu(), who_, ": checkpoint tensor '", key, "' is on ", t.device(), ", expected cpu");
-    TORCH_CHECK(t.layout() == at::kStrided, who_, ": checkpoint tensor '", key, "' has layout ", t.layout());
-    // State is written flat; another shape of the same numel is not what any writer produced.
-    TORCH_CHECK(t.dim() == 1, who_, ": checkpoint tensor '", key, "' has shape ", t.sizes(), ", expected 1-D");
-    if (version >= kCheckpointVersionDigests) {
-      const int64_t want = get_int(key + "/digest");
-      const int64_t got = tensor_digest(key, t);
-      TORCH_CHECK(got == want, who_, ": checkpoint tensor '", key, "' is corrupt: its digest is ", got,
-                  ", the checkpoint recorded ", want);
-    }
+    check_stored_tensor(who_, key, t, dtype);
+    if (version >= kCheckpointVersionDigests) check_tensor_digest(who_, key, t, get_int(key + "/digest"));
     return t;
   }
 
@@ -157,31 +207,7 @@ class Reader {
   std::string who_;
 };
 
-constexpr int64_t kMaxCount = int64_t(1) << 40;  // above any real count of groups, parameters or steps
 constexpr int64_t kMaxSlots = 16;
-
-// Codes no writer produces: those whose codebook value is not finite (float8's Inf and NaN patterns;
-// the encoders saturate). A checkpoint holding one is refused before anything is assigned: for
-// example an FP8 second moment relabelled from E4M3 to E5M2 (its other allowed format), where
-// E4M3's largest codes 0x7C-0x7E, the ones every block's absmax encodes to, are Inf and NaN.
-void check_codes_finite(const Reader& r, const std::string& sk, const at::Tensor& codes, QuantFormat format) {
-  const at::Tensor cb = codebook(format).to(at::kFloat).cpu().contiguous();
-  std::vector<uint8_t> bad;
-  for (int64_t c = 0; c < cb.numel(); ++c)
-    if (!std::isfinite(cb.data_ptr<float>()[c])) bad.push_back(static_cast<uint8_t>(c));
-  if (bad.empty()) return;
-  TORCH_CHECK(cb.numel() == 256, r.who(), ": format ", format_name(format), " has non-finite codes in a packed codebook");
-  const at::Tensor bad_codes = at::tensor(at::ArrayRef<uint8_t>(bad)).to(codes.device());
-  const at::Tensor flat = codes.reshape(-1);
-  constexpr int64_t kChunk = int64_t(1) << 24;  // bounds the temporaries on large slots
-  for (int64_t i = 0; i < flat.numel(); i += kChunk) {
-    const at::Tensor hit = at::isin(flat.narrow(0, i, std::min(kChunk, flat.numel() - i)), bad_codes);
-    if (!hit.any().item<bool>()) continue;
-    const int64_t at_index = i + hit.nonzero()[0][0].item<int64_t>();
-    TORCH_CHECK(false, r.who(), ": checkpoint tensor '", sk, "/codes' holds code ", int(flat[at_index].item<uint8_t>()),
-                " at element ", at_index, ", which is not a finite value of format ", format_name(format));
-  }
-}
 
 CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_t block_size) {
   CheckpointSlot s;
@@ -200,9 +226,8 @@ CheckpointSlot read_slot(Reader& r, const std::string& sk, int64_t numel, int64_
     s.absmax = r.get_tensor(sk + "/absmax", at::kFloat);
     // The QTensor constructor checks that codes and absmax fit the shape and block size.
     s.quantized = QTensor(s.codes, s.absmax, {numel}, static_cast<QuantFormat>(s.qformat), block_size);
-    TORCH_CHECK(s.absmax.numel() == 0 || (s.absmax.isfinite().all().item<bool>() && s.absmax.min().item<float>() >= 0),
-                r.who(), ": checkpoint tensor '", sk, "/absmax' holds a negative or non-finite block scale");
-    check_codes_finite(r, sk, s.codes, static_cast<QuantFormat>(s.qformat));
+    check_block_scales(r.who(), sk + "/absmax", s.absmax);
+    check_codes_finite(r.who(), sk + "/codes", s.codes, static_cast<QuantFormat>(s.qformat));
   } else {
     s.values = r.get_tensor(sk + "/values", storage == StateFormat::BF16 ? at::kBFloat16 : at::kFloat);
     TORCH_CHECK(s.values.numel() == numel, r.who(), ": checkpoint tensor '", sk, "/values' has ", s.values.numel(),
@@ -227,30 +252,29 @@ CheckpointContents read_checkpoint(torch::serialize::InputArchive& a, const std:
   if (c.version >= kCheckpointVersionDigests) r.check_header_digest();
   c.optimizer = r.get_string("lowbit/optimizer");
   c.seed = r.get_int("lowbit/seed");
-  c.skipped_steps = r.get_int("lowbit/skipped_steps", 0, kMaxCount);
-  const int64_t groups = r.get_int("lowbit/groups", 0, kMaxCount);
+  c.skipped_steps = r.get_int("lowbit/skipped_steps", 0, kMaxCheckpointCount);
+  const int64_t groups = r.get_int("lowbit/groups", 0, kMaxCheckpointCount);
   for (int64_t gi = 0; gi < groups; ++gi) {
     const std::string gk = "group/" + std::to_string(gi);
     CheckpointGroup g;
     g.lr = r.get_double(gk + "/lr");
     TORCH_CHECK(std::isfinite(g.lr) && g.lr >= 0, who, ": checkpoint entry '", gk, "/lr' is ", g.lr,
                 ", expected a finite value >= 0");
-    const int64_t n = r.get_int(gk + "/params", 0, kMaxCount);
+    const int64_t n = r.get_int(gk + "/params", 0, kMaxCheckpointCount);
     for (int64_t i = 0; i < n; ++i) {
       const std::string k = "param/" + std::to_string(gi) + "/" + std::to_string(i);
       CheckpointParam p;
-      p.numel = r.get_int(k + "/numel", 0, kMaxCount);
+      p.numel = r.get_int(k + "/numel", 0, kMaxCheckpointCount);
       p.offset = r.get_int(k + "/offset", 0, 0);  // fragments of sharded parameters: not in this format yet
       p.has_state = r.get_int(k + "/has_state", 0, 1) == 1;
       if (p.has_state) {
-        p.step = r.get_int(k + "/step", 0, kMaxCount);
+        p.step = r.get_int(k + "/step", 0, kMaxCheckpointCount);
         p.format = r.get_int(k + "/format", 0, kNumStateFormats - 1);
-        p.block_size = r.get_int(k + "/block_size", 1, kMaxCount);
+        p.block_size = r.get_int(k + "/block_size", 1, kMaxCheckpointCount);
         if (is_quantized(static_cast<StateFormat>(p.format))) {
           // A valid block size of the format (a power of two in range), as written.
-          const QuantFormat qf = quant_format_for(static_cast<StateFormat>(p.format), true);
-          TORCH_CHECK(resolve_block_size(qf, p.block_size, who.c_str()) == p.block_size, who, ": checkpoint entry '",
-                      k, "/block_size' is ", p.block_size);
+          check_quant_block_size(who, k + "/block_size", quant_format_for(static_cast<StateFormat>(p.format), true),
+                                 p.block_size);
         }
         const int64_t nslots = r.get_int(k + "/slots", 0, kMaxSlots);
         for (int64_t s = 0; s < nslots; ++s)

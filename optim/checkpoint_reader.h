@@ -19,6 +19,7 @@ namespace optim {
 
 constexpr int64_t kCheckpointMagic = 0x6C6F7762697401;  // "lowbit" + 1
 constexpr int64_t kCheckpointVersionDigests = 2;       // first version with digests
+constexpr int64_t kMaxCheckpointCount = int64_t(1) << 40;  // above any real count of groups, parameters, steps
 
 // Storage ids of a master-weight correction (the last slot; kernels/common/master_weight.h).
 constexpr int64_t kStorageInt16Correction = 5, kStorageInt8Correction = 6;
@@ -89,6 +90,20 @@ void load_checkpoint_archive(const std::string& path, torch::serialize::InputArc
 // value, in key order) but the header digest itself.
 int64_t tensor_digest(const std::string& key, const at::Tensor& t);
 int64_t header_digest(const std::map<std::string, c10::IValue>& entries);
+
+// Checks of one stored state tensor, shared by read_checkpoint and the fragment reader
+// (distributed/sharded_checkpoint.cpp); each throws c10::Error naming `who`, the entry `key` and
+// the bad value.
+// A defined, flat (1-D), strided cpu tensor of `dtype`: how every writer stores state.
+void check_stored_tensor(const std::string& who, const std::string& key, const at::Tensor& t, at::ScalarType dtype);
+// tensor_digest(key, t) is the digest the file recorded for it.
+void check_tensor_digest(const std::string& who, const std::string& key, const at::Tensor& t, int64_t recorded);
+// A block size `format` accepts as it is (a power of two in its range), as every writer stores it.
+void check_quant_block_size(const std::string& who, const std::string& key, QuantFormat format, int64_t block_size);
+// Block scales (absmax) finite and >= 0, as the quantizer writes them.
+void check_block_scales(const std::string& who, const std::string& key, const at::Tensor& absmax);
+// Codes whose value in `format` is finite (the encoders never write float8's Inf / NaN codes).
+void check_codes_finite(const std::string& who, const std::string& key, const at::Tensor& codes, QuantFormat format);
 
 }  // namespace optim
 }  // namespace lowbit

@@ -39,6 +39,7 @@ struct FragmentAccess {
   // The optimizer's own state of `p` (nullptr before its first step), and replacing it (checkpoints).
   static const ParamState* state(const O& o, const at::Tensor& p) { return o.state_of(p); }
   static void set_state(O& o, const at::Tensor& p, ParamState st) { o.states_[p.unsafeGetTensorImpl()] = std::move(st); }
+  static void clear_state(O& o, const at::Tensor& p) { o.states_.erase(p.unsafeGetTensorImpl()); }
   static int64_t skipped(const O& o) { return o.skipped_steps(); }
   static void set_skipped(O& o, int64_t n) {
     o.skipped_ = at::Tensor();

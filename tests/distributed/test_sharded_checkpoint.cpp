@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../../distributed/fragment_state.h"
+#include "../fuzz/fragment_edit.h"
 
 namespace lowbit_test {
 namespace {
@@ -140,13 +141,13 @@ TEST(ShardedCheckpoint, MissingDuplicatedOrMismatchedFragmentsLoadNothing) {
   };
   const std::string tag = prefix_for("bad_r" + std::to_string(rank));
   // Duplicated: two writers that both hold every parameter whole.
-  copy_file(ld::fragment_file(whole, 0, 1), ld::fragment_file(tag + "_dup", 0, 2));
-  copy_file(ld::fragment_file(whole, 0, 1), ld::fragment_file(tag + "_dup", 1, 2));
+  relabel_fragment_file(ld::fragment_file(whole, 0, 1), ld::fragment_file(tag + "_dup", 0, 2), 0, 2);
+  relabel_fragment_file(ld::fragment_file(whole, 0, 1), ld::fragment_file(tag + "_dup", 1, 2), 1, 2);
   std::string e = load_error(*victim, tag + "_dup");
   EXPECT_NE(e.find("duplicated fragment"), std::string::npos) << e;
   EXPECT_TRUE(unchanged());
   // Missing: the file of one writer.
-  copy_file(ld::fragment_file(whole, 0, 1), ld::fragment_file(tag + "_miss", 0, 2));
+  relabel_fragment_file(ld::fragment_file(whole, 0, 1), ld::fragment_file(tag + "_miss", 0, 2), 0, 2);
   e = load_error(*victim, tag + "_miss");
   EXPECT_NE(e.find("the file of rank 1 of 2 is missing"), std::string::npos) << e;
   EXPECT_TRUE(unchanged());
@@ -158,12 +159,12 @@ TEST(ShardedCheckpoint, MissingDuplicatedOrMismatchedFragmentsLoadNothing) {
   EXPECT_EQ(q8->state_bytes(), 0);
   // Missing fragment inside: rank 0's piece of a sharded checkpoint without the others' pieces.
   if (world >= 2) {
-    copy_file(ld::fragment_file(pre, 0, world), ld::fragment_file(tag + "_hole", 0, 2));
+    relabel_fragment_file(ld::fragment_file(pre, 0, world), ld::fragment_file(tag + "_hole", 0, 2), 0, 2);
     std::vector<at::Tensor> none_p = make_params(at::kFloat, device());
     auto none = make_opt(none_p);
     const std::string empty = tag + "_empty";
     ld::save_fragments(*none, empty);  // no state yet: a file without fragments
-    copy_file(ld::fragment_file(empty, 0, 1), ld::fragment_file(tag + "_hole", 1, 2));
+    relabel_fragment_file(ld::fragment_file(empty, 0, 1), ld::fragment_file(tag + "_hole", 1, 2), 1, 2);
     e = load_error(*victim, tag + "_hole");
     EXPECT_NE(e.find("missing fragment"), std::string::npos) << e;
     EXPECT_TRUE(unchanged());
@@ -177,6 +178,251 @@ TEST(ShardedCheckpoint, MissingDuplicatedOrMismatchedFragmentsLoadNothing) {
     EXPECT_NE(std::string(err.what()).find("no fragment files"), std::string::npos) << err.what();
   }
   if (mine.defined()) EXPECT_TRUE(bitwise_equal(mine, sharded.fragments()[0].state.counters));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damaged fragment files (format version 2): each check of the reader, by a file that fails it
+// alone. Entry edits are re-signed (fragment_edit.h) so that the checks behind the digests are
+// reached; the victim, an optimizer with state of its own, must come out bit-identical.
+// ---------------------------------------------------------------------------------------------
+
+struct Victim {
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  std::unique_ptr<lo::LowbitOptimizer> opt;
+  std::vector<at::Tensor> before;
+  explicit Victim(StateFormat f) : opt(make_opt(params, f)) {
+    for (auto& p : params) p.mutable_grad() = at::ones_like(p);
+    opt->step();
+    before = all_state(*opt, params);
+  }
+  bool unchanged() const {
+    const auto now = all_state(*opt, params);
+    bool same = now.size() == before.size();
+    for (size_t t = 0; same && t < now.size(); ++t) same = bitwise_equal(now[t], before[t]);
+    return same;
+  }
+};
+
+// A trained unsharded optimizer's single-writer file, and its entries.
+struct Saved {
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  std::unique_ptr<lo::LowbitOptimizer> opt;
+  std::string prefix;
+  Entries entries;
+  Saved(StateFormat f, const std::string& name) : opt(make_opt(params, f)), prefix(prefix_for(name + "_r" + std::to_string(comm().rank()))) {
+    for (int s = 1; s <= 2; ++s) {
+      for (size_t k = 0; k < params.size(); ++k)
+        params[k].mutable_grad() = rank_grad(0, s, static_cast<int>(k), params[k].sizes(), at::kFloat).to(device());
+      opt->step();
+    }
+    ld::save_fragments(*opt, prefix);
+    entries = read_entries(ld::fragment_file(prefix, 0, 1));
+  }
+};
+
+// Writes `files` (one entry map per writer) under a fresh prefix and returns it.
+std::string write_set(const std::string& name, const std::vector<Entries>& files) {
+  const std::string pre = prefix_for(name + "_r" + std::to_string(comm().rank()));
+  for (size_t r = 0; r < files.size(); ++r)
+    write_entries(files[r], ld::fragment_file(pre, static_cast<int>(r), static_cast<int>(files.size())));
+  return pre;
+}
+
+struct Damage {
+  const char* name;
+  std::function<void(Entries&)> edit;
+  const char* expect;  // in the error
+};
+
+at::Tensor tensor_of(const Entries& e, const std::string& key) { return e.at(key).toTensor().clone(); }
+
+// Parameters (make_params): 0 (5000), 1 (6400), 3 (12291) keep Q4 state: f<i>.t0 / t1 = the first
+// moment's codes / absmax, t2 / t3 the second's; 2 (300), 4 (7), 5 (2048) keep FP32 state (t0, t1).
+std::vector<Damage> damages() {
+  using E = Entries;
+  return {
+      {"digest", [](E& e) { auto t = tensor_of(e, "f0.t0"); t[7] = t[7].item<uint8_t>() ^ 1; e["f0.t0"] = t; },
+       "checkpoint tensor 'f0.t0' is corrupt: its digest is"},
+      {"magic", [](E& e) { set_int(e, "header", kMagic, 1); }, "is not a lowbit fragment file"},
+      {"version", [](E& e) { set_int(e, "header", kVersion, 3); }, "format version 3 is not supported"},
+      {"rank", [](E& e) { set_int(e, "header", kRank, 1); }, "the header says rank 1 of 1, the file name rank 0 of 1"},
+      {"count", [](E& e) { set_int(e, "header", kCount, int64_t(1) << 40); }, "the header's fragment count is 1099511627776"},
+      {"skipped", [](E& e) { set_int(e, "header", kSkipped, -1); }, "the header's skipped-step count is -1"},
+      {"group", [](E& e) { set_int(e, "f0.meta", kGroup, -1); }, "field group of 'f0.meta' is -1"},
+      {"index", [](E& e) { set_int(e, "f0.meta", kIndex, INT64_MAX); }, "field index of 'f0.meta' is 9223372036854775807"},
+      {"param_numel", [](E& e) { set_int(e, "f0.meta", kParamNumel, 0); }, "field param_numel of 'f0.meta' is 0"},
+      {"offset", [](E& e) { set_int(e, "f0.meta", kOffset, 6000); }, "field offset of 'f0.meta' is 6000, expected 0..5000"},
+      {"numel", [](E& e) { set_int(e, "f0.meta", kNumel, 5001); }, "field numel of 'f0.meta' is 5001, expected 0..5000"},
+      {"format", [](E& e) { set_int(e, "f0.meta", kFormat, 6); }, "field format of 'f0.meta' is 6, expected 0..5"},
+      {"block_size", [](E& e) { set_int(e, "f0.meta", kBlockSize, 100); }, "'f0.meta block_size' is 100, not a block size of DE4Signed"},
+      {"block_size_range", [](E& e) { set_int(e, "f2.meta", kBlockSize, 0); }, "field block_size of 'f2.meta' is 0, expected 1.."},
+      {"nslots", [](E& e) { set_int(e, "f0.meta", kNslots, 5); }, "field nslots of 'f0.meta' is 5, expected 0..4"},
+      {"step", [](E& e) { set_int(e, "f0.meta", kStep, -1); }, "field step of 'f0.meta' is -1"},
+      {"overflow", [](E& e) { set_int(e, "f0.meta", kOverflow, -2); }, "field overflow of 'f0.meta' is -2"},
+      {"unaligned", [](E& e) { set_int(e, "f0.meta", kOffset, 64); set_int(e, "f0.meta", kNumel, 4936); },
+       "offset 64 is not a multiple of the block size 128"},
+      {"slot_storage", [](E& e) { set_int(e, "f0.slots", 0, 9); }, "slot 0: storage is 9, expected 0..5"},
+      {"slot_format", [](E& e) { set_int(e, "f0.slots", 1, 8); }, "slot 0: format is 8, expected 0..7"},
+      {"slot_kind", [](E& e) { set_int(e, "f0.slots", 0, 1); }, "slot 0 is stored as fp32, which a Q4 state in this slot does not hold"},
+      {"dtype", [](E& e) { e["f0.t1"] = tensor_of(e, "f0.t1").to(at::kDouble); }, "'f0.t1' has dtype Double, expected Float"},
+      {"shape", [](E& e) { e["f0.t0"] = tensor_of(e, "f0.t0").reshape({2, -1}); }, "'f0.t0' has shape [2, 1250], expected 1-D"},
+      {"code_bytes", [](E& e) { e["f0.t0"] = tensor_of(e, "f0.t0").narrow(0, 0, 2499).clone(); },
+       "'f0.t0' has 2499 code bytes, expected 2500"},
+      {"block_scales", [](E& e) { e["f0.t1"] = at::cat({tensor_of(e, "f0.t1"), at::ones({1})}); },
+       "'f0.t1' has 41 block scales, expected 40"},
+      {"values", [](E& e) { e["f2.t0"] = tensor_of(e, "f2.t0").narrow(0, 0, 299).clone(); }, "'f2.t0' has 299 values, expected 300"},
+      {"negative_scale", [](E& e) { auto t = tensor_of(e, "f0.t1"); t[3] = -1.0f; e["f0.t1"] = t; },
+       "'f0.t1' holds a negative or non-finite block scale"},
+      {"extra_entry", [](E& e) { e["f9.meta"] = e["f0.meta"]; }, "entry 'f9.meta' is not one a version-2 writer writes"},
+      {"extra_value", [](E& e) { e["note"] = c10::IValue(int64_t(1)); }, "entry 'note' is not one a version-2 writer writes"},
+      {"missing_entry", [](E& e) { e.erase("f1.t2"); }, "entry 'f1.t2' is missing"},
+      {"not_a_tensor", [](E& e) { e["f1.t2"] = c10::IValue(int64_t(3)); }, "entry 'f1.t2' is not a tensor"},
+      {"no_such_param", [](E& e) { set_int(e, "f0.meta", kGroup, 5); }, "this optimizer has no parameter 0 in group 5"},
+      {"param_size", [](E& e) { set_int(e, "f0.meta", kParamNumel, 6000); },
+       "the parameter has 6000 elements in the checkpoint but 5000 here"},
+      {"dense_block", [](E& e) { set_int(e, "f2.meta", kBlockSize, 512); }, "was saved with block size 512 but this optimizer uses 1024"},
+      {"slot_count", [](E& e) { set_int(e, "f2.meta", kNslots, 1); set_int(e, "f2.slots", 2, 0); e.erase("f2.t1");
+         e["f2.slots"] = tensor_of(e, "f2.slots").narrow(0, 0, 2).clone(); e.erase("f2.t1.digest"); },
+       "has 1 state slots but this optimizer has 2"},
+  };
+}
+
+TEST(ShardedCheckpoint, EveryCheckOfADamagedFragmentFileRefusesItWhole) {
+  Saved saved(StateFormat::Q4, "checks");
+  for (const Damage& d : damages()) {
+    SCOPED_TRACE(d.name);
+    Victim victim(StateFormat::Q4);  // one per case: a case that loads fails itself only
+    Entries e = saved.entries;
+    d.edit(e);
+    if (std::string(d.name) != "digest") resign_fragments(e);
+    const std::string pre = write_set(std::string("check_") + d.name, {e});
+    const std::string err = load_error(*victim.opt, pre);
+    EXPECT_NE(err.find(d.expect), std::string::npos) << err;
+    EXPECT_NE(err.find(ld::fragment_file(pre, 0, 1)), std::string::npos) << "the error names the file: " << err;
+    EXPECT_TRUE(victim.unchanged());
+  }
+}
+
+// A flipped bit inside a tensor's bytes: the zip's CRC-32 (checked before libtorch reads the file,
+// which checks none) refuses it, and nothing is loaded.
+TEST(ShardedCheckpoint, AFlippedBitInAFragmentTensorIsRefused) {
+  Saved saved(StateFormat::Q4, "bitflip");
+  Victim victim(StateFormat::Q4);
+  const std::string file = ld::fragment_file(saved.prefix, 0, 1);
+  const auto spans = record_spans(file);
+  int flipped = 0;
+  for (const auto& [name, span] : spans) {
+    if (name.rfind("data/", 0) != 0 || span.second == 0) continue;
+    std::string bytes = read_file(file);
+    bytes[span.first + span.second / 2] ^= 0x10;
+    const std::string pre = prefix_for("flip_r" + std::to_string(comm().rank()));
+    write_file(ld::fragment_file(pre, 0, 1), bytes);
+    const std::string err = load_error(*victim.opt, pre);
+    EXPECT_NE(err.find("is damaged: record"), std::string::npos) << name << ": " << err;
+    EXPECT_NE(err.find(name), std::string::npos) << "names the record: " << err;
+    EXPECT_TRUE(victim.unchanged()) << name;
+    ++flipped;
+  }
+  EXPECT_GT(flipped, 10);
+}
+
+// A code that is not finite in its format (float8's NaN) is refused like the single-process reader does.
+TEST(ShardedCheckpoint, NonFiniteCodesAreRefused) {
+  Saved saved(StateFormat::FP8, "fp8");
+  Victim victim(StateFormat::FP8);
+  Entries e = saved.entries;
+  at::Tensor codes = tensor_of(e, "f0.t2");
+  codes[11] = 0x7F;  // NaN in FP8E4M3
+  e["f0.t2"] = codes;
+  resign_fragments(e);
+  const std::string err = load_error(*victim.opt, write_set("nan_code", {e}));
+  EXPECT_NE(err.find("'f0.t2' holds code 127 at element 11, which is not a finite value of format FP8E4M3"),
+            std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+}
+
+// Several writers' files: the set is checked whole (names, seeds, skipped steps) before anything loads.
+TEST(ShardedCheckpoint, WriterSetsAreCheckedWhole) {
+  Saved saved(StateFormat::Q4, "set");
+  Victim victim(StateFormat::Q4);
+  const std::vector<Entries> three = split_fragment_file(saved.entries, 3);
+  // The split set loads and equals the single file.
+  {
+    std::vector<at::Tensor> p = make_params(at::kFloat, device());
+    auto o = make_opt(p);
+    ld::load_fragments(*o, write_set("split3", three));
+    const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
+  }
+  std::vector<Entries> seeds = three;
+  set_int(seeds[2], "header", kSeed, 12345);
+  resign_fragments(seeds[2]);
+  std::string err = load_error(*victim.opt, write_set("seed", seeds));
+  EXPECT_NE(err.find("rank-2-of-3 has another stochastic-rounding seed (12345)"), std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+  std::vector<Entries> skipped = three;
+  set_int(skipped[1], "header", kSkipped, 5);
+  resign_fragments(skipped[1]);
+  err = load_error(*victim.opt, write_set("skipped", skipped));
+  EXPECT_NE(err.find("rank-1-of-3 counts 5 skipped steps, rank 0's file 0"), std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+  // Swapped files: each header names its writer.
+  err = load_error(*victim.opt, write_set("swapped", {three[1], three[0], three[2]}));
+  EXPECT_NE(err.find("the header says rank 1 of 3, the file name rank 0 of 3"), std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+  // A file beside the set that no writer of it writes: rank 3 of 3.
+  const std::string pre = write_set("extra", three);
+  copy_file(ld::fragment_file(pre, 0, 3), pre + ".rank-3-of-3");
+  err = load_error(*victim.opt, pre);
+  EXPECT_NE(err.find("rank-3-of-3 is not a writer's file name (rank 3 of 3)"), std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+  std::remove((pre + ".rank-3-of-3").c_str());
+  // Damage in the last file read is found before the first file's state is used.
+  std::vector<Entries> last = three;
+  last[2].erase("f0.t0");
+  err = load_error(*victim.opt, write_set("last", last));
+  EXPECT_NE(err.find("rank-2-of-3: entry 'f0.t0' is missing"), std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+}
+
+// Version 1 files (no digests) still load, with every other check.
+TEST(ShardedCheckpoint, Version1FilesStillLoad) {
+  Saved saved(StateFormat::Q4, "v1");
+  Entries e;
+  for (const auto& [k, v] : saved.entries)
+    if (k.size() < 7 || k.compare(k.size() - 7, 7, ".digest") != 0) e.emplace(k, v);
+  set_int(e, "header", kVersion, 1);
+  std::vector<at::Tensor> p = make_params(at::kFloat, device());
+  auto o = make_opt(p);
+  ld::load_fragments(*o, write_set("v1", {e}));
+  const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
+  // A version-1 file carrying digests is not what a version-1 writer wrote.
+  set_int(saved.entries, "header", kVersion, 1);
+  resign_fragments(saved.entries);
+  const std::string err = load_error(*o, write_set("v1_digests", {saved.entries}));
+  EXPECT_NE(err.find("' is not one a version-1 writer writes"), std::string::npos) << err;
+}
+
+// A load replaces the whole state: a parameter the checkpoint holds no state for has none after.
+TEST(ShardedCheckpoint, ParametersWithoutStateInTheFileHaveNoneAfterTheLoad) {
+  Saved saved(StateFormat::Q4, "partial");
+  Entries e = saved.entries;
+  // Drop fragment 5 (the last): the file as if parameter 5 had never stepped.
+  for (const char* k : {"f5.meta", "f5.slots", "f5.t0", "f5.t1"}) {
+    e.erase(k);
+    e.erase(std::string(k) + ".digest");
+  }
+  set_int(e, "header", kCount, 5);
+  resign_fragments(e);
+  Victim victim(StateFormat::Q4);
+  ASSERT_NE(victim.opt->state_of(victim.params[5]), nullptr);
+  ld::load_fragments(*victim.opt, write_set("partial", {e}));
+  EXPECT_EQ(victim.opt->state_of(victim.params[5]), nullptr);
+  ASSERT_NE(victim.opt->state_of(victim.params[0]), nullptr);
+  EXPECT_EQ(victim.opt->state_of(victim.params[0])->step(), 2);
 }
 
 // Resharding across jobs of different sizes: ctest runs stage 0 on 3 ranks, stage 1 on 2, stage 2 on

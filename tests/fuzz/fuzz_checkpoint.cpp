@@ -1,8 +1,11 @@
 // lowbit_fuzz_checkpoint --cases N --seed S: a deterministic mutation fuzzer of optimizer
 // checkpoints. From real checkpoints of every optimizer x state format it makes damaged files
 // (bit flips, truncations, edited entries, damaged zip size fields), loads each into a live
-// optimizer (load_checkpoint) and into `lowbit inspect`, and counts per mutation kind how each case ended. Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a
-// load that then steps exactly like the original checkpoint. Anything else fails the run.
+// optimizer (load_checkpoint) and into `lowbit inspect`; from the same optimizers' fragment files
+// (sharded checkpoints, as one, two and three writers) damaged files and sets of files, loaded
+// with load_fragments (fuzz_fragments.h). It counts per mutation kind how each case ended.
+// Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a load that
+// then steps exactly like the original checkpoint. Anything else fails the run.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -21,32 +24,20 @@
 #include <lowbit/tools/inspect.h>
 
 #include "../checkpoint_edit.h"
+#include "fuzz_common.h"
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+#include "fuzz_fragments.h"
+#endif
 
 namespace lo = lowbit::optim;
 using lowbit::StateFormat;
+using namespace lowbit_fuzz;
 
 namespace {
 
 // ---------------------------------------------------------------------------------------------
 // The originals: every optimizer x state format, two steps taken
 // ---------------------------------------------------------------------------------------------
-
-using Make = std::function<std::unique_ptr<lo::LowbitOptimizer>(std::vector<at::Tensor>, StateFormat)>;
-
-std::vector<std::pair<std::string, Make>> optimizers() {
-  return {
-      {"Adam", [](auto p, auto f) { return std::make_unique<lo::Adam>(p, lo::AdamOptions().state_format(f)); }},
-      {"AdamW", [](auto p, auto f) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions().state_format(f)); }},
-      {"SGD", [](auto p, auto f) { return std::make_unique<lo::SGD>(p, lo::SGDOptions(0.1).momentum(0.9).state_format(f)); }},
-      {"Lion", [](auto p, auto f) { return std::make_unique<lo::Lion>(p, lo::LionOptions().state_format(f)); }},
-      {"RMSprop", [](auto p, auto f) {
-         return std::make_unique<lo::RMSprop>(p, lo::RMSpropOptions().centered(true).momentum(0.5).state_format(f));
-       }},
-      {"Adagrad", [](auto p, auto f) { return std::make_unique<lo::Adagrad>(p, lo::AdagradOptions().state_format(f)); }},
-      {"AdEMAMix", [](auto p, auto f) { return std::make_unique<lo::AdEMAMix>(p, lo::AdEMAMixOptions().state_format(f)); }},
-      {"LAMB", [](auto p, auto f) { return std::make_unique<lo::LAMB>(p, lo::LAMBOptions().state_format(f)); }},
-  };
-}
 
 struct Original {
   std::string name;
@@ -57,18 +48,10 @@ struct Original {
   std::string file;                // the checkpoint's bytes
   lowbit_test::Entries entries;
   std::map<std::string, std::pair<size_t, size_t>> spans;  // zip records
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+  FragmentOriginal fragments;  // the same state as fragment files
+#endif
 };
-
-std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : v) out.push_back(t.clone());
-  return out;
-}
-
-void step(lo::LowbitOptimizer& opt, std::vector<at::Tensor>& p, const std::vector<at::Tensor>& g) {
-  for (size_t i = 0; i < p.size(); ++i) p[i].mutable_grad() = g[i].clone();
-  opt.step();
-}
 
 std::vector<Original> make_originals(const std::string& tmp) {
   std::vector<Original> out;
@@ -83,6 +66,10 @@ std::vector<Original> make_originals(const std::string& tmp) {
       o.file = lowbit_test::read_file(tmp);
       o.entries = lowbit_test::read_entries(tmp);
       o.spans = lowbit_test::record_spans(tmp);
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+      const std::string dir = std::filesystem::path(tmp).parent_path() / ("orig" + std::to_string(out.size()));
+      o.fragments = make_fragment_original(*opt, o.params, dir);
+#endif
       out.push_back(std::move(o));
     }
   }
@@ -96,10 +83,19 @@ std::vector<Original> make_originals(const std::string& tmp) {
 const char* const kKinds[] = {"bitflip_data", "bitflip_pickle", "bitflip_zip", "truncate", "zip_size_field",
                               "swap_tensors", "missing_entry", "wrong_dtype", "wrong_shape", "wrong_block_size",
                               "wrong_format_id", "wrong_version", "absurd_sizes"};
-constexpr int kNumKinds = sizeof(kKinds) / sizeof(kKinds[0]);
-
-using Rng = std::mt19937_64;
-int64_t pick(Rng& r, int64_t n) { return static_cast<int64_t>(r() % static_cast<uint64_t>(n)); }
+constexpr int kNumCheckpointKinds = sizeof(kKinds) / sizeof(kKinds[0]);
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+const int kNumKinds = kNumCheckpointKinds + kNumFragmentKinds;
+#else
+constexpr int kNumKinds = kNumCheckpointKinds;
+#endif
+// Checkpoint kinds first, then fragment kinds (fuzz_fragments.cpp).
+const char* kind_name(int k) {
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+  if (k >= kNumCheckpointKinds) return kFragmentKinds[k - kNumCheckpointKinds];
+#endif
+  return kKinds[k];
+}
 
 template <typename Pred>
 std::string pick_key(Rng& r, const lowbit_test::Entries& e, Pred pred) {
@@ -123,53 +119,8 @@ std::string write(const lowbit_test::Entries& e) {
 
 // A damaged file's bytes for mutation `kind` of `o`; `note` says what an entry edit changed.
 std::string mutate(const Original& o, int kind, Rng& r, std::string* note) {
-  std::string f = o.file;
   const std::string k = kKinds[kind];
-  auto flip_in = [&](size_t from, size_t n) {
-    if (n == 0) return;
-    const size_t at = from + pick(r, n);
-    f[at] = static_cast<char>(f[at] ^ (1 << pick(r, 8)));
-  };
-  if (k == "bitflip_data" || k == "bitflip_pickle") {
-    std::vector<std::pair<size_t, size_t>> spans;
-    for (const auto& [name, s] : o.spans)
-      if ((name.rfind("data/", 0) == 0) == (k == "bitflip_data")) spans.push_back(s);
-    const auto s = spans[pick(r, spans.size())];
-    flip_in(s.first, s.second);
-    return f;
-  }
-  if (k == "bitflip_zip") {  // a bit outside every record: local headers, central directory
-    std::vector<bool> in_record(f.size(), false);
-    for (const auto& [name, s] : o.spans)
-      for (size_t i = s.first; i < s.first + s.second && i < f.size(); ++i) in_record[i] = true;
-    std::vector<size_t> outside;
-    for (size_t i = 0; i < f.size(); ++i)
-      if (!in_record[i]) outside.push_back(i);
-    const size_t at = outside[pick(r, outside.size())];
-    f[at] = static_cast<char>(f[at] ^ (1 << pick(r, 8)));
-    return f;
-  }
-  if (k == "truncate") {  // at a record's start or end (every section), or anywhere
-    std::vector<size_t> cuts = {0};
-    for (const auto& [name, s] : o.spans) {
-      cuts.push_back(s.first);
-      cuts.push_back(s.first + s.second);
-    }
-    size_t cut = pick(r, 2) ? cuts[pick(r, cuts.size())] : pick(r, f.size());
-    cut = std::min(cut + pick(r, 3), f.size() - 1);
-    return f.substr(0, cut);
-  }
-  if (k == "zip_size_field") {  // a central directory entry's uncompressed (24) or compressed (20) size
-    std::vector<size_t> dirs;
-    for (size_t i = 0; i + 46 < f.size(); ++i)
-      if (std::memcmp(f.data() + i, "PK\x01\x02", 4) == 0) dirs.push_back(i);
-    const size_t d = dirs[pick(r, dirs.size())] + (pick(r, 2) ? 24 : 20);
-    const uint32_t values[] = {0xFFFFFFFFu, 0xFFFFFFFEu, 0x7FFFFFFFu, 0x80000000u, 0u, 1u,
-                               static_cast<uint32_t>(r())};
-    const uint32_t v = values[pick(r, 7)];
-    std::memcpy(&f[d], &v, 4);
-    return f;
-  }
+  if (is_byte_kind(k)) return mutate_bytes(o.file, o.spans, k, r);
   // Entry edits: the archive re-written, digests recomputed so that the loader's own checks are reached.
   lowbit_test::Entries e = o.entries;
   auto is_tensor = [](const std::string&, const c10::IValue& v) { return v.isTensor(); };
@@ -233,46 +184,6 @@ std::string mutate(const Original& o, int kind, Rng& r, std::string* note) {
 // ---------------------------------------------------------------------------------------------
 // One case
 // ---------------------------------------------------------------------------------------------
-
-// Every bit an optimizer holds for its parameters: the parameters, each slot's tensors, counters, lr.
-std::vector<at::Tensor> snapshot(const lo::LowbitOptimizer& opt, const std::vector<at::Tensor>& p) {
-  std::vector<at::Tensor> s;
-  for (const auto& t : p) {
-    s.push_back(t.clone());
-    const lo::ParamState* st = opt.state_of(t);
-    if (!st) continue;
-    s.push_back(st->counters.clone());
-    s.push_back(at::tensor({static_cast<int64_t>(st->format), st->block_size}));
-    for (const auto& slot : st->slots) {
-      if (slot.dense.defined()) s.push_back(slot.dense.clone());
-      if (slot.quantized.defined()) {
-        s.push_back(slot.quantized.codes().clone());
-        s.push_back(slot.quantized.absmax().clone());
-      }
-    }
-  }
-  s.push_back(at::tensor({opt.param_groups()[0].options().get_lr()}, at::kDouble));
-  s.push_back(at::tensor({opt.skipped_steps(), opt.state_bytes()}));
-  return s;
-}
-
-bool same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].sizes() != b[i].sizes() || a[i].scalar_type() != b[i].scalar_type()) return false;
-    const at::Tensor x = a[i].contiguous(), y = b[i].contiguous();
-    if (std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) != 0) return false;
-  }
-  return true;
-}
-
-struct Counts {
-  int64_t cases = 0, refused = 0, loaded_ok = 0, crashes = 0, hangs = 0, silent = 0;
-};
-
-constexpr double kHangSeconds = 10.0;
-
-enum class Outcome { Refused, LoadedOk, Bad };
 
 // One loader on a live optimizer that holds the original's trained state: refused with the state
 // bit-identical, or loaded and then stepping exactly like the original; anything else is Bad (and
@@ -344,6 +255,31 @@ bool run_case(const Original& o, const std::string& path, Counts& c, std::string
   return true;
 }
 
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+// A fragment case: the damaged set of files written under `dir` (emptied first), loaded by
+// load_fragments into a live optimizer.
+bool run_fragment_case(const Original& o, int kind, Rng& r, const std::filesystem::path& dir, Counts& c,
+                       std::string* note, std::string* why) {
+  remove_tree(dir.string());
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "frag").string();
+  for (const auto& [name, bytes] : mutate_fragments(o.fragments, kind, r, (dir / "edit.tmp").string(), note))
+    lowbit_test::write_file(prefix + "." + name, bytes);
+  ++c.cases;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome outcome = try_load_fragments(o.make, o.format, o.params, o.grads, o.fragments, prefix, c, why);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (secs > kHangSeconds) {
+    ++c.hangs;
+    *why = "took " + std::to_string(secs) + " s";
+    return false;
+  }
+  if (outcome == Outcome::Bad) return false;
+  ++(outcome == Outcome::Refused ? c.refused : c.loaded_ok);
+  return true;
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // A crash names its case (so that --case K reproduces it): written from the signal handler with
 // write(2) only, then the signal goes on as it would have.
@@ -390,7 +326,7 @@ int usage() {
                "  --cases N  cases 0..N-1 (default 600)     --seed S  the run's seed (default 1)\n"
                "  --from K   skip cases below K             --case K  case K of seed S alone\n"
                "  --kind NAME  only this mutation kind, one of:";
-  for (const char* k : kKinds) std::cerr << " " << k;
+  for (int k = 0; k < kNumKinds; ++k) std::cerr << " " << kind_name(k);
   std::cerr << "\n";
   return 2;
 }
@@ -439,7 +375,7 @@ int main(int argc, char** argv) {
     uint64_t x = 0;
     if (a == "--kind") {
       for (int k = 0; k < kNumKinds; ++k)
-        if (v == kKinds[k]) only_kind = k;
+        if (v == kind_name(k)) only_kind = k;
       if (only_kind < 0) {
         std::cerr << "lowbit_fuzz_checkpoint: unknown --kind '" << v << "'\n";
         return usage();
@@ -480,36 +416,47 @@ int main(int argc, char** argv) {
     g_case = n;
     Rng case_rng(seed * 0x9E3779B97F4A7C15ull + n);  // each case reproducible alone
     std::string note, why;
-    lowbit_test::write_file(path, mutate(o, kind, case_rng, &note));
-    if (verbose) std::fprintf(stderr, "case %lld %s %s %s %s\n", (long long)n, kKinds[kind], note.c_str(), o.name.c_str(),
-                              lowbit::state_format_name(o.format));
-    if (!run_case(o, path, counts[kind], &why)) {
+    bool ok = true;
+    const int64_t loaded_before = counts[kind].loaded_ok;
+    if (kind < kNumCheckpointKinds) {
+      lowbit_test::write_file(path, mutate(o, kind, case_rng, &note));
+      if (verbose) std::fprintf(stderr, "case %lld %s %s %s %s\n", (long long)n, kind_name(kind), note.c_str(),
+                                o.name.c_str(), lowbit::state_format_name(o.format));
+      ok = run_case(o, path, counts[kind], &why);
+    } else {
+#ifdef LOWBIT_FUZZ_FRAGMENTS
+      ok = run_fragment_case(o, kind - kNumCheckpointKinds, case_rng, dir / "set", counts[kind], &note, &why);
+      if (verbose) std::fprintf(stderr, "case %lld %s %s %s %s\n", (long long)n, kind_name(kind), note.c_str(),
+                                o.name.c_str(), lowbit::state_format_name(o.format));
+#endif
+    }
+    if (verbose && ok) std::fprintf(stderr, "  -> %s\n", counts[kind].loaded_ok > loaded_before ? "loaded" : "refused");
+    if (!ok) {
       ++failures;
-      std::printf("FAIL case %lld (%s %s, %s %s): %s\n", (long long)n, kKinds[kind], note.c_str(), o.name.c_str(),
+      std::printf("FAIL case %lld (%s %s, %s %s): %s\n", (long long)n, kind_name(kind), note.c_str(), o.name.c_str(),
                   lowbit::state_format_name(o.format), why.c_str());
     }
   }
   g_case = -1;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::filesystem::remove(path);
-  std::filesystem::remove(path + ".orig");
-  std::filesystem::remove(dir);
-  std::printf("%-18s %8s %8s %9s %7s %5s %6s\n", "mutation", "cases", "refused", "loaded-ok", "crashes", "hangs",
+  remove_tree(dir.string());
+  std::printf("%-22s %8s %8s %9s %7s %5s %6s\n", "mutation", "cases", "refused", "loaded-ok", "crashes", "hangs",
               "silent");
   Counts total;
   const auto row = [](const char* name, const Counts& c) {
-    std::printf("%-18s %8lld %8lld %9lld %7lld %5lld %6lld\n", name, (long long)c.cases, (long long)c.refused,
+    std::printf("%-22s %8lld %8lld %9lld %7lld %5lld %6lld\n", name, (long long)c.cases, (long long)c.refused,
                 (long long)c.loaded_ok, (long long)c.crashes, (long long)c.hangs, (long long)c.silent);
   };
   for (int k = 0; k < kNumKinds; ++k) {
     const Counts& c = counts[k];
-    row(kKinds[k], c);
+    row(kind_name(k), c);
     total.cases += c.cases, total.refused += c.refused, total.loaded_ok += c.loaded_ok;
     total.crashes += c.crashes, total.hangs += c.hangs, total.silent += c.silent;
   }
   row("total", total);
-  std::printf("seed %llu, %.1f s (%d originals: 8 optimizers x 6 state formats)\n", (unsigned long long)seed, secs,
-              static_cast<int>(originals.size()));
+  std::printf("seed %llu, %.1f s (%d originals: 8 optimizers x 6 state formats, each as a checkpoint%s)\n",
+              (unsigned long long)seed, secs, static_cast<int>(originals.size()),
+              kNumKinds > kNumCheckpointKinds ? " and as 1, 2 and 3 writers' fragment files" : "");
   std::fflush(stdout);  // before exit's leak check, which aborts if it finds one
   return failures == 0 ? 0 : 1;
 }

@@ -23,8 +23,11 @@ void copy_file(const std::string& from, const std::string& to) {
   out << in.rdbuf();
 }
 
-std::unique_ptr<lo::LowbitOptimizer> make_opt(std::vector<at::Tensor>& p, StateFormat f = StateFormat::Q4) {
-  return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(f).bf16_stochastic_round(true));
+// master_bits 24 / 32: a master-weight correction instead of stochastic rounding.
+std::unique_ptr<lo::LowbitOptimizer> make_opt(std::vector<at::Tensor>& p, StateFormat f = StateFormat::Q4,
+                                              int64_t master_bits = 0) {
+  return std::make_unique<lo::AdamW>(
+      p, lo::AdamWOptions(1e-2).state_format(f).bf16_stochastic_round(master_bits == 0).master_weight_bits(master_bits));
 }
 
 // Every state tensor of every parameter of an unsharded optimizer, to compare whole states.
@@ -61,32 +64,32 @@ void set_grads(std::vector<at::Tensor>& sharded, std::vector<at::Tensor>& ref, i
 }
 
 // N ranks' checkpoint -> one process -> N ranks, compared with one process that never stopped.
-void ranks_to_one_and_back(StateFormat fmt) {
+void ranks_to_one_and_back(StateFormat fmt, int64_t master_bits = 0) {
   const int world = comm().size();
   std::vector<at::Tensor> params = make_params(at::kBFloat16, device()), ref_params = make_params(at::kBFloat16, device());
-  auto ref = make_opt(ref_params, fmt);
-  ld::ShardedOptimizer sharded(std::shared_ptr<lo::LowbitOptimizer>(make_opt(params, fmt)), comm_ptr());
+  auto ref = make_opt(ref_params, fmt, master_bits);
+  ld::ShardedOptimizer sharded(std::shared_ptr<lo::LowbitOptimizer>(make_opt(params, fmt, master_bits)), comm_ptr());
   for (int s = 1; s <= 2; ++s) {
     set_grads(params, ref_params, s, world);
     sharded.step();
     ref->step();
   }
-  const std::string pre = prefix_for(std::string("to_one_") + lowbit::state_format_name(fmt));
+  const std::string pre = prefix_for(std::string("to_one_") + lowbit::state_format_name(fmt) + std::to_string(master_bits));
   sharded.save(pre);
   // N ranks' files -> one unsharded optimizer (every rank does it on its own).
   std::vector<at::Tensor> one_params = make_params(at::kBFloat16, device());
-  auto one = make_opt(one_params, fmt);
+  auto one = make_opt(one_params, fmt, master_bits);
   ld::load_fragments(*one, pre);
   const auto want = all_state(*ref, ref_params), got = all_state(*one, one_params);
   ASSERT_EQ(want.size(), got.size());
   for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
   // One unsharded optimizer's fragments -> N ranks, which then step on exactly like it.
-  const std::string back = prefix_for(std::string("from_one_") + lowbit::state_format_name(fmt));
+  const std::string back = prefix_for(std::string("from_one_") + lowbit::state_format_name(fmt) + std::to_string(master_bits));
   if (comm().rank() == 0) ld::save_fragments(*ref, back);
   comm().barrier();
   std::vector<at::Tensor> p2 = make_params(at::kBFloat16, device());
   for (size_t k = 0; k < p2.size(); ++k) p2[k].detach().copy_(ref_params[k].detach());
-  ld::ShardedOptimizer resumed(std::shared_ptr<lo::LowbitOptimizer>(make_opt(p2, fmt)), comm_ptr());
+  ld::ShardedOptimizer resumed(std::shared_ptr<lo::LowbitOptimizer>(make_opt(p2, fmt, master_bits)), comm_ptr());
   resumed.load(back);
   expect_fragments_match(resumed, *ref, ref_params);
   for (int s = 3; s <= 4; ++s) {
@@ -102,6 +105,11 @@ TEST(ShardedCheckpoint, RanksToOneProcessAndBackAreBitExact) {
   for (StateFormat f : {StateFormat::Q4, StateFormat::FP32}) {
     SCOPED_TRACE(lowbit::state_format_name(f));
     ranks_to_one_and_back(f);
+  }
+  // The master-weight correction travels in the fragments like the moments.
+  for (int64_t bits : {24, 32}) {
+    SCOPED_TRACE(std::to_string(bits) + "-bit master weights");
+    ranks_to_one_and_back(StateFormat::Q8, bits);
   }
 }
 

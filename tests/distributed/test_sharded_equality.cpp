@@ -113,6 +113,21 @@ TEST(ShardedOptimizer, Bf16ParametersWithStochasticRoundingMatchOneProcess) {
     }
 }
 
+TEST(ShardedOptimizer, MasterWeightCorrectionsMatchOneProcess) {
+  // bf16 parameters with a 24-bit (int8) or 32-bit (int16) master-weight correction: the correction
+  // is one more slot of each fragment's state, sharded like the moments.
+  for (int64_t bits : {24, 32})
+    for (StateFormat f : {StateFormat::Q8, StateFormat::FP32}) {
+      SCOPED_TRACE(std::to_string(bits) + "-bit master, " + lowbit::state_format_name(f));
+      expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
+        return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(f).master_weight_bits(bits));
+      }, at::kBFloat16, {}, 3);
+      expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
+        return std::make_unique<lo::SGD>(p, lo::SGDOptions(0.05).momentum(0.9).state_format(f).master_weight_bits(bits));
+      }, at::kBFloat16, {}, 3);
+    }
+}
+
 TEST(ShardedOptimizer, Zero1MatchesOneProcess) {
   ld::ShardedOptions so;
   so.zero1 = true;

@@ -75,4 +75,9 @@ void expect_same_as(const ld::ShardedOptimizer& sharded, const std::vector<at::T
 // One backward() whose gradient of params[k] is grads[k] exactly (undefined: params[k] unused).
 void backward_with(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads);
 
+// Clipping and the non-finite skip with `so`: one gradient on every rank (the mean and the squares
+// clipping adds are exact, so one process's norm is reached in any order), and at step 2 an Inf
+// from the last rank only, which every rank must skip; AdamW and LAMB, Q8 and FP32.
+void expect_clipping_and_skip_like_one_process(const ld::ShardedOptions& so);
+
 }  // namespace lowbit_test

@@ -58,23 +58,7 @@ TEST(ShardedBuckets, Bf16Zero1AndReleasedGradientsMatchOneProcess) {
 }
 
 TEST(ShardedBuckets, ClippingAndTheNonFiniteSkipMatchOneProcess) {
-  // As ShardedOptimizer.ClippingAndTheNonFiniteSkipMatchOneProcess: one gradient on every rank, an
-  // Inf from the last rank only at step 2, which every rank must skip.
-  const int last = comm().size() - 1;
-  const GradFn grad = [last](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
-    at::Tensor g = rank_grad(0, s, k, shape, dtype);
-    if (s == 2 && k == 3 && r == last) g.view(-1)[4100] = std::numeric_limits<float>::infinity();
-    return g;
-  };
-  for (StateFormat f : {StateFormat::Q8, StateFormat::FP32}) {
-    SCOPED_TRACE(lowbit::state_format_name(f));
-    expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
-      return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).max_grad_norm(0.5).state_format(f));
-    }, at::kFloat, bucketed(), 4, grad);
-    expect_same_as_one_process([&](std::vector<at::Tensor>& p) {
-      return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).max_grad_norm(0.5).state_format(f));
-    }, at::kFloat, bucketed(), 4, grad);
-  }
+  expect_clipping_and_skip_like_one_process(bucketed());
 }
 
 TEST(ShardedBuckets, UnusedParametersCountAsZerosAndAreNotSteppedWhereNoRankHasThem) {

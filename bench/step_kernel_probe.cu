@@ -4,7 +4,7 @@
 // Prints ms per step (median of CUDA-event timings) and % of a device copy of the bytes the step
 // moves (p read + written, g read, each state slot read + written; no gradient pre-pass here: the
 // full op's numbers come from bench/optim_step_gpu). PROBE_BLOCK=N: another quantization block.
-//   step_kernel_probe <state: q8|c8|q4|fp8|f32|bf16> <param: f32|bf16> [tensors=64] [numel=16777216] [reps=20]
+//   step_kernel_probe <state: q8|c8|q4|fp8|f32|bf16> <param: f32|bf16|bf16m24> [tensors=64] [numel=16777216] [reps=20]
 //                     [rule: adamw|lamb|ademamix]  (LAMB: both passes; bytes counted for one)
 #include <cuda_runtime.h>
 
@@ -89,7 +89,10 @@ int main(int argc, char** argv) {
   const int64_t tensors = argc > 3 ? std::atoll(argv[3]) : 64;
   const int64_t numel = argc > 4 ? std::atoll(argv[4]) : 16777216;
   const int reps = argc > 5 ? std::atoi(argv[5]) : 20;
-  const bool bf16_params = ptype == "bf16";
+  // bf16m24: bf16 parameters with an 8-bit master-weight correction (24-bit master weights), no
+  // stochastic rounding; bf16: stochastic rounding alone.
+  const bool master24 = ptype == "bf16m24";
+  const bool bf16_params = ptype == "bf16" || master24;
   const std::string rule = argc > 6 ? argv[6] : "adamw";
 
   GpuStep s;
@@ -136,7 +139,12 @@ int main(int argc, char** argv) {
   }
   const bool four_bit = state == "q4";
   s.param_type = bf16_params ? ElemType::BF16 : ElemType::F32;
-  s.stochastic_round = bf16_params;
+  s.stochastic_round = bf16_params && !master24;
+  if (master24) {
+    for (int k = slots; k < kCorrectionSlot; ++k) s.slots[k] = SlotType{};
+    s.slots[kCorrectionSlot] = {SlotStorage::Int8, QuantFormat::Dyn8Signed};
+    s.num_slots = kCorrectionSlot + 1;  // slots between the moments and the correction stay None
+  }
   s.seed = 1234;
   double* lr = static_cast<double*>(dev_alloc(8));
   const double lr_host = 1e-3;
@@ -167,6 +175,7 @@ int main(int argc, char** argv) {
         P.slot[k] = dev_alloc(numel * (state == "bf16" ? 2 : 4));
       }
     }
+    if (master24) P.correction = dev_alloc(numel);
     P.counters = static_cast<int64_t*>(dev_alloc(16));
     P.rng_key = t;
     P.aligned = 1;
@@ -183,7 +192,7 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   }, reps);
-  const double bytes_per_param = 3.0 * pbytes + 2 * slots * slot_bytes;
+  const double bytes_per_param = 3.0 * pbytes + 2 * slots * slot_bytes + (master24 ? 2 : 0);
   const double total = bytes_per_param * numel * tensors;
   // A device copy of the same bytes (half read, half written).
   void* a = dev_alloc(static_cast<size_t>(total / 2));

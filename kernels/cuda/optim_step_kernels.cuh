@@ -145,8 +145,9 @@ __device__ __forceinline__ void load_grad8(const void* g, ElemType t, int64_t i,
 }
 
 // The parameter's new values, stored with the CPU kernel's conversions (bf16: nearest even or
-// stochastic with the hash of (seed, offset + index)).
-template <typename T>
+// stochastic with the hash of (seed, offset + index)). FULL as in store8: no run-time test in the
+// hot loop.
+template <bool FULL, typename T>
 __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool vec, const float (&v)[8], bool sr,
                                              uint64_t seed, int64_t offset) {
   if constexpr (sizeof(T) == 2 && std::is_same<T, bf16_t>::value) {
@@ -154,9 +155,9 @@ __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool ve
       uint16_t b[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) b[k] = bf16_stochastic(v[k], seed, static_cast<uint64_t>(offset + i + k)).bits;
-      if (vec && i + 8 <= n) {
-        *reinterpret_cast<uint4*>(p + i) = make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
-                                                      b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16));
+      if (FULL || (vec && i + 8 <= n)) {
+        store16(p + i, make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
+                                  b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16)));
       } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k)
@@ -165,7 +166,7 @@ __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool ve
       return;
     }
   }
-  store8(p, i, n, vec, v);
+  store8<FULL>(p, i, n, vec, v);
 }
 
 // Master weights (kernels/common/master_weight.h): p holds 8 bf16 parameters as fp32 (their bits
@@ -221,19 +222,33 @@ __device__ __forceinline__ void merge(BitScan& a, const BitScan& b) {
   a.max_raw = a.max_raw > b.max_raw ? a.max_raw : b.max_raw;
 }
 
-// The maximum over `width` lanes (a power of two, aligned groups of the warp); the raw bits only
-// where the format is unsigned (a signed one takes negative values).
+// The maximum of v over `width` lanes (a power of two, aligned groups of the warp). Ampere and
+// later reduce a group in one instruction (REDUX, the group's lanes as its mask); elsewhere
+// butterfly shuffles, unrolled with a uniform test per level.
 template <int WARP>
-__device__ __forceinline__ float group_absmax(BitScan s, int width, bool is_signed) {
-  for (int off = width / 2; off > 0; off /= 2) {
-    const uint32_t a = LOWBIT_SHFL_XOR(s.max_abs, off, WARP);
-    s.max_abs = a > s.max_abs ? a : s.max_abs;
-    if (!is_signed) {
-      const uint32_t r = LOWBIT_SHFL_XOR(s.max_raw, off, WARP);
-      s.max_raw = r > s.max_raw ? r : s.max_raw;
+__device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIPCC__)
+  const uint32_t mask = width >= 32 ? 0xffffffffu : ((1u << width) - 1u) << (lane & ~(width - 1));
+  return __reduce_max_sync(mask, v);
+#else
+#pragma unroll
+  for (int off = 1; off < WARP; off *= 2) {
+    if (off < width) {
+      const uint32_t o = LOWBIT_SHFL_XOR(v, off, WARP);
+      v = o > v ? o : v;
     }
   }
-  return block_absmax_from_bits(s.max_abs, s.max_raw > 0x80000000u ? 1u : 0u, is_signed);
+  return v;
+#endif
+}
+
+// The block's absmax over `width` lanes; the raw bits only where the format is unsigned (a signed
+// one takes negative values).
+template <int WARP>
+__device__ __forceinline__ float group_absmax(const BitScan& s, int width, bool is_signed, int lane) {
+  const uint32_t max_abs = group_max<WARP>(s.max_abs, width, lane);
+  const uint32_t max_raw = is_signed ? 0u : group_max<WARP>(s.max_raw, width, lane);
+  return block_absmax_from_bits(max_abs, max_raw > 0x80000000u ? 1u : 0u, is_signed);
 }
 
 // ---- the per-lane work ------------------------------------------------------------------------------
@@ -337,7 +352,7 @@ struct Lane {
         return;
       }
     }
-    store_param8(static_cast<T*>(P.param), i, n, FULL || vec, p, a.stochastic_round, seed, P.offset);
+    store_param8<FULL>(static_cast<T*>(P.param), i, n, vec, p, a.stochastic_round, seed, P.offset);
   }
 
   template <bool FULL>
@@ -387,13 +402,16 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
   constexpr bool kQuant = is_quant_family(FAMILY);
   Lane<R, T, FAMILY, NS> L;
   L.template load_update<FULL>(P, a, h, grad_mult, sh, i, vec);
+  // The parameter (and dense state) first: its registers are free during the reductions and the
+  // encode, where the kernel's register pressure peaks.
+  L.template store_dense<FULL>(P, a, seed, i, vec);
   if (kQuant) {
     bool bad = false;
     const bool leader = (lane & (group - 1)) == 0;
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
       if (!(a.used_mask & (1 << k))) continue;
-      const float amax = group_absmax<WARP>(L.scan(k), group, (a.slot_signed_mask >> k) & 1);
+      const float amax = group_absmax<WARP>(L.scan(k), group, (a.slot_signed_mask >> k) & 1, lane);
       bad |= !(amax >= 0.0f);
       if (FULL || i < P.numel) {
         if (leader) P.absmax[k][i >> a.block_shift] = amax;
@@ -403,17 +421,20 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
     if (bad && leader && (FULL || i < P.numel))
       atomicAdd(reinterpret_cast<unsigned long long*>(P.counters + 1), 1ull);
   }
-  L.template store_dense<FULL>(P, a, seed, i, vec);
 }
 
-// Blocks per SM the register allocation must allow. The kernel is bound by instruction issue and
-// latency (ncu on an H100): more resident warps hide more of it. A build can choose with
-// -DLOWBIT_STEP_MIN_BLOCKS=N.
-#ifndef LOWBIT_STEP_MIN_BLOCKS
-#define LOWBIT_STEP_MIN_BLOCKS 3
+// Blocks per SM the register allocation must allow. With quantized state the kernel is bound by
+// instruction issue and latency (ncu on an H100): 3 blocks, more resident warps hide more of it
+// (2 blocks: 8.33 against 7.48 ms for Q8 AdamW in bench/step_kernel_probe). FP32 state moves 28
+// bytes per element and is bound by memory: 2 blocks without register spills, 10.64 against
+// 11.11 ms. A build can choose one value for all with -DLOWBIT_STEP_MIN_BLOCKS=N.
+#ifdef LOWBIT_STEP_MIN_BLOCKS
+#define LOWBIT_STEP_MIN_BLOCKS_OF(family) LOWBIT_STEP_MIN_BLOCKS
+#else
+#define LOWBIT_STEP_MIN_BLOCKS_OF(family) ((family) == kF32 ? 2 : 3)
 #endif
 template <Rule R, typename T, int FAMILY, int NS, int WARP>
-__global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
+__global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY)) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = is_quant_family(FAMILY);
   constexpr bool kCopyDescriptor = FAMILY == kF32;
   __shared__ __align__(16) SharedFormat sh[has_tables(FAMILY) ? 2 : 1];  // unused (and dropped) without tables
@@ -474,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
         }
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
-          amax_new[k] = group_absmax<WARP>(sc[k], WARP, (a.slot_signed_mask >> k) & 1);
+          amax_new[k] = group_absmax<WARP>(sc[k], WARP, (a.slot_signed_mask >> k) & 1, lane);
           if (a.used_mask & (1 << k)) bad |= !(amax_new[k] >= 0.0f);
         }
       }

@@ -11,6 +11,20 @@ namespace kernels {
 
 constexpr int kElemsPerThread = 8;
 
+// One 16-byte store. nvcc split `*reinterpret_cast<float4*>(p) = ...` in the step kernels into
+// four 4-byte stores (each a separate L1 wavefront per 32 lanes); the intrinsic keeps it one.
+__device__ __forceinline__ void store16(void* dst, uint4 v) {
+#if defined(__HIPCC__)
+  *reinterpret_cast<uint4*>(dst) = v;
+#else
+  __stwb(reinterpret_cast<uint4*>(dst), v);
+#endif
+}
+
+__device__ __forceinline__ uint4 pack_f32x4(float a, float b, float c, float d) {
+  return make_uint4(__float_as_uint(a), __float_as_uint(b), __float_as_uint(c), __float_as_uint(d));
+}
+
 template <bool FULL = false, typename T>
 __device__ __forceinline__ void load8(const T* p, int64_t i, int64_t n, bool vec, float (&v)[8]) {
   if (FULL || (vec && i + 8 <= n)) {
@@ -43,11 +57,10 @@ template <bool FULL = false, typename T>
 __device__ __forceinline__ void store8(T* p, int64_t i, int64_t n, bool vec, const float (&v)[8]) {
   if (FULL || (vec && i + 8 <= n)) {
     if constexpr (sizeof(T) == 4) {
-      reinterpret_cast<float4*>(p + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<float4*>(p + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
+      store16(p + i, pack_f32x4(v[0], v[1], v[2], v[3]));
+      store16(p + i + 4, pack_f32x4(v[4], v[5], v[6], v[7]));
     } else {
-      *reinterpret_cast<uint4*>(p + i) =
-          make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7]));
+      store16(p + i, make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
     }
   } else {
 #pragma unroll
@@ -145,13 +158,13 @@ template <int BITS, bool FULL = false>
 __device__ __forceinline__ void store_master8(uint16_t* param, void* corr, int64_t i, int64_t n, bool vec,
                                               const uint16_t (&b)[8], const int32_t (&c)[8]) {
   if (FULL || (vec && i + 8 <= n)) {
-    *reinterpret_cast<uint4*>(param + i) = make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
-                                                      b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16));
+    store16(param + i, make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
+                                  b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16)));
     if (BITS == 16) {
       uint32_t x[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) x[k] = (uint32_t(c[2 * k]) & 0xFFFFu) | (uint32_t(c[2 * k + 1]) << 16);
-      *reinterpret_cast<uint4*>(static_cast<int16_t*>(corr) + i) = make_uint4(x[0], x[1], x[2], x[3]);
+      store16(static_cast<int16_t*>(corr) + i, make_uint4(x[0], x[1], x[2], x[3]));
     } else {
       uint32_t lo = 0, hi = 0;
 #pragma unroll

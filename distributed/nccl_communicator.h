@@ -48,8 +48,8 @@ class NcclCommunicator : public Communicator {
 
   // Waits on the host until every collective issued so far has finished on the GPU (and with it
   // the callers' work each was ordered after); throws the recorded error if one failed (with
-  // abort_on_failure, the job ends instead). Reading a
-  // result through the caller's stream (.cpu(), .item()) needs no synchronize().
+  // abort_on_failure, the job ends instead). Reading a result through the caller's stream (.cpu(),
+  // .item()) needs no synchronize().
   void synchronize();
 
  private:

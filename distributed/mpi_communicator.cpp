@@ -49,7 +49,10 @@ void init_mpi() {
   MPI_Initialized(&initialized);
   if (initialized) return;
   int provided = 0;
-  const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  // MPI_THREAD_MULTIPLE: NcclCommunicator's watchdog ends a failed job with MPI_Abort from its own
+  // thread (nccl_communicator.cpp, end_job). MpiCommunicator itself calls MPI from one thread at a
+  // time. A lower level provided is not an error.
+  const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   TORCH_CHECK(rc == MPI_SUCCESS, kWho, ": MPI_Init_thread failed with code ", rc);
   std::atexit(finalize_at_exit);
 }

@@ -55,7 +55,9 @@ class MpiCommunicator : public Communicator {
   std::string broken_;  // why this communicator can no longer be used (after a thrown failure)
 };
 
-// Initializes MPI (MPI_THREAD_FUNNELED) unless the program already did; lowbit then finalizes it at exit.
+// Initializes MPI unless the program already did; lowbit then finalizes it at exit. It asks for
+// MPI_THREAD_MULTIPLE, so that NcclCommunicator's watchdog thread may MPI_Abort a failed job, and
+// goes on with whatever level MPI provides (the watchdog then ends its own process instead).
 void init_mpi();
 
 }  // namespace distributed

@@ -1,11 +1,16 @@
-// NcclCommunicator: MPI bootstrap, event-ordered collectives on an own stream, completion polled
-// against a timeout with NCCL's asynchronous errors checked, ncclCommAbort on failure.
+// NcclCommunicator: MPI bootstrap; collectives enqueued on an own stream, ordered by events, that
+// return without waiting; a watchdog thread per communicator that enforces the timeout and NCCL's
+// asynchronous errors (ncclCommAbort, then the job ends or later calls throw).
 #include "nccl_communicator.h"
 
 #include <chrono>
-#include <cstring>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -19,6 +24,23 @@ namespace distributed {
 namespace {
 
 constexpr const char* kWho = "NcclCommunicator";
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The watchdog's polling while collectives are in flight: slow when only the timeout is at stake,
+// fast while a thread waits for them (synchronize(), barrier(), the destructor).
+constexpr std::chrono::microseconds kPollIdle(1000);
+constexpr std::chrono::microseconds kPollWaited(50);
+constexpr int kInitialEvents = 8;  // the completion events made up front; more when more are in flight
+// Backpressure: with this many collectives in flight (the GPU that far behind, or hung), a call
+// waits for the oldest to finish, the watchdog enforcing the timeout meanwhile. It bounds the event
+// pool, and keeps NCCL's own queues from filling behind a hung collective: an enqueue that blocked
+// inside NCCL would hold nccl_mu and so keep the watchdog from aborting. (NCCL 2.28 passes a lone
+// collective's work in the kernel's arguments rather than its work FIFO, and its proxy thread takes
+// posted operations off their pool without waiting for the network, so this is a backstop.)
+constexpr size_t kMaxInFlight = 512;
 
 ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
@@ -41,14 +63,188 @@ bool reduces_natively(at::ScalarType t) { return t != at::kHalf && t != at::kBFl
 
 }  // namespace
 
-struct NcclCommunicator::Impl {
-  ncclComm_t comm = nullptr;
-  c10::cuda::CUDAStream stream;
-  cudaEvent_t ready = nullptr, done = nullptr;
-  int rank = 0, size = 1;
-  std::string broken;
-  explicit Impl(c10::cuda::CUDAStream s) : stream(s) {}
+// ---------------------------------------------------------------------------------------------
+// State shared by the calling threads and the watchdog
+// ---------------------------------------------------------------------------------------------
+// Two locks, always taken in this order when both are needed:
+//   nccl_mu: held around every NCCL call on `comm` (enqueue, ncclCommGetAsyncError, ncclCommAbort,
+//     ncclCommDestroy): NCCL lets several threads use a communicator only one at a time (NCCL user
+//     guide, "Thread Safety"), and an abort must not race an enqueue. With a non-blocking
+//     communicator no NCCL call blocks for long, so the watchdog can always get in to abort
+//     ("All NCCL calls can be non-blocking to ensure ncclCommAbort can be called at any point",
+//     NCCL user guide, "Fault Tolerance").
+//   mu: the collectives in flight, the event pool, the recorded failure, the waiters and `stop`.
+//     No CUDA or NCCL call that can block is made under it (cudaEventQuery does not block).
+
+struct InFlight {
+  cudaEvent_t done;
+  Clock::time_point start;
+  const char* collective;  // a string literal
+  int64_t numel;
 };
+
+struct NcclCommunicator::Impl {
+  explicit Impl(c10::cuda::CUDAStream s) : stream(s) {}
+  ~Impl();
+
+  c10::cuda::CUDAStream stream;  // the own stream every collective runs on
+  int device = 0, rank = 0, size = 1;
+  double timeout_s = 300.0;
+  bool abort_on_failure = true;
+  MPI_Comm bootstrap = MPI_COMM_NULL;
+  bool mpi_thread_multiple = false;  // MPI was initialized with MPI_THREAD_MULTIPLE
+  std::thread::id mpi_main;          // the thread that initialized MPI, where known
+
+  std::mutex nccl_mu;
+  ncclComm_t comm = nullptr;    // under nccl_mu; null once aborted or destroyed
+  cudaEvent_t ready = nullptr;  // under nccl_mu: the caller's stream position, for the next enqueue
+
+  std::mutex mu;
+  std::condition_variable wake;     // to the watchdog: work in flight, a waiter, or stop
+  std::condition_variable settled;  // to waiters: a collective finished, or a failure
+  std::deque<InFlight> in_flight;   // in enqueue order, which is their order on the own stream
+  std::vector<cudaEvent_t> pool;    // completion events not in use
+  std::vector<cudaEvent_t> events;  // every completion event made (destroyed with Impl)
+  std::string broken;               // the first failure; nothing runs after it
+  int waiters = 0;
+  bool stop = false;
+  std::thread watchdog;
+
+  std::string where() const { return c10::str(" on rank ", rank, " of ", size); }
+  cudaEvent_t take_event();
+  void watch();
+  // The first failure is recorded (printed first with abort_on_failure, so it reaches the log
+  // whatever happens next) and wakes every waiter; later ones are dropped.
+  void record(const std::string& message);
+  // Ends this rank's NCCL kernels, which would otherwise spin on a dead peer. nccl_mu held.
+  void abort_comm() {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  [[noreturn]] void end_job() const;
+};
+
+NcclCommunicator::Impl::~Impl() {
+  if (ready) cudaEventDestroy(ready);
+  // An event still pending on a stream is released by CUDA once it completes.
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+}
+
+cudaEvent_t NcclCommunicator::Impl::take_event() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kWho,
+              ": cudaEventCreate failed", where());
+  std::lock_guard<std::mutex> lock(mu);
+  events.push_back(e);
+  return e;
+}
+
+void NcclCommunicator::Impl::record(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!broken.empty()) return;
+  if (abort_on_failure) {
+    std::fprintf(stderr, "lowbit: %s; aborting the job\n", message.c_str());
+    std::fflush(stderr);
+  }
+  broken = message;
+  settled.notify_all();
+  wake.notify_all();
+}
+
+// MPI_Abort ends every rank of the job, the hung one too. The MPI standard lets a thread call MPI
+// only as the level MPI was initialized with allows: any thread with MPI_THREAD_MULTIPLE, the
+// thread that initialized MPI with MPI_THREAD_FUNNELED (which lowbit used to ask for). The watchdog
+// is never that thread, and Open MPI 4.1 (Debian's) called from it under MPI_THREAD_FUNNELED does
+// abort, but garbles its own error report ("ORTE_ERROR_LOG: Data unpack would read past end of
+// buffer" in show_help.c, tried with 2 ranks). So init_mpi() asks for MPI_THREAD_MULTIPLE (Open MPI
+// 4.1 provides it: ompi_info "MPI_THREAD_MULTIPLE: yes"), and where MPI provides less (a program
+// that initialized MPI itself) a thread that may not call MPI ends its process with std::_Exit:
+// mpirun then ends the job (a rank that exited without MPI_Finalize, non-zero), and every other
+// rank still waiting for this one runs into its own watchdog's timeout.
+void NcclCommunicator::Impl::end_job() const {
+  if (mpi_thread_multiple || std::this_thread::get_id() == mpi_main) MPI_Abort(bootstrap, 3);
+  std::_Exit(3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The watchdog
+// ---------------------------------------------------------------------------------------------
+// Idle (no collective in flight): a condition-variable wait. Otherwise it polls, oldest first:
+// finished collectives give their event back to the pool; then NCCL's asynchronous error and the
+// oldest one's age against the timeout. A failure is recorded, the NCCL communicator aborted, and
+// with abort_on_failure the job ended; without, every later call throws the recorded message.
+void NcclCommunicator::Impl::watch() {
+  cudaSetDevice(device);
+  // Event queries from this thread must stay legal while another thread captures a CUDA graph in
+  // the global mode (the default); they touch no capturing stream.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    wake.wait(lock, [&] { return stop || (!in_flight.empty() && broken.empty()); });
+    if (stop) return;
+    std::string failure;
+    while (!in_flight.empty()) {
+      const InFlight& f = in_flight.front();
+      const cudaError_t q = cudaEventQuery(f.done);
+      if (q == cudaErrorNotReady) break;
+      if (q != cudaSuccess) {
+        failure = c10::str(kWho, ": ", f.collective, " of ", f.numel, " elements failed", where(), ": ",
+                           cudaGetErrorString(q));
+        break;
+      }
+      pool.push_back(f.done);
+      in_flight.pop_front();
+      if (waiters > 0) settled.notify_all();
+    }
+    if (in_flight.empty()) continue;
+    const InFlight oldest = in_flight.front();  // only this thread removes entries
+    if (failure.empty()) {
+      lock.unlock();
+      ncclResult_t async = ncclSuccess;
+      {
+        std::lock_guard<std::mutex> nccl(nccl_mu);
+        if (comm) {
+          const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
+          if (q != ncclSuccess) async = q;
+        }
+      }
+      lock.lock();
+      if (!broken.empty()) continue;  // a calling thread failed meanwhile
+      if (async != ncclSuccess && async != ncclInProgress)
+        failure = c10::str(kWho, ": ", oldest.collective, " of ", oldest.numel, " elements failed", where(), ": ",
+                           ncclGetErrorString(async));
+      else if (seconds_since(oldest.start) > timeout_s && cudaEventQuery(oldest.done) == cudaErrorNotReady)
+        failure = c10::str(kWho, ": ", oldest.collective, " of ", oldest.numel, " elements did not finish within ",
+                           timeout_s, " s", where(), " (a peer rank died, hangs, or skipped the collective)");
+    }
+    if (!failure.empty()) {
+      lock.unlock();
+      record(failure);
+      {
+        std::lock_guard<std::mutex> nccl(nccl_mu);
+        abort_comm();
+      }
+      if (abort_on_failure) end_job();
+      lock.lock();
+      in_flight.clear();  // their events complete once the aborted kernels have ended; not reused
+      continue;
+    }
+    wake.wait_for(lock, waiters > 0 ? kPollWaited : kPollIdle);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup and teardown
+// ---------------------------------------------------------------------------------------------
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, int device, NcclOptions options)
     : bootstrap_(std::move(bootstrap)), device_(device), options_(options) {
@@ -59,15 +255,30 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
               device, " is not one of the ", devices, " visible CUDA devices");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   impl_ = std::make_unique<Impl>(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device)));
-  impl_->rank = bootstrap_->rank();
-  impl_->size = bootstrap_->size();
-  TORCH_CHECK(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming) == cudaSuccess &&
-                  cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming) == cudaSuccess,
-              kWho, ": cudaEventCreate failed");
+  Impl& m = *impl_;
+  m.device = device;
+  m.rank = bootstrap_->rank();
+  m.size = bootstrap_->size();
+  m.timeout_s = options_.timeout_s;
+  m.abort_on_failure = options_.abort_on_failure;
+  m.bootstrap = bootstrap_->comm();
+  int level = MPI_THREAD_SINGLE, is_main = 0;
+  MPI_Query_thread(&level);
+  MPI_Is_thread_main(&is_main);
+  m.mpi_thread_multiple = level == MPI_THREAD_MULTIPLE;
+  if (is_main) m.mpi_main = std::this_thread::get_id();
+  TORCH_CHECK(cudaEventCreateWithFlags(&m.ready, cudaEventDisableTiming) == cudaSuccess, kWho,
+              ": cudaEventCreate failed");
+  for (int k = 0; k < kInitialEvents; ++k) {
+    cudaEvent_t e = nullptr;
+    TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kWho, ": cudaEventCreate failed");
+    m.events.push_back(e);
+    m.pool.push_back(e);
+  }
   // The unique id from rank 0 to all, over MPI (with MPI's timeout).
   ncclUniqueId id;
   at::Tensor id_bytes = at::zeros({static_cast<int64_t>(sizeof(id))}, at::kByte);
-  if (impl_->rank == 0) {
+  if (m.rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
     TORCH_CHECK(r == ncclSuccess, kWho, ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
     std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
@@ -77,95 +288,175 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   // Non-blocking setup, so that a peer that never arrives is a timeout rather than a hang.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&impl_->comm, impl_->size, id, impl_->rank, &config);
-  const auto start = std::chrono::steady_clock::now();
+  ncclResult_t r = ncclCommInitRankConfig(&m.comm, m.size, id, m.rank, &config);
+  const auto start = Clock::now();
   while (r == ncclInProgress || (r == ncclSuccess && [&] {
            ncclResult_t a = ncclSuccess;
-           ncclCommGetAsyncError(impl_->comm, &a);
+           ncclCommGetAsyncError(m.comm, &a);
            r = a;
            return a == ncclInProgress;
          }())) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > options_.timeout_s) {
-      ncclCommAbort(impl_->comm);
-      impl_->comm = nullptr;
-      TORCH_CHECK(false, kWho, ": setting up NCCL did not finish within ", options_.timeout_s, " s on rank ",
-                  impl_->rank, " of ", impl_->size);
+    if (seconds_since(start) > options_.timeout_s) {
+      m.abort_comm();
+      TORCH_CHECK(false, kWho, ": setting up NCCL did not finish within ", options_.timeout_s, " s", m.where());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (r == ncclInProgress) ncclCommGetAsyncError(impl_->comm, &r);
+    if (r == ncclInProgress) ncclCommGetAsyncError(m.comm, &r);
   }
-  TORCH_CHECK(r == ncclSuccess, kWho, ": NCCL setup failed on rank ", impl_->rank, " of ", impl_->size, ": ",
-              ncclGetErrorString(r));
+  if (r != ncclSuccess) {
+    m.abort_comm();
+    TORCH_CHECK(false, kWho, ": NCCL setup failed", m.where(), ": ", ncclGetErrorString(r));
+  }
+  m.watchdog = std::thread([&m] {
+    try {
+      m.watch();
+    } catch (const std::exception& e) {  // nothing may escape a thread; the next call reports it
+      m.record(c10::str(kWho, ": the watchdog failed", m.where(), ": ", e.what()));
+    }
+  });
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (!impl_) return;
-  if (impl_->comm) {
-    if (impl_->broken.empty())
-      ncclCommDestroy(impl_->comm);
-    else
-      ncclCommAbort(impl_->comm);
+  Impl& m = *impl_;
+  try {
+    // Every collective in flight finishes or fails within the timeout (the watchdog sees to it:
+    // with abort_on_failure a failure ends the job here); the second is the watchdog's margin.
+    bool clean = false;
+    {
+      std::unique_lock<std::mutex> lock(m.mu);
+      ++m.waiters;
+      m.wake.notify_all();
+      const auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(m.timeout_s + 1.0));
+      m.settled.wait_for(lock, limit,
+                         [&] { return m.in_flight.empty() || !m.broken.empty(); });
+      --m.waiters;
+      clean = m.in_flight.empty() && m.broken.empty();
+      m.stop = true;
+    }
+    m.wake.notify_all();
+    if (m.watchdog.joinable()) m.watchdog.join();
+    std::lock_guard<std::mutex> nccl(m.nccl_mu);
+    if (m.comm) {
+      // ncclCommDestroy waits for the communicator's work, so only after all of it finished.
+      if (clean)
+        ncclCommDestroy(m.comm);
+      else
+        ncclCommAbort(m.comm);
+      m.comm = nullptr;
+    }
+  } catch (...) {  // a destructor must not throw (std::thread::join, lock failures: not expected)
   }
-  if (impl_->ready) cudaEventDestroy(impl_->ready);
-  if (impl_->done) cudaEventDestroy(impl_->done);
 }
 
 int NcclCommunicator::rank() const { return impl_->rank; }
 int NcclCommunicator::size() const { return impl_->size; }
 
-void NcclCommunicator::fail(const std::string& message) {
-  // Abort first: it ends this rank's NCCL kernels, which would otherwise spin on the dead peer.
-  if (impl_->comm) ncclCommAbort(impl_->comm);
-  impl_->comm = nullptr;
-  impl_->broken = message;
-  if (options_.abort_on_failure) {
-    std::fprintf(stderr, "lowbit: %s; aborting the job\n", message.c_str());
-    std::fflush(stderr);
-    MPI_Abort(bootstrap_->comm(), 3);
+void NcclCommunicator::check_usable(const char* collective) const {
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    broken = impl_->broken;
   }
-  TORCH_CHECK(false, message);
+  if (broken.empty()) return;
+  // The watchdog is ending the job already; this ends it too should the watchdog be held up (in
+  // ncclCommAbort).
+  if (impl_->abort_on_failure) impl_->end_job();
+  TORCH_CHECK(false, kWho, ": ", collective, " on a communicator that failed before: ", broken);
 }
 
-void NcclCommunicator::check_usable(const char* collective) const {
-  TORCH_CHECK(impl_->broken.empty(), kWho, ": ", collective, " on a communicator that failed before: ", impl_->broken);
+void NcclCommunicator::synchronize() {
+  Impl& m = *impl_;
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    ++m.waiters;
+    m.wake.notify_all();
+    // Bounded: the watchdog ends every collective in flight within the timeout.
+    m.settled.wait(lock, [&] { return m.in_flight.empty() || !m.broken.empty(); });
+    --m.waiters;
+  }
+  check_usable("synchronize");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Enqueueing a collective
+// ---------------------------------------------------------------------------------------------
 
 void NcclCommunicator::run(const char* collective, int64_t numel, const std::vector<at::Tensor>& tensors,
                            const std::function<int(void*)>& launch) {
+  Impl& m = *impl_;
   for (const at::Tensor& t : tensors)
     TORCH_CHECK(t.is_cuda() && t.get_device() == device_, kWho, ": ", collective, ": a tensor is on ", t.device(),
                 "; this communicator carries tensors of cuda:", device_);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
-  const cudaStream_t own = impl_->stream.stream();
-  const auto where = [&] { return c10::str(" on rank ", impl_->rank, " of ", impl_->size); };
-  if (cudaEventRecord(impl_->ready, caller) != cudaSuccess || cudaStreamWaitEvent(own, impl_->ready, 0) != cudaSuccess)
-    fail(c10::str(kWho, ": ", collective, ": ordering after the caller's stream failed", where()));
-  ncclResult_t r = static_cast<ncclResult_t>(launch(own));
-  if (r != ncclSuccess && r != ncclInProgress)
-    fail(c10::str(kWho, ": ", collective, " of ", numel, " elements failed", where(), ": ", ncclGetErrorString(r)));
-  // The caching allocator must not hand these tensors' memory to others before the own stream is done.
-  for (const at::Tensor& t : tensors) t.record_stream(impl_->stream);
-  if (cudaEventRecord(impl_->done, own) != cudaSuccess)
-    fail(c10::str(kWho, ": ", collective, ": cudaEventRecord failed", where()));
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t polls = 0;; ++polls) {
-    const cudaError_t q = cudaEventQuery(impl_->done);
-    if (q == cudaSuccess) break;
-    if (q != cudaErrorNotReady)
-      fail(c10::str(kWho, ": ", collective, " of ", numel, " elements failed", where(), ": ", cudaGetErrorString(q)));
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(impl_->comm, &async);
-    if (async != ncclSuccess && async != ncclInProgress)
-      fail(c10::str(kWho, ": ", collective, " of ", numel, " elements failed", where(), ": ", ncclGetErrorString(async)));
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > options_.timeout_s)
-      fail(c10::str(kWho, ": ", collective, " of ", numel, " elements did not finish within ", options_.timeout_s,
-                    " s", where(), " (a peer rank died, hangs, or skipped the collective)"));
-    if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 500 : 20));
+  const cudaStream_t own = m.stream.stream();
+  // A graph capture would take the collective in but not run it, and its events cannot be waited
+  // for during the capture: refused, before anything is enqueued (the communicator stays usable).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t c = cudaStreamIsCapturing(caller, &capture);
+  TORCH_CHECK(c == cudaSuccess && capture == cudaStreamCaptureStatusNone, kWho, ": ", collective,
+              ": the caller's stream is capturing a CUDA graph (",
+              c == cudaSuccess ? "capture status " + std::to_string(static_cast<int>(capture)) : cudaGetErrorString(c),
+              "); NcclCommunicator's collectives cannot be captured: run them outside the capture");
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    if (m.in_flight.size() >= kMaxInFlight) {
+      ++m.waiters;
+      m.wake.notify_all();
+      m.settled.wait(lock, [&] { return m.in_flight.size() < kMaxInFlight || !m.broken.empty(); });
+      --m.waiters;
+    }
   }
-  if (cudaStreamWaitEvent(caller, impl_->done, 0) != cudaSuccess)
-    fail(c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", where()));
+  check_usable(collective);
+  cudaEvent_t done = m.take_event();
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> nccl(m.nccl_mu);
+    if (!m.comm) {  // aborted by the watchdog since the collective's check_usable
+      check_usable(collective);
+      TORCH_CHECK(false, kWho, ": ", collective, ": the NCCL communicator is gone");
+    }
+    if (cudaEventRecord(m.ready, caller) != cudaSuccess || cudaStreamWaitEvent(own, m.ready, 0) != cudaSuccess)
+      failure = c10::str(kWho, ": ", collective, ": ordering after the caller's stream failed", m.where());
+    ncclResult_t r = failure.empty() ? static_cast<ncclResult_t>(launch(own)) : ncclSuccess;
+    // A non-blocking communicator may answer ncclInProgress before the work is on the stream (it
+    // connects to its peers at a first use): nothing more may be issued on the communicator or its
+    // stream until its state is ncclSuccess (NCCL user guide, ncclCommGetAsyncError). Rare, so
+    // waited for here, against the timeout; nccl_mu stays held (it only delays the watchdog).
+    const auto start = Clock::now();
+    for (int64_t polls = 0; r == ncclInProgress; ++polls) {
+      if (seconds_since(start) > m.timeout_s) {
+        failure = c10::str(kWho, ": ", collective, " of ", numel, " elements did not finish within ", m.timeout_s,
+                           " s", m.where(), " (a peer rank died, hangs, or skipped the collective)");
+        break;
+      }
+      if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 500 : 20));
+      const ncclResult_t q = ncclCommGetAsyncError(m.comm, &r);
+      if (q != ncclSuccess) r = q;
+    }
+    if (failure.empty() && r != ncclSuccess)
+      failure = c10::str(kWho, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
+                         ncclGetErrorString(r));
+    if (failure.empty()) {
+      // The caching allocator must not hand these tensors' memory to others before the own stream is done.
+      for (const at::Tensor& t : tensors) t.record_stream(m.stream);
+      if (cudaEventRecord(done, own) != cudaSuccess || cudaStreamWaitEvent(caller, done, 0) != cudaSuccess)
+        failure = c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", m.where());
+    }
+    if (failure.empty()) {
+      std::lock_guard<std::mutex> lock(m.mu);
+      const bool idle = m.in_flight.empty();
+      m.in_flight.push_back({done, Clock::now(), collective, numel});
+      if (idle) m.wake.notify_all();
+    } else {
+      m.record(failure);
+      m.abort_comm();
+    }
+  }
+  if (failure.empty()) return;
+  if (m.abort_on_failure) m.end_job();
+  TORCH_CHECK(false, failure);
 }
 
 void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
@@ -222,9 +513,11 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
 }
 
 void NcclCommunicator::barrier() {
-  // A one-element all_reduce on the device: it orders the GPUs' streams, not only the hosts.
+  // A one-element all_reduce on the device orders the GPUs' streams; waiting for it, the hosts
+  // (callers rely on that: a checkpoint's files are all written when save() returns).
   at::Tensor t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
   all_reduce(t);
+  synchronize();
 }
 
 }  // namespace distributed

@@ -1,9 +1,11 @@
 // NcclCommunicator: the Communicator for CUDA tensors over NCCL (RCCL under ROCm), bootstrapped by
 // MPI (ncclGetUniqueId on rank 0, MPI_Bcast to the others). Collectives run on the communicator's
 // own stream, ordered after the caller's current stream by an event and before the caller's later
-// work by another. Each call waits for its collective, polling NCCL's asynchronous error state
-// against a timeout, so a dead or hung peer aborts the NCCL communicator (ncclCommAbort) and ends
-// the job with an error naming the collective and the rank; never a hang.
+// work by another; a call returns once its collective is enqueued, without waiting for it. A
+// watchdog thread watches every collective in flight: one that does not finish within the timeout,
+// or an asynchronous NCCL error (a dead or hung peer), aborts the NCCL communicator (ncclCommAbort)
+// and ends the job with an error naming the collective and the rank (or, without abort_on_failure,
+// makes every later call throw it); never a hang.
 #pragma once
 
 #include <functional>
@@ -18,8 +20,10 @@ namespace lowbit {
 namespace distributed {
 
 struct NcclOptions {
-  double timeout_s = 300.0;      // per collective, and for the communicator's setup
-  bool abort_on_failure = true;  // as MpiOptions: MPI_Abort the job after ncclCommAbort; false: throw
+  double timeout_s = 300.0;      // per collective (from its enqueue), and for the communicator's setup
+  // As MpiOptions: end the job (MPI_Abort) after ncclCommAbort; false: the failure is recorded and
+  // the next call on this communicator (or synchronize()) throws it, on this rank only.
+  bool abort_on_failure = true;
 };
 
 class NcclCommunicator : public Communicator {
@@ -39,15 +43,21 @@ class NcclCommunicator : public Communicator {
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum) override;
   void all_gather(const at::Tensor& input, at::Tensor& output) override;
   void broadcast(at::Tensor& tensor, int root = 0) override;
+  // Waits on the host too (it ends with synchronize()): every rank has reached it when it returns.
   void barrier() override;
 
+  // Waits on the host until every collective issued so far has finished on the GPU (and with it
+  // the callers' work each was ordered after); throws the recorded error if one failed (with
+  // abort_on_failure, the job ends instead). Reading a result through the caller's stream (.cpu(),
+  // .item()) needs no synchronize().
+  void synchronize();
+
  private:
-  struct Impl;  // NCCL and CUDA handles: no nccl.h in this header
-  // Runs launch(stream) (returns an ncclResult_t) on the own stream after the caller's work, waits
-  // for it against the timeout, and orders the caller's stream after it.
+  struct Impl;  // NCCL and CUDA handles, the watchdog: no nccl.h in this header
+  // Enqueues launch(stream) (returns an ncclResult_t) on the own stream after the caller's work,
+  // orders the caller's stream after it, hands it to the watchdog and returns.
   void run(const char* collective, int64_t numel, const std::vector<at::Tensor>& tensors,
            const std::function<int(void* stream)>& launch);
-  [[noreturn]] void fail(const std::string& message);
   void check_usable(const char* collective) const;
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<MpiCommunicator> bootstrap_;

@@ -49,6 +49,10 @@ int run_failure(const std::string& mode, double timeout, bool cuda) {
     for (size_t k = 0; k < params.size(); ++k)
       params[k].mutable_grad() = lowbit_test::rank_grad(comm->rank(), s, static_cast<int>(k), params[k].sizes(), at::kFloat).to(dev);
     sharded.step();
+    // As a training loop does (loss.item()), wait for the step: NCCL's collectives return once
+    // enqueued, so the others would otherwise run on past the hung collective until their
+    // communicator's destructor waited for it.
+    (void)params[0].sum().item<double>();
     std::fprintf(stderr, "rank %d: step %d done\n", comm->rank(), s);
   }
   std::fprintf(stderr, "rank %d: the job went on without its peer\n", comm->rank());

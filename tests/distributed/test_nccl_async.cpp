@@ -1,0 +1,175 @@
+// NcclCommunicator completes collectives asynchronously: a call returns once its collective is
+// enqueued, the result is ordered before the caller stream's later work, and a watchdog thread
+// enforces the timeout: a collective that cannot finish fails the communicator with an error naming
+// it, its element count and the rank, and nothing hangs. The caller's stream is held by a host
+// function, so "returns at once" is a fact, not a timing. Over NCCL only (--cuda); one rank is
+// enough (LOWBIT_DIST_NP=1 scripts/dist_gpu_test), more run it on every rank.
+#include "dist_util.h"
+
+#include <lowbit/build_config.h>
+
+#if LOWBIT_WITH_NCCL
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <lowbit/distributed/mpi_communicator.h>
+#include <lowbit/distributed/nccl_communicator.h>
+
+namespace lowbit_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Holds the caller's current stream from here until release(): a host function enqueued on it
+// spins on a flag. So that a test that goes wrong fails rather than hangs, it also lets go at a
+// deadline (expired() then says so). While it holds, this thread must not allocate CUDA memory or
+// wait for the device.
+class StreamHold {
+ public:
+  explicit StreamHold(double deadline_s) : state_(std::make_shared<State>()) {
+    state_->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
+    auto* arg = new std::shared_ptr<State>(state_);  // the host function's own reference: it may outlive this
+    const cudaError_t e =
+        cudaLaunchHostFunc(c10::cuda::getCurrentCUDAStream(device().index()).stream(), &StreamHold::spin, arg);
+    if (e != cudaSuccess) {
+      delete arg;
+      TORCH_CHECK(false, "cudaLaunchHostFunc failed: ", cudaGetErrorString(e));
+    }
+  }
+  ~StreamHold() { release(); }
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+  void release() { state_->open.store(true); }
+  bool expired() const { return state_->expired.load(); }
+
+ private:
+  struct State {
+    std::atomic<bool> open{false}, expired{false};
+    Clock::time_point deadline;
+  };
+  static void CUDART_CB spin(void* arg) {
+    std::unique_ptr<std::shared_ptr<State>> state(static_cast<std::shared_ptr<State>*>(arg));
+    while (!(*state)->open.load()) {
+      if (Clock::now() > (*state)->deadline) {
+        (*state)->expired.store(true);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::shared_ptr<State> state_;
+};
+
+// A communicator of the job's ranks of its own (collective: every rank makes it), failures thrown.
+std::unique_ptr<ld::NcclCommunicator> make_nccl(double timeout_s) {
+  ld::MpiOptions mo;
+  mo.timeout_s = 120;
+  auto bootstrap = std::make_shared<ld::MpiCommunicator>(MPI_COMM_WORLD, mo);
+  ld::NcclOptions no;
+  no.timeout_s = timeout_s;
+  no.abort_on_failure = false;
+  return std::make_unique<ld::NcclCommunicator>(bootstrap, device().index(), no);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_NCCL() \
+  if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
+
+TEST(NcclAsync, ACollectiveThatCannotFinishFailsTheCommunicatorAfterTheTimeout) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_nccl(2.0);
+  const int r = c->rank(), n = c->size();
+  at::Tensor x = at::ones({1000}, at::TensorOptions().device(device()));
+  // The first use (kernels loaded, peers connected) before the stream is held.
+  c->all_reduce(x);
+  c->synchronize();
+  EXPECT_TRUE(bitwise_equal(x, at::full({1000}, static_cast<double>(n), at::kFloat)));
+  {
+    StreamHold hold(/*deadline_s=*/30);
+    const auto start = Clock::now();
+    c->all_reduce(x);  // enqueued behind the hold: it cannot run, and the call does not wait for it
+    EXPECT_LT(seconds_since(start), 0.5) << "all_reduce waited on the host";
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // 1 s past the timeout: the watchdog failed it
+    EXPECT_FALSE(hold.expired());
+  }
+  const std::string want = "all_reduce of 1000 elements did not finish within 2 s on rank " + std::to_string(r) +
+                           " of " + std::to_string(n);
+  const std::string waited = error_of([&] { c->synchronize(); });
+  EXPECT_NE(waited.find(want), std::string::npos) << waited;
+  const std::string next = error_of([&] { c->all_reduce(x); });
+  EXPECT_NE(next.find("all_reduce on a communicator that failed before"), std::string::npos) << next;
+  EXPECT_NE(next.find(want), std::string::npos) << next;
+  const auto start = Clock::now();
+  c.reset();
+  EXPECT_LT(seconds_since(start), 10.0) << "the destructor of the failed communicator";
+  comm().barrier();  // the job's communicator is untouched
+}
+
+TEST(NcclAsync, ManyCollectivesReturnBeforeTheyRunAndGiveTheRightValues) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_nccl(60.0);
+  const int r = c->rank(), n = c->size();
+  const auto opts = at::TensorOptions().device(device());
+  at::Tensor warm = at::zeros({4}, opts);
+  c->all_reduce(warm);
+  c->synchronize();
+  constexpr int kCalls = 200;
+  std::vector<at::Tensor> xs;
+  for (int k = 0; k < kCalls; ++k) xs.push_back(at::full({4}, static_cast<double>(k + r), opts));  // before the hold
+  {
+    StreamHold hold(/*deadline_s=*/30);
+    const auto start = Clock::now();
+    for (at::Tensor& x : xs) c->all_reduce(x);  // none of them can run yet
+    EXPECT_LT(seconds_since(start), 5.0) << kCalls << " all_reduces behind a held stream";
+    EXPECT_FALSE(hold.expired()) << "a collective waited on the host for the held stream";
+  }
+  // Ordered before the caller stream's later work (.cpu() reads through it): no synchronize() needed.
+  for (int k = 0; k < kCalls; ++k)
+    EXPECT_TRUE(bitwise_equal(xs[k], at::full({4}, static_cast<double>(n * k + n * (n - 1) / 2), at::kFloat)))
+        << "all_reduce " << k;
+  c->synchronize();
+  // And with the hosts in step: barrier() waits for it.
+  c->barrier();
+}
+
+TEST(NcclAsync, ACollectiveDuringAGraphCaptureIsRefusedAndChangesNothing) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_nccl(60.0);
+  const int n = c->size();
+  at::Tensor x = at::ones({8}, at::TensorOptions().device(device()));
+  std::string error;
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, device().index()));
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    error = error_of([&] { c->all_reduce(x); });
+    graph.capture_end();
+  }
+  EXPECT_NE(error.find("all_reduce: the caller's stream is capturing a CUDA graph"), std::string::npos) << error;
+  c->all_reduce(x);  // still usable
+  c->synchronize();
+  EXPECT_TRUE(bitwise_equal(x, at::full({8}, static_cast<double>(n), at::kFloat)));
+}
+
+}  // namespace
+}  // namespace lowbit_test
+
+#endif  // LOWBIT_WITH_NCCL

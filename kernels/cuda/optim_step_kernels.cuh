@@ -222,15 +222,20 @@ __device__ __forceinline__ void merge(BitScan& a, const BitScan& b) {
   a.max_raw = a.max_raw > b.max_raw ? a.max_raw : b.max_raw;
 }
 
-// The maximum of v over `width` lanes (a power of two, aligned groups of the warp). Ampere and
-// later reduce a group in one instruction (REDUX, the group's lanes as its mask); elsewhere
-// butterfly shuffles, unrolled with a uniform test per level.
-template <int WARP>
+// The maximum of v over `width` lanes (a power of two, aligned groups of the warp): butterfly
+// shuffles, unrolled with a uniform test per level, or with REDUX (sm_80+: one instruction, the
+// group's lanes as its mask). Which is faster depends on the family (bench/step_kernel_probe,
+// H100, AdamW): REDUX for table-coded 8-bit state (Q8 7.51 against 7.89 ms; with bf16 parameters
+// and a 24-bit master 8.37 against 8.87), shuffles for the arithmetic and 4-bit codes (C8 7.99
+// against 8.46, with bf16 + 24-bit master 9.35 against 11.0; Q4 8.39 against 8.51).
+template <int WARP, bool REDUX>
 __device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIPCC__)
-  const uint32_t mask = width >= 32 ? 0xffffffffu : ((1u << width) - 1u) << (lane & ~(width - 1));
-  return __reduce_max_sync(mask, v);
-#else
+  if (REDUX) {
+    const uint32_t mask = width >= 32 ? 0xffffffffu : ((1u << width) - 1u) << (lane & ~(width - 1));
+    return __reduce_max_sync(mask, v);
+  }
+#endif
 #pragma unroll
   for (int off = 1; off < WARP; off *= 2) {
     if (off < width) {
@@ -239,15 +244,14 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
     }
   }
   return v;
-#endif
 }
 
 // The block's absmax over `width` lanes; the raw bits only where the format is unsigned (a signed
 // one takes negative values).
-template <int WARP>
+template <int WARP, bool REDUX>
 __device__ __forceinline__ float group_absmax(const BitScan& s, int width, bool is_signed, int lane) {
-  const uint32_t max_abs = group_max<WARP>(s.max_abs, width, lane);
-  const uint32_t max_raw = is_signed ? 0u : group_max<WARP>(s.max_raw, width, lane);
+  const uint32_t max_abs = group_max<WARP, REDUX>(s.max_abs, width, lane);
+  const uint32_t max_raw = is_signed ? 0u : group_max<WARP, REDUX>(s.max_raw, width, lane);
   return block_absmax_from_bits(max_abs, max_raw > 0x80000000u ? 1u : 0u, is_signed);
 }
 
@@ -411,7 +415,7 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
       if (!(a.used_mask & (1 << k))) continue;
-      const float amax = group_absmax<WARP>(L.scan(k), group, (a.slot_signed_mask >> k) & 1, lane);
+      const float amax = group_absmax<WARP, FAMILY == kCodes8>(L.scan(k), group, (a.slot_signed_mask >> k) & 1, lane);
       bad |= !(amax >= 0.0f);
       if (FULL || i < P.numel) {
         if (leader) P.absmax[k][i >> a.block_shift] = amax;
@@ -495,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY)) s
         }
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
-          amax_new[k] = group_absmax<WARP>(sc[k], WARP, (a.slot_signed_mask >> k) & 1, lane);
+          amax_new[k] = group_absmax<WARP, FAMILY == kCodes8>(sc[k], WARP, (a.slot_signed_mask >> k) & 1, lane);
           if (a.used_mask & (1 << k)) bad |= !(amax_new[k] >= 0.0f);
         }
       }

@@ -255,6 +255,85 @@ __device__ __forceinline__ float group_absmax(const BitScan& s, int width, bool 
   return block_absmax_from_bits(max_abs, max_raw > 0x80000000u ? 1u : 0u, is_signed);
 }
 
+// ---- a whole unit's loads, issued together ------------------------------------------------------
+
+__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 load8b(const void* p) { return *reinterpret_cast<const uint2*>(p); }
+
+// 8 floats from 16 bytes of 16-bit values (T: bf16_t or f16_t), or from 32 bytes of floats.
+template <typename T>
+__device__ __forceinline__ void convert8(const uint4* w, float (&v)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const uint32_t x[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(x[k]);
+  } else {
+    const uint32_t x[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = to_f32(T{static_cast<uint16_t>(x[k] & 0xFFFFu)});
+      v[2 * k + 1] = to_f32(T{static_cast<uint16_t>(x[k] >> 16)});
+    }
+  }
+}
+
+// The raw bytes of a whole, aligned unit of 8 elements: parameter, gradient, master-weight
+// correction, every used state slot and its block scale. The loads are made first and together,
+// conditions only as predicates, so a warp has all of a unit's requests in flight at once: with a
+// load in each branch (the gradient's dtype, the correction's width, each used slot) nvcc issued
+// them one after another, each waiting for the one before (ncu: a stall of a memory latency at the
+// first use of each), about five round trips per unit with bf16 parameters and a 24-bit master.
+template <typename T, int FAMILY, int NS>
+struct UnitBytes {
+  static constexpr int kSlotWords = FAMILY == kF32 ? 2 : 1;  // 16-byte words per slot
+  uint4 p[sizeof(T) == 4 ? 2 : 1];
+  uint4 g[2];      // fp32 gradients: both; 16-bit: g[0]
+  uint4 corr;      // int16 corrections: all; int8: .x .y
+  uint4 slot[NS][kSlotWords];  // F32: 32 bytes, BF16: 16, 8-bit codes: .x .y, 4-bit codes: .x
+  float amax[NS];
+
+  __device__ __forceinline__ void load(const GpuStepParam& P, const Args& a, int64_t i) {
+    const T* param = static_cast<const T*>(P.param) + i;
+    p[0] = load16(param);
+    if (sizeof(T) == 4) p[sizeof(T) == 4 ? 1 : 0] = load16(param + 4);
+    const bool g32 = P.grad_type == ElemType::F32;
+    const char* grad = static_cast<const char*>(P.grad) + i * (g32 ? 4 : 2);
+    g[0] = load16(grad);
+    g[1] = g32 ? load16(grad + 16) : make_uint4(0, 0, 0, 0);
+    corr = make_uint4(0, 0, 0, 0);
+    if (sizeof(T) == 2) {
+      if (a.correction_bits == 16) corr = load16(static_cast<const int16_t*>(P.correction) + i);
+      if (a.correction_bits == 8) {
+        const uint2 c = load8b(static_cast<const int8_t*>(P.correction) + i);
+        corr.x = c.x;
+        corr.y = c.y;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < NS; ++k) {
+      amax[k] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kSlotWords; ++w) slot[k][w] = make_uint4(0, 0, 0, 0);
+      if (!(a.used_mask & (1 << k))) continue;
+      if (FAMILY == kF32) {
+        slot[k][0] = load16(static_cast<const float*>(P.slot[k]) + i);
+        slot[k][kSlotWords - 1] = load16(static_cast<const float*>(P.slot[k]) + i + 4);
+      } else if (FAMILY == kBF16) {
+        slot[k][0] = load16(static_cast<const bf16_t*>(P.slot[k]) + i);
+      } else {
+        if (code_bits(FAMILY) == 8) {
+          const uint2 c = load8b(static_cast<const uint8_t*>(P.slot[k]) + i);
+          slot[k][0].x = c.x;
+          slot[k][0].y = c.y;
+        } else {
+          slot[k][0].x = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(P.slot[k]) + i / 2);
+        }
+        amax[k] = P.absmax[k][i >> a.block_shift];
+      }
+    }
+  }
+};
+
 // ---- the per-lane work ------------------------------------------------------------------------------
 
 // 8 elements starting at element i of parameter P: load, decode, update in registers. NS slots
@@ -269,46 +348,111 @@ struct Lane {
   __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
                                               const SharedFormat* sh, int64_t i, bool vec) {
     const int64_t n = P.numel;
-    load8<FULL>(static_cast<const T*>(P.param), i, n, vec, p);
-    if constexpr (std::is_same<T, bf16_t>::value) {
-      if (a.correction_bits != 0) add_corrections<FULL>(P, a, i, n, vec, p);
-    }
     float g[8];
-    if (FULL) {
-      switch (P.grad_type) {
-        case ElemType::F32: load8<true>(static_cast<const float*>(P.grad), i, n, vec, g); break;
-        case ElemType::BF16: load8<true>(static_cast<const bf16_t*>(P.grad), i, n, vec, g); break;
-        case ElemType::F16: load8<true>(static_cast<const f16_t*>(P.grad), i, n, vec, g); break;
-      }
+    if constexpr (FULL) {
+      load_full(P, a, sh, i, g);
     } else {
+      load8(static_cast<const T*>(P.param), i, n, vec, p);
+      if constexpr (std::is_same<T, bf16_t>::value) {
+        if (a.correction_bits != 0) add_corrections<false>(P, a, i, n, vec, p);
+      }
       load_grad8(P.grad, P.grad_type, i, n, vec, g);
+      load_slots(P, a, sh, i, vec);
     }
+    update(h, grad_mult, g);
+  }
+
+  // A whole, aligned unit: the raw bytes first (UnitBytes), then converted and decoded.
+  __device__ __forceinline__ void load_full(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
+                                            float (&g)[8]) {
+    UnitBytes<T, FAMILY, NS> b;
+    b.load(P, a, i);
+    convert8<T>(b.p, p);
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      if (a.correction_bits == 16) {
+        const uint32_t w[4] = {b.corr.x, b.corr.y, b.corr.z, b.corr.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          p[e] = master_from16(static_cast<uint16_t>(f32_bits(p[e]) >> 16),
+                               static_cast<int16_t>((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu));
+      } else if (a.correction_bits == 8) {
+        const uint32_t w[2] = {b.corr.x, b.corr.y};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          p[e] = master_from8(static_cast<uint16_t>(f32_bits(p[e]) >> 16),
+                              static_cast<int8_t>((w[e / 4] >> (8 * (e % 4))) & 0xFFu));
+      }
+    }
+    switch (P.grad_type) {
+      case ElemType::F32: convert8<float>(b.g, g); break;
+      case ElemType::BF16: convert8<bf16_t>(b.g, g); break;
+      case ElemType::F16: convert8<f16_t>(b.g, g); break;
+    }
+#pragma unroll
+    for (int k = 0; k < NS; ++k) {
+      if (FAMILY == kF32) {
+        convert8<float>(b.slot[k], s[k]);
+      } else if (FAMILY == kBF16) {
+        convert8<bf16_t>(b.slot[k], s[k]);
+      } else {
+        uint8_t c[8];
+        const uint32_t w0 = b.slot[k][0].x, w1 = b.slot[k][0].y;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          c[e] = code_bits(FAMILY) == 8 ? static_cast<uint8_t>((e < 4 ? w0 : w1) >> (8 * (e % 4)))
+                                        : static_cast<uint8_t>((w0 >> (4 * e)) & 0xFu);
+        decode8(sh, a, k, c, b.amax[k], s[k]);
+      }
+      // An unused slot loaded nothing: zeros, as the bounded path gives it.
+      if (!(a.used_mask & (1 << k))) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[k][e] = 0.0f;
+      }
+    }
+  }
+
+  // 8 values of slot k from their codes and the block's scale.
+  __device__ __forceinline__ void decode8(const SharedFormat* sh, const Args& a, int k, const uint8_t (&c)[8],
+                                          float amax, float (&out)[8]) const {
+    if (FAMILY == kPow8) {
+      // codebook[c] == pow8_decode(c) exactly, so the product is the table path's. The sign is
+      // the rule's (make_plan checks the formats agree), a constant once k is unrolled.
+      const bool sgn = slot_is_signed(R, k);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = pow8_decode(c[e], sgn) * amax;
+    } else {
+      const float* cb = sh[a.format_of_slot[k]].codebook;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = decode_value(cb, c[e], amax);
+    }
+  }
+
+  // The bounded path's state: element by element past the end (0 there, and for unused slots).
+  __device__ __forceinline__ void load_slots(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
+                                             bool vec) {
+    const int64_t n = P.numel;
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) s[k][e] = 0.0f;
       if (!(a.used_mask & (1 << k))) continue;
       if (FAMILY == kF32) {
-        load8<FULL>(static_cast<const float*>(P.slot[k]), i, n, vec, s[k]);
+        load8(static_cast<const float*>(P.slot[k]), i, n, vec, s[k]);
       } else if (FAMILY == kBF16) {
-        load8<FULL>(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
-      } else if (FULL || i < n) {
+        load8(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
+      } else if (i < n) {
         uint8_t c[8];
-        load_codes8<code_bits(FAMILY), FULL>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
-        const float amax = P.absmax[k][i >> a.block_shift];
-        if (FAMILY == kPow8) {
-          // codebook[c] == pow8_decode(c) exactly, so the product is the table path's. The sign is
-          // the rule's (make_plan checks the formats agree), a constant once k is unrolled.
-          const bool sgn = slot_is_signed(R, k);
+        load_codes8<code_bits(FAMILY), false>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
+        decode8(sh, a, k, c, P.absmax[k][i >> a.block_shift], s[k]);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? pow8_decode(c[e], sgn) * amax : 0.0f;
-        } else {
-          const float* cb = sh[a.format_of_slot[k]].codebook;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < n ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
-        }
+        for (int e = 0; e < 8; ++e)
+          if (i + e >= n) s[k][e] = 0.0f;  // code 0 is not 0
       }
     }
+  }
+
+  // The rule on the 8 elements, in registers.
+  __device__ __forceinline__ void update(const Hyper& h, float grad_mult, const float (&g)[8]) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       // The clipping / unscaling factor, with maximize's sign flip folded in by the prologue

@@ -575,14 +575,16 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
 // instruction issue and latency (ncu on an H100): 3 blocks, more resident warps hide more of it
 // (2 blocks: 8.33 against 7.48 ms for Q8 AdamW in bench/step_kernel_probe). FP32 state moves 28
 // bytes per element and is bound by memory: 2 blocks without register spills, 10.64 against
-// 11.11 ms. A build can choose one value for all with -DLOWBIT_STEP_MIN_BLOCKS=N.
+// 11.11 ms. Kernels carrying three slots (AdEMAMix, Adam with amsgrad) spilled at 3 blocks: 2 ran
+// AdEMAMix Q8 in 8.73 against 9.05 ms, C8 10.60 against 10.85. A build can choose one value for
+// all with -DLOWBIT_STEP_MIN_BLOCKS=N.
 #ifdef LOWBIT_STEP_MIN_BLOCKS
-#define LOWBIT_STEP_MIN_BLOCKS_OF(family) LOWBIT_STEP_MIN_BLOCKS
+#define LOWBIT_STEP_MIN_BLOCKS_OF(family, slots) LOWBIT_STEP_MIN_BLOCKS
 #else
-#define LOWBIT_STEP_MIN_BLOCKS_OF(family) ((family) == kF32 ? 2 : 3)
+#define LOWBIT_STEP_MIN_BLOCKS_OF(family, slots) ((family) == kF32 || (slots) >= 3 ? 2 : 3)
 #endif
 template <Rule R, typename T, int FAMILY, int NS, int WARP>
-__global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY)) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
+__global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS)) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = is_quant_family(FAMILY);
   constexpr bool kCopyDescriptor = FAMILY == kF32;
   __shared__ __align__(16) SharedFormat sh[has_tables(FAMILY) ? 2 : 1];  // unused (and dropped) without tables

@@ -6,6 +6,7 @@
 
 using lowbit::QuantFormat;
 using lowbit_test::bitwise_equal;
+using lowbit_test::error_of;
 
 namespace {
 
@@ -145,15 +146,6 @@ TEST(Quantize, PacksTwoFourBitCodesPerByteAndCountsBytesExactly) {
 }
 
 // ---- refusals ----------------------------------------------------------------------------------
-
-static std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 TEST(QuantizeErrors, NonFiniteInputNamesTheBlock) {
   for (float bad : {NAN, INFINITY, -INFINITY}) {

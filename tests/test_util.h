@@ -2,12 +2,25 @@
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
 #include <torch/torch.h>
 
 #include <lowbit/lowbit.h>
 #include <lowbit/tensors/blockwise_ops.h>
 
 namespace lowbit_test {
+
+// The message of the c10::Error that f throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
 
 // Fresh random data each call: a mix of scales per block so absmax varies, with a few exact zeros.
 inline at::Tensor random_input(int64_t n, at::ScalarType dtype = at::kFloat, bool nonnegative = false) {

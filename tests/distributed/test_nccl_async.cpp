@@ -81,15 +81,6 @@ std::unique_ptr<ld::NcclCommunicator> make_nccl(double timeout_s) {
   return std::make_unique<ld::NcclCommunicator>(bootstrap, device().index(), no);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 #define SKIP_WITHOUT_NCCL() \
   if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
 

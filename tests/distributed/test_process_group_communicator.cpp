@@ -159,15 +159,6 @@ TEST(ProcessGroupCommunicator, ShardedOptimizerMatchesOneProcess) {
 
 // ---- errors -----------------------------------------------------------------------------------------
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
-
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 TEST(ProcessGroupCommunicator, BadArgumentsAreNamed) {

@@ -22,15 +22,6 @@ ld::ShardedOptions bucketed(int64_t bytes = 8192) {
   return so;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 TEST(ShardedBuckets, EveryRuleAndStateFormatMatchesOneProcess) {
   for (const RuleCase& rc : rule_cases())
     for (StateFormat f : lowbit::kAllStateFormats) {

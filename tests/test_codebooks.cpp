@@ -3,6 +3,8 @@
 #include <lowbit/kernels/common/encode.h>
 #include <lowbit/kernels/cpu/format_tables.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "test_util.h"
@@ -102,6 +104,57 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
       ASSERT_EQ(tab.sorted_codes[count], want) << lowbit::format_name(f) << " x=" << x;
       ASSERT_EQ(eytz, count) << lowbit::format_name(f) << " x=" << x;
       ASSERT_EQ(enc.encode(x), want) << lowbit::format_name(f) << " x=" << x;
+    }
+  }
+}
+
+// The GPU kernels' encode (encode.h: window_bucket, code_tables.h: make_window_starts): the bucket's
+// start plus one compare gives #{thresholds < x}, for every format, on the 33 floats around each
+// threshold, both zeros, tiny, huge and infinite values, and every 4099th float of [-2, 2].
+TEST(Codebooks, WindowBucketStartAndOneCompareCountThresholds) {
+  const auto bits_of = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  };
+  const auto float_of = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  for (auto f : lowbit_test::all_formats()) {
+    const lk::EncodeTable tab = lk::make_encode_table(f);
+    const std::vector<uint8_t> starts = lk::make_window_starts(tab);
+    const int nthr = tab.num_values - 1;
+    std::vector<float> probes = {0.0f, -0.0f, 1e-45f, -1e-45f, 1e-30f, -1e-30f, 0x1p-62f, -0x1p-62f, 2.0f, -2.0f,
+                                 4.0f, -4.0f, 1e30f, -1e30f, INFINITY, -INFINITY};
+    for (int i = 0; i < nthr; ++i) {
+      float lo = tab.thresholds[i], hi = tab.thresholds[i];
+      probes.push_back(lo);
+      for (int k = 0; k < 16; ++k) {
+        lo = std::nextafter(lo, -INFINITY);
+        hi = std::nextafter(hi, INFINITY);
+        probes.push_back(lo);
+        probes.push_back(hi);
+      }
+    }
+    for (uint32_t k = 0; k <= bits_of(2.0f); k += 4099) {
+      probes.push_back(float_of(k));
+      probes.push_back(-float_of(k));
+    }
+    uint32_t last_bucket = 0;
+    float last = -INFINITY;
+    std::sort(probes.begin(), probes.end());
+    for (float x : probes) {
+      int want = 0;
+      while (want < nthr && tab.thresholds[want] < x) ++want;
+      const uint32_t b = lk::window_bucket(bits_of(x));
+      const int s = starts[b];
+      const float t = s < nthr ? tab.thresholds[s] + 0.0f : INFINITY;
+      ASSERT_EQ(s + (t < x ? 1 : 0), want) << lowbit::format_name(f) << " x=" << x << " bucket " << b;
+      if (x > last) ASSERT_LE(last_bucket, b) << "buckets out of value order at x=" << x;
+      last_bucket = b;
+      last = x;
     }
   }
 }

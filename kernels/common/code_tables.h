@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "compand.h"
+#include "encode.h"
 #include "quant_format.h"
 
 namespace lowbit {
@@ -213,31 +214,27 @@ inline EncodeTable make_encode_table(QuantFormat fmt) {
   return tab;
 }
 
-// Start index table for encoding by bucket: for the bucket of order keys sharing their top
-// `key_bits` bits, starts[b] = #{thresholds below the bucket}; then
-//   #{thresholds < x} = starts[b] + #{k < widest : thresholds[starts[b] + k] < x}
-// with thresholds padded by +inf. `widest` is the most thresholds inside one bucket.
-inline uint32_t order_key_host(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
-}
-
-inline std::vector<uint8_t> make_bucket_starts(const EncodeTable& tab, int key_bits, int* widest) {
+// Start table for encoding by window bucket (encode.h: window_bucket):
+//   starts[b] = #{thresholds t : window_bucket(t) < b},
+// so #{thresholds < x} = starts[b] + (thresholds[starts[b]] < x) for x in bucket b (thresholds
+// padded with +inf), because buckets follow the value order and no bucket holds two thresholds,
+// which this checks. Thresholds of -0.0 count as +0.0 (the GPU tables store +0.0): a -0.0 would
+// sit in a negative bucket yet not be below +0.0.
+inline std::vector<uint8_t> make_window_starts(const EncodeTable& tab) {
   const int nthr = tab.num_values - 1;
-  const uint32_t nb = 1u << key_bits;
-  const int shift = 32 - key_bits;
-  std::vector<uint8_t> starts(nb);
-  int j = 0;
-  *widest = 0;
-  for (uint32_t b = 0; b < nb; ++b) {
-    const uint32_t lo = b << shift;
-    const uint32_t hi = lo | ((1u << shift) - 1u);
-    while (j < nthr && order_key_host(tab.thresholds[j]) < lo) ++j;
+  std::vector<uint8_t> starts(size_t(1) << kWindowBucketBits);
+  int j = 0;  // thresholds in buckets below b
+  for (uint32_t b = 0; b < starts.size(); ++b) {
+    const auto bucket_of = [&](int k) {
+      const float t = tab.thresholds[k] + 0.0f;
+      uint32_t u;
+      std::memcpy(&u, &t, 4);
+      return window_bucket(u);
+    };
+    while (j < nthr && bucket_of(j) < b) ++j;
     starts[b] = static_cast<uint8_t>(j);  // at most 255 thresholds
-    int k = j;
-    while (k < nthr && order_key_host(tab.thresholds[k]) <= hi) ++k;
-    *widest = std::max(*widest, k - j);
+    if (j + 1 < nthr && bucket_of(j) == b && bucket_of(j + 1) == b)
+      throw std::logic_error("make_window_starts: two thresholds share a window bucket");
   }
   return starts;
 }
@@ -254,15 +251,15 @@ inline std::vector<uint32_t> make_key_table(const EncodeTable& tab) {
   std::vector<uint32_t> entries(1u << 16);
   int j = 0;  // thresholds below the current bucket
   for (uint32_t b = 0; b < (1u << 16); ++b) {
-    while (j < nthr && (order_key_host(tab.thresholds[j]) >> 16) < b) ++j;
+    while (j < nthr && (order_key_of(tab.thresholds[j]) >> 16) < b) ++j;
     const uint32_t lo = tab.sorted_codes[j];
-    if (j < nthr && (order_key_host(tab.thresholds[j]) >> 16) == b) {
-      if (j + 1 < nthr && (order_key_host(tab.thresholds[j + 1]) >> 16) == b)
+    if (j < nthr && (order_key_of(tab.thresholds[j]) >> 16) == b) {
+      if (j + 1 < nthr && (order_key_of(tab.thresholds[j + 1]) >> 16) == b)
         throw std::logic_error("make_key_table: two thresholds share a 16-bit key bucket");
-      if (order_key_host(tab.thresholds[j]) == 0x7FFFFFFFu)
+      if (order_key_of(tab.thresholds[j]) == 0x7FFFFFFFu)
         throw std::logic_error("make_key_table: a threshold of -0.0");
       const uint32_t hi = tab.sorted_codes[j + 1];
-      entries[b] = lo | (hi << 8) | ((order_key_host(tab.thresholds[j]) & 0xFFFFu) << 16);
+      entries[b] = lo | (hi << 8) | ((order_key_of(tab.thresholds[j]) & 0xFFFFu) << 16);
     } else {
       entries[b] = lo | (lo << 8) | 0xFFFF0000u;
     }

@@ -44,6 +44,26 @@ LOWBIT_HD uint32_t order_key_bits(uint32_t u) {
   return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
 }
 
+// Encode by window bucket (the GPU kernels; tables from code_tables.h: make_window_starts). A
+// float's bucket is its sign and 15 magnitude bits (8 exponent, 7 fraction bits: the CPU's 16-bit
+// key buckets, where no built-in format has two thresholds) over the 64 exponents of 2^-62 .. 2^1;
+// smaller magnitudes share the lowest bucket of their sign, larger ones (and Inf, NaN) the highest.
+// Buckets follow the value order: negatives 0 .. 0x1FFF (most negative first), positives 0x2000 ..
+// 0x3FFF. With at most one threshold per bucket, #{thresholds < x} is starts[bucket] plus one
+// compare with the threshold at that index: 16 KiB of starts instead of 64 KiB of key entries.
+constexpr int kWindowBucketBits = 14;
+constexpr uint32_t kWindowLowKey = 65u << 7;  // magnitude key (exponent << 7 | 7 fraction bits) of 2^-62
+constexpr uint32_t kWindowTop = (1u << (kWindowBucketBits - 1)) - 1u;
+
+LOWBIT_HD uint32_t window_bucket(uint32_t u) {
+  const uint32_t sign = static_cast<uint32_t>(static_cast<int32_t>(u) >> 31);  // 0 or all ones
+  const uint32_t key = (u & 0x7FFFFFFFu) >> 16;
+  uint32_t idx = key > kWindowLowKey ? key - kWindowLowKey : 0u;
+  idx = idx < kWindowTop ? idx : kWindowTop;
+  // Negative: kWindowTop - idx (idx ^ ~0 == -idx - 1), so larger magnitudes sort first.
+  return (kWindowTop + 1u) + (idx ^ sign);
+}
+
 LOWBIT_HD float decode_value(const float* codebook, uint8_t code, float absmax) {
   return codebook[code] * absmax;
 }

@@ -1,9 +1,10 @@
-// Per-format tables of the GPU kernels. The small ones travel as kernel parameters (1.3 KB); the
-// bucket start table (16 KiB) lives in device memory, made once per device and format. Kernels
+// Per-format tables of the GPU kernels. The small ones travel as kernel parameters (1.8 KB); the
+// window start table (16 KiB) lives in device memory, made once per device and format. Kernels
 // stage both in shared memory.
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -14,18 +15,13 @@
 namespace lowbit {
 namespace kernels {
 
-// Encode by bucket (code_tables.h): 14 key bits = 16 KiB of starts, at most 3 compares per
-// element for the built-in formats (Dyn8Unsigned needs 3, Dyn8Signed 2, the others 1); the step
-// kernels always make kGpuMaxScan of them, without a branch.
-constexpr int kGpuKeyBits = 14;
-constexpr int kGpuMaxScan = 3;
-
+// Encode by window bucket (encode.h, code_tables.h: make_window_starts): one start lookup and one
+// compare per element for every table-coded format.
 struct GpuTables {
-  float thresholds[256 + kGpuMaxScan];  // ascending, +inf padded
+  float thresholds[257];       // ascending, +0.0 for -0.0, +inf padded
   uint8_t sorted_codes[256];
-  float codebook[256];                  // decode: value of each code
-  int scan = 1;                         // compares after the bucket lookup
-  bool identity = false;                // sorted_codes[i] == i: the count is the code
+  float codebook[256];         // decode: value of each code
+  bool identity = false;       // sorted_codes[i] == i: the count is the code
 };
 
 inline const GpuTables& gpu_tables(QuantFormat fmt) {
@@ -36,13 +32,11 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
     const EncodeTable enc = make_encode_table(fmt);
     const std::vector<float> cb = make_codebook(fmt);
     GpuTables& t = tables[i];
-    // + 0.0f turns a -0 threshold into +0 (the same compares; the step's encode needs no -0).
-    for (int k = 0; k < 256 + kGpuMaxScan; ++k) t.thresholds[k] = k < 256 ? enc.thresholds[k] + 0.0f : INFINITY;
+    for (int k = 0; k < 257; ++k) t.thresholds[k] = k < 256 ? enc.thresholds[k] + 0.0f : INFINITY;
     for (int k = 0; k < 256; ++k) {
       t.sorted_codes[k] = enc.sorted_codes[k];
       t.codebook[k] = k < static_cast<int>(cb.size()) ? cb[k] : 0.0f;
     }
-    make_bucket_starts(enc, kGpuKeyBits, &t.scan);
     t.identity = true;
     for (int k = 0; k < enc.num_values; ++k) t.identity &= enc.sorted_codes[k] == k;
   });
@@ -50,16 +44,14 @@ inline const GpuTables& gpu_tables(QuantFormat fmt) {
 }
 
 // Everything a fused optimizer step needs of one format, in one device allocation (and, copied,
-// in a step kernel's shared memory): the encode bucket starts, thresholds and code order, and the
-// codebook. A multiple of 16 bytes, copied as uint4. Made once per device and format by
-// the first step that uses it (a step captured in a CUDA graph must not be that first one).
+// in a step kernel's shared memory): the window starts; for each start j, threshold j and the
+// codes below and above it (so no code lookup follows the compare); the codebook. A multiple of
+// 16 bytes, copied as uint4. Made once per device and format by the first step that uses it (a
+// step captured in a CUDA graph must not be that first one). The quantize kernels use its starts.
 struct alignas(16) DeviceFormat {
-  uint8_t starts[1 << kGpuKeyBits];
-  float thresholds[256 + kGpuMaxScan];
-  uint8_t sorted_codes[256];
+  uint8_t starts[1 << kWindowBucketBits];
+  uint2 pairs[256];  // .x: bits of threshold j (+inf past the last); .y: code below | code above << 8
   float codebook[256];
-  int scan;
-  int identity;
 };
 
 inline cudaError_t device_format(QuantFormat fmt, cudaStream_t stream, const DeviceFormat** out) {
@@ -78,14 +70,14 @@ inline cudaError_t device_format(QuantFormat fmt, cudaStream_t stream, const Dev
     if (capturing != cudaStreamCaptureStatusNone) return cudaErrorStreamCaptureUnsupported;
     const GpuTables& t = gpu_tables(fmt);
     DeviceFormat host;
-    int widest = 0;
-    const std::vector<uint8_t> starts = make_bucket_starts(make_encode_table(fmt), kGpuKeyBits, &widest);
+    const std::vector<uint8_t> starts = make_window_starts(make_encode_table(fmt));
     std::copy(starts.begin(), starts.end(), host.starts);
-    std::copy(t.thresholds, t.thresholds + 256 + kGpuMaxScan, host.thresholds);
-    std::copy(t.sorted_codes, t.sorted_codes + 256, host.sorted_codes);
+    for (int j = 0; j < 256; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, &t.thresholds[j], 4);
+      host.pairs[j] = make_uint2(bits, t.sorted_codes[j] | (uint32_t(t.sorted_codes[j < 255 ? j + 1 : j]) << 8));
+    }
     std::copy(t.codebook, t.codebook + 256, host.codebook);
-    host.scan = t.scan;
-    host.identity = t.identity ? 1 : 0;
     DeviceFormat* d = nullptr;
     e = cudaMalloc(reinterpret_cast<void**>(&d), sizeof(DeviceFormat));
     if (e != cudaSuccess) return e;
@@ -97,8 +89,8 @@ inline cudaError_t device_format(QuantFormat fmt, cudaStream_t stream, const Dev
   return cudaSuccess;
 }
 
-// The bucket starts of `fmt` on the current device (made on first use, kept for the process).
-inline cudaError_t device_bucket_starts(QuantFormat fmt, const uint8_t** out) {
+// The window starts of `fmt` on the current device (made on first use, kept for the process).
+inline cudaError_t device_window_starts(QuantFormat fmt, const uint8_t** out) {
   const DeviceFormat* d = nullptr;
   const cudaError_t e = device_format(fmt, nullptr, &d);
   if (e == cudaSuccess) *out = d->starts;

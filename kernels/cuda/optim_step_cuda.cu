@@ -186,8 +186,6 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     if (found < 0) {
       if (a.num_distinct == 2) return "a GPU step takes at most two quantization formats";
       a.distinct[a.num_distinct] = df;
-      if (!is_arithmetic_format(t.format) && gpu_tables(t.format).scan > kGpuMaxScan) return "a quantization format needs more encode compares than the GPU kernels make";
-      a.identity[a.num_distinct] = gpu_tables(t.format).identity ? 1 : 0;
       found = a.num_distinct++;
     }
     a.format_of_slot[k] = found;

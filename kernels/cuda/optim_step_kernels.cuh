@@ -96,7 +96,6 @@ struct Args {
   int slot_signed_mask;               // bit k: slot k's format is signed
   int format_of_slot[kMomentSlots];   // 0 or 1: which staged table a slot uses
   const DeviceFormat* distinct[2];    // at most two formats per state layout
-  int identity[2];                    // their codes are in value order
   int num_distinct;
   const float* found_inf;
   ParamScalars* scalars;              // scratch: one per parameter of the group
@@ -120,18 +119,15 @@ __device__ __forceinline__ void stage_formats(SharedFormat* sh, const Args& a) {
   __syncthreads();
 }
 
-// #{thresholds < x} by bucket, then the code (gpu_tables.cuh). Always kGpuMaxScan compares, with
-// no branch: thresholds past x's bucket are above x (sorted, +inf padded), so extra compares add 0.
-__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x, bool identity) {
-  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
-  static_assert(kGpuMaxScan == 3, "one compare per threshold a bucket may hold");
-  // t < x exactly when t - x has its sign bit set: t - x is 0 only for t == x (subnormals are kept),
-  // no threshold is -0 (gpu_tables.cuh stores +0), and a NaN x gives the canonical NaN (sign 0),
-  // like a false compare. A subtract and a shift-add each, where a compare costs three instructions.
-  const int c = s + static_cast<int>(__float_as_uint(sh.thresholds[s] - x) >> 31) +
-                static_cast<int>(__float_as_uint(sh.thresholds[s + 1] - x) >> 31) +
-                static_cast<int>(__float_as_uint(sh.thresholds[s + 2] - x) >> 31);
-  return identity ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
+// The code of x: its window bucket's start j (encode.h: window_bucket), then one compare with
+// threshold j, whose pair entry holds the codes below and above it (gpu_tables.cuh). t < x exactly
+// when t - x has its sign bit set: t - x is 0 only for t == x (subnormals are kept), no threshold
+// is -0 (gpu_tables.cuh stores +0), and a NaN x gives the canonical NaN (sign 0), like a false
+// compare. A subtract and a shift, where a compare and a select cost more.
+__device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x) {
+  const uint2 e = sh.pairs[sh.starts[window_bucket(__float_as_uint(x))]];
+  const uint32_t above = __float_as_uint(__uint_as_float(e.x) - x) >> 31;
+  return static_cast<uint8_t>(e.y >> (8 * above));
 }
 
 // ---- element access -----------------------------------------------------------------------------
@@ -521,15 +517,13 @@ struct Lane {
         for (int e = 0; e < 8; ++e) c[e] = pow8_encode(normalize(nz, s[k][e]), sgn);
       }
     } else {
-      const int d = a.format_of_slot[k];
-      const SharedFormat& f = sh[d];
-      const bool identity = a.identity[d] != 0;
+      const SharedFormat& f = sh[a.format_of_slot[k]];
       if (one_multiply) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, s[k][e] * nz.inv, identity);
+        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, s[k][e] * nz.inv);
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]), identity);
+        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]));
       }
     }
     store_codes8<code_bits(FAMILY), FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);

@@ -34,8 +34,8 @@ __device__ __forceinline__ void group_reduce(BlockScan& s) {
 
 // Encode tables in shared memory (see gpu_tables.cuh).
 struct SharedEncode {
-  uint8_t starts[1 << kGpuKeyBits];
-  float thresholds[256 + kGpuMaxScan];
+  uint8_t starts[1 << kWindowBucketBits];
+  float thresholds[257];
   uint8_t sorted_codes[256];
 };
 
@@ -43,39 +43,37 @@ template <bool IDENTITY>
 __device__ __forceinline__ void stage_encode(SharedEncode& sh, const uint8_t* starts, const GpuTables& t) {
   const uint4* src = reinterpret_cast<const uint4*>(starts);
   uint4* dst = reinterpret_cast<uint4*>(sh.starts);
-  stage(dst, src, (1 << kGpuKeyBits) / 16);
-  stage(sh.thresholds, t.thresholds, 256 + kGpuMaxScan);
+  stage(dst, src, (1 << kWindowBucketBits) / 16);
+  stage(sh.thresholds, t.thresholds, 257);
   if (!IDENTITY) stage(sh.sorted_codes, t.sorted_codes, 256);
 }
 
-// #{thresholds < x}: bucket lookup on the order key's top bits, then SCAN compares (the most
-// thresholds any bucket of the format holds); formats whose codes are in value order (IDENTITY:
-// the dynamic maps and the 4-bit ones) need no final code lookup. Both are compile-time, so each
-// format's kernel issues only the instructions it needs (the kernel is bound by instructions).
-// SCAN 0: a companded format, encoded by arithmetic (compand.h), no table.
-template <int SCAN, bool IDENTITY>
+// #{thresholds < x}: the window bucket's start, then one compare (encode.h: window_bucket);
+// formats whose codes are in value order (IDENTITY: the dynamic maps and the 4-bit ones) need no
+// final code lookup. Both are compile-time, so each format's kernel issues only the instructions
+// it needs (the kernel is bound by instructions). TABLE false: a companded format, encoded by
+// arithmetic (compand.h), no table.
+template <bool TABLE, bool IDENTITY>
 __device__ __forceinline__ uint8_t encode_one(const SharedEncode& sh, float x, bool is_signed) {
-  if constexpr (SCAN == 0) return pow8_encode(x, is_signed);
-  const int s = sh.starts[order_key_bits(__float_as_uint(x)) >> (32 - kGpuKeyBits)];
-  int c = s;
-#pragma unroll
-  for (int k = 0; k < SCAN; ++k) c += sh.thresholds[s + k] < x ? 1 : 0;
+  if constexpr (!TABLE) return pow8_encode(x, is_signed);
+  const int s = sh.starts[window_bucket(__float_as_uint(x))];
+  const int c = s + (sh.thresholds[s] < x ? 1 : 0);
   return IDENTITY ? static_cast<uint8_t>(c) : sh.sorted_codes[c];
 }
 
 // Encodes 8 values and stores their codes at element offset i (8-bit: 8 bytes; 4-bit: 4 bytes).
-template <int BITS, int SCAN, bool IDENTITY>
+template <int BITS, bool TABLE, bool IDENTITY>
 __device__ __forceinline__ void encode_store8(const float (&v)[8], const Normalizer& nz, const SharedEncode& sh,
                                               bool is_signed, uint8_t* codes, int64_t i, int64_t n, bool vec) {
   uint8_t c[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = encode_one<SCAN, IDENTITY>(sh, normalize(nz, v[k]), is_signed);
+  for (int k = 0; k < 8; ++k) c[k] = encode_one<TABLE, IDENTITY>(sh, normalize(nz, v[k]), is_signed);
   store_codes8<BITS>(codes, i, n, vec, c);
 }
 
 // One lane's 8 values of a block owned by GROUP lanes: reduce the absmax across the group, store it
 // (first lane), encode and store the codes.
-template <int BITS, int SCAN, bool IDENTITY, int BLOCK, int GROUP>
+template <int BITS, bool TABLE, bool IDENTITY, int BLOCK, int GROUP>
 __device__ __forceinline__ void quantize_group8(const float (&v)[8], int64_t i, int lane, int64_t n, bool is_signed,
                                                 bool vec, const SharedEncode& sh, uint8_t* codes, float* absmax) {
   BlockScan s;
@@ -84,16 +82,16 @@ __device__ __forceinline__ void quantize_group8(const float (&v)[8], int64_t i, 
   group_reduce<GROUP>(s);
   const float amax = block_absmax(s, is_signed);
   if (lane % GROUP == 0 && i < n) absmax[i / BLOCK] = amax;
-  if (i < n) encode_store8<BITS, SCAN, IDENTITY>(v, make_normalizer(amax), sh, is_signed, codes, i, n, vec);
+  if (i < n) encode_store8<BITS, TABLE, IDENTITY>(v, make_normalizer(amax), sh, is_signed, codes, i, n, vec);
 }
 
-template <typename T, int BITS, int SCAN, bool IDENTITY, int BLOCK, int WARP>
+template <typename T, int BITS, bool TABLE, bool IDENTITY, int BLOCK, int WARP>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
                                                             float* __restrict__ absmax, int64_t n, bool is_signed,
                                                             bool vec, const uint8_t* __restrict__ starts,
                                                             GpuTables tables) {
-  __shared__ __align__(16) SharedEncode sh;  // unused (and dropped) by SCAN 0
-  if (SCAN != 0) {
+  __shared__ __align__(16) SharedEncode sh;  // unused (and dropped) without a table
+  if (TABLE) {
     stage_encode<IDENTITY>(sh, starts, tables);
     __syncthreads();
   }
@@ -115,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
       float next[8];
       if (unit + warps_total < units) load8(x, i + warps_total * kUnit, n, vec, next);
-      quantize_group8<BITS, SCAN, IDENTITY, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, codes, absmax);
+      quantize_group8<BITS, TABLE, IDENTITY, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, codes, absmax);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = next[k];
     }
@@ -124,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
       const int64_t i = unit * kUnit + int64_t(lane) * kElemsPerThread;
       float v[8];
       load8(x, i, n, vec, v);
-      quantize_group8<BITS, SCAN, IDENTITY, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, codes, absmax);
+      quantize_group8<BITS, TABLE, IDENTITY, BLOCK, kGroup>(v, i, lane, n, is_signed, vec, sh, codes, absmax);
     }
   } else {
     for (int64_t unit = first; unit < units; unit += warps_total) {
@@ -145,13 +143,13 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* __restrict_
         if (i >= n) break;
         float v[8];
         load8(x, i, n, vec, v);
-        encode_store8<BITS, SCAN, IDENTITY>(v, nz, sh, is_signed, codes, i, n, vec);
+        encode_store8<BITS, TABLE, IDENTITY>(v, nz, sh, is_signed, codes, i, n, vec);
       }
     }
   }
 }
 
-template <typename T, int BITS, int SCAN, bool IDENTITY, int BLOCK, int WARP>
+template <typename T, int BITS, bool TABLE, bool IDENTITY, int BLOCK, int WARP>
 cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   constexpr int kUnit = BLOCK <= kElemsPerThread * WARP ? kElemsPerThread * WARP : BLOCK;
   const int64_t units = (p.n + kUnit - 1) / kUnit;
@@ -160,26 +158,26 @@ cudaError_t launch(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t 
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(dev.sm_count) * 8)));
   const bool vec = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 8 == 0;
   const uint8_t* starts = nullptr;
-  const cudaError_t e = device_bucket_starts(p.format, &starts);
+  const cudaError_t e = device_window_starts(p.format, &starts);
   if (e != cudaSuccess) return e;
-  quantize_kernel<T, BITS, SCAN, IDENTITY, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(
+  quantize_kernel<T, BITS, TABLE, IDENTITY, BLOCK, WARP><<<grid, kThreads, 0, stream>>>(
       static_cast<const T*>(p.input), p.codes, p.absmax, p.n, format_is_signed(p.format), vec, starts,
       gpu_tables(p.format));
   return cudaGetLastError();
 }
 
 // Turns the runtime block size into a template argument (32 .. 4096).
-template <typename T, int BITS, int SCAN, bool IDENTITY, int WARP>
+template <typename T, int BITS, bool TABLE, bool IDENTITY, int WARP>
 cudaError_t dispatch_block(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
   switch (p.block_size) {
-    case 32: return launch<T, BITS, SCAN, IDENTITY, 32, WARP>(p, dev, s);
-    case 64: return launch<T, BITS, SCAN, IDENTITY, 64, WARP>(p, dev, s);
-    case 128: return launch<T, BITS, SCAN, IDENTITY, 128, WARP>(p, dev, s);
-    case 256: return launch<T, BITS, SCAN, IDENTITY, 256, WARP>(p, dev, s);
-    case 512: return launch<T, BITS, SCAN, IDENTITY, 512, WARP>(p, dev, s);
-    case 1024: return launch<T, BITS, SCAN, IDENTITY, 1024, WARP>(p, dev, s);
-    case 2048: return launch<T, BITS, SCAN, IDENTITY, 2048, WARP>(p, dev, s);
-    case 4096: return launch<T, BITS, SCAN, IDENTITY, 4096, WARP>(p, dev, s);
+    case 32: return launch<T, BITS, TABLE, IDENTITY, 32, WARP>(p, dev, s);
+    case 64: return launch<T, BITS, TABLE, IDENTITY, 64, WARP>(p, dev, s);
+    case 128: return launch<T, BITS, TABLE, IDENTITY, 128, WARP>(p, dev, s);
+    case 256: return launch<T, BITS, TABLE, IDENTITY, 256, WARP>(p, dev, s);
+    case 512: return launch<T, BITS, TABLE, IDENTITY, 512, WARP>(p, dev, s);
+    case 1024: return launch<T, BITS, TABLE, IDENTITY, 1024, WARP>(p, dev, s);
+    case 2048: return launch<T, BITS, TABLE, IDENTITY, 2048, WARP>(p, dev, s);
+    case 4096: return launch<T, BITS, TABLE, IDENTITY, 4096, WARP>(p, dev, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -189,11 +187,10 @@ template <typename T, int WARP>
 cudaError_t dispatch_format(const QuantizeParams& p, const DeviceInfo& dev, cudaStream_t s) {
   const GpuTables& t = gpu_tables(p.format);
   const int bits = format_bits(p.format);
-  if (is_arithmetic_format(p.format)) return dispatch_block<T, 8, 0, true, WARP>(p, dev, s);  // Pow8*
-  if (bits == 4 && t.scan == 1 && t.identity) return dispatch_block<T, 4, 1, true, WARP>(p, dev, s);
-  if (bits == 8 && t.scan == 1 && !t.identity) return dispatch_block<T, 8, 1, false, WARP>(p, dev, s);  // fp8
-  if (bits == 8 && t.scan == 2 && t.identity) return dispatch_block<T, 8, 2, true, WARP>(p, dev, s);    // Dyn8Signed
-  if (bits == 8 && t.scan == 3 && t.identity) return dispatch_block<T, 8, 3, true, WARP>(p, dev, s);    // Dyn8Unsigned
+  if (is_arithmetic_format(p.format)) return dispatch_block<T, 8, false, true, WARP>(p, dev, s);  // Pow8*
+  if (bits == 4 && t.identity) return dispatch_block<T, 4, true, true, WARP>(p, dev, s);
+  if (bits == 8 && !t.identity) return dispatch_block<T, 8, true, false, WARP>(p, dev, s);  // fp8
+  if (bits == 8 && t.identity) return dispatch_block<T, 8, true, true, WARP>(p, dev, s);    // Dyn8*
   return cudaErrorNotSupported;
 }
 

@@ -33,6 +33,26 @@ class Communicator {
   // In place: every rank ends with root's `tensor`.
   virtual void broadcast(at::Tensor& tensor, int root = 0) = 0;
   virtual void barrier() = 0;
+
+  // Overlap (CUDA streams): a collective orders the caller's current stream after itself before it
+  // returns, so its results are ready for the caller's next kernel. While defer_stream_waits(true)
+  // is in effect, collectives skip that, so the caller's stream runs on (computing what does not
+  // touch their tensors); order_after_collectives() then orders the current stream after every
+  // collective issued so far. Backends that complete collectives before returning ignore both.
+  virtual void defer_stream_waits(bool defer) { (void)defer; }
+  virtual void order_after_collectives() {}
+};
+
+// defer_stream_waits(true) for a scope.
+class DeferredStreamWaits {
+ public:
+  explicit DeferredStreamWaits(Communicator& c) : c_(c) { c_.defer_stream_waits(true); }
+  ~DeferredStreamWaits() { c_.defer_stream_waits(false); }
+  DeferredStreamWaits(const DeferredStreamWaits&) = delete;
+  DeferredStreamWaits& operator=(const DeferredStreamWaits&) = delete;
+
+ private:
+  Communicator& c_;
 };
 
 // Checks shared by the backends; errors name the backend, the collective and the argument.

@@ -3,6 +3,7 @@
 // asynchronous errors (ncclCommAbort, then the job ends or later calls throw).
 #include "nccl_communicator.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -98,6 +99,8 @@ struct NcclCommunicator::Impl {
   std::mutex nccl_mu;
   ncclComm_t comm = nullptr;    // under nccl_mu; null once aborted or destroyed
   cudaEvent_t ready = nullptr;  // under nccl_mu: the caller's stream position, for the next enqueue
+  cudaEvent_t joined = nullptr;  // under nccl_mu: the own stream's position, for order_after_collectives
+  std::atomic<bool> defer{false};  // defer_stream_waits
 
   std::mutex mu;
   std::condition_variable wake;     // to the watchdog: work in flight, a waiter, or stop
@@ -126,6 +129,7 @@ struct NcclCommunicator::Impl {
 
 NcclCommunicator::Impl::~Impl() {
   if (ready) cudaEventDestroy(ready);
+  if (joined) cudaEventDestroy(joined);
   // An event still pending on a stream is released by CUDA once it completes.
   for (cudaEvent_t e : events) cudaEventDestroy(e);
 }
@@ -267,8 +271,9 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   MPI_Is_thread_main(&is_main);
   m.mpi_thread_multiple = level == MPI_THREAD_MULTIPLE;
   if (is_main) m.mpi_main = std::this_thread::get_id();
-  TORCH_CHECK(cudaEventCreateWithFlags(&m.ready, cudaEventDisableTiming) == cudaSuccess, kWho,
-              ": cudaEventCreate failed");
+  TORCH_CHECK(cudaEventCreateWithFlags(&m.ready, cudaEventDisableTiming) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&m.joined, cudaEventDisableTiming) == cudaSuccess,
+              kWho, ": cudaEventCreate failed");
   for (int k = 0; k < kInitialEvents; ++k) {
     cudaEvent_t e = nullptr;
     TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kWho, ": cudaEventCreate failed");
@@ -383,7 +388,7 @@ void NcclCommunicator::synchronize() {
 // ---------------------------------------------------------------------------------------------
 
 void NcclCommunicator::run(const char* collective, int64_t numel, const std::vector<at::Tensor>& tensors,
-                           const std::function<int(void*)>& launch) {
+                           const std::function<int(void*)>& launch, const std::function<void()>& post) {
   Impl& m = *impl_;
   for (const at::Tensor& t : tensors)
     TORCH_CHECK(t.is_cuda() && t.get_device() == device_, kWho, ": ", collective, ": a tensor is on ", t.device(),
@@ -438,10 +443,15 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     if (failure.empty() && r != ncclSuccess)
       failure = c10::str(kWho, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
                          ncclGetErrorString(r));
+    if (failure.empty() && post) {
+      c10::cuda::CUDAStreamGuard on_own(m.stream);
+      post();
+    }
     if (failure.empty()) {
       // The caching allocator must not hand these tensors' memory to others before the own stream is done.
       for (const at::Tensor& t : tensors) t.record_stream(m.stream);
-      if (cudaEventRecord(done, own) != cudaSuccess || cudaStreamWaitEvent(caller, done, 0) != cudaSuccess)
+      if (cudaEventRecord(done, own) != cudaSuccess ||
+          (!m.defer.load() && cudaStreamWaitEvent(caller, done, 0) != cudaSuccess))
         failure = c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", m.where());
     }
     if (failure.empty()) {
@@ -465,13 +475,14 @@ void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   check_collective_tensor(kWho, name, "tensor", tensor);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   at::Tensor buf = reduces_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
-  run(name, buf.numel(), {buf}, [&](void* s) {
+  run(name, buf.numel(), {buf, tensor}, [&](void* s) {
     return static_cast<int>(ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
                                           nccl_type(buf.scalar_type()), ncclSum, impl_->comm, static_cast<cudaStream_t>(s)));
+  }, [&] {
+    // Sum, then one division: the same rounding as MpiCommunicator (ncclAvg may pre-scale).
+    if (op == ReduceOp::Avg) buf.div_(impl_->size);
+    if (!buf.is_same(tensor)) tensor.copy_(buf);
   });
-  // Sum, then one division: the same rounding as MpiCommunicator (ncclAvg may pre-scale).
-  if (op == ReduceOp::Avg) buf.div_(impl_->size);
-  if (!buf.is_same(tensor)) tensor.copy_(buf);
 }
 
 void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
@@ -482,12 +493,13 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
   const bool native = reduces_natively(input.scalar_type());
   const at::Tensor in = native ? input : input.to(at::kFloat);
   at::Tensor out = native ? output : at::empty({output.numel()}, in.options());
-  run(name, in.numel(), {in, out}, [&](void* s) {
+  run(name, in.numel(), {in, out, output}, [&](void* s) {
     return static_cast<int>(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
                                               nccl_type(in.scalar_type()), ncclSum, impl_->comm, static_cast<cudaStream_t>(s)));
+  }, [&] {
+    if (op == ReduceOp::Avg) out.div_(impl_->size);
+    if (!native) output.copy_(out.view(output.sizes()));
   });
-  if (op == ReduceOp::Avg) out.div_(impl_->size);
-  if (!native) output.copy_(out.view(output.sizes()));
 }
 
 void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
@@ -510,6 +522,18 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
     return static_cast<int>(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                                           nccl_type(tensor.scalar_type()), root, impl_->comm, static_cast<cudaStream_t>(s)));
   });
+}
+
+void NcclCommunicator::defer_stream_waits(bool defer) { impl_->defer.store(defer); }
+
+void NcclCommunicator::order_after_collectives() {
+  Impl& m = *impl_;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+  std::lock_guard<std::mutex> nccl(m.nccl_mu);
+  TORCH_CHECK(cudaEventRecord(m.joined, m.stream.stream()) == cudaSuccess &&
+                  cudaStreamWaitEvent(caller, m.joined, 0) == cudaSuccess,
+              kWho, ": order_after_collectives: ordering the caller's stream failed", m.where());
 }
 
 void NcclCommunicator::barrier() {

@@ -52,12 +52,16 @@ class NcclCommunicator : public Communicator {
   // .item()) needs no synchronize().
   void synchronize();
 
+  void defer_stream_waits(bool defer) override;
+  void order_after_collectives() override;
+
  private:
   struct Impl;  // NCCL and CUDA handles, the watchdog: no nccl.h in this header
   // Enqueues launch(stream) (returns an ncclResult_t) on the own stream after the caller's work,
-  // orders the caller's stream after it, hands it to the watchdog and returns.
+  // then `post` (the result's division or conversion, torch ops) with the own stream current;
+  // orders the caller's stream after both (unless deferred), hands them to the watchdog, returns.
   void run(const char* collective, int64_t numel, const std::vector<at::Tensor>& tensors,
-           const std::function<int(void* stream)>& launch);
+           const std::function<int(void* stream)>& launch, const std::function<void()>& post = {});
   void check_usable(const char* collective) const;
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<MpiCommunicator> bootstrap_;

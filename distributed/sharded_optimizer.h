@@ -42,9 +42,9 @@ struct ShardedOptions {
   // all-gather of bucket k under the update of bucket k+1). Buckets hold whole parameters taken in
   // reverse registration order (the order backward() usually finishes them), one dtype each, and
   // are reduced strictly in that order on every rank, so the ranks' collectives always pair up, even
-  // where backward() finishes them in another order or some never (below). Today's communicators
-  // block until a collective completes (NCCL's too, to enforce its timeout), so a bucket's
-  // reduce-scatter runs inside backward(), on its thread, rather than beside it.
+  // where backward() finishes them in another order or some never (below). Over NCCL a bucket's
+  // reduce-scatter runs on the communicator's stream beside backward() (Communicator::
+  // defer_stream_waits); MPI's complete inside backward(), on its thread.
   //   - Every parameter must be a leaf that requires grad and carry no other post-accumulate-grad
   //     hook (a GradientRelease, another overlapped ShardedOptimizer).
   //   - A gradient is taken when backward() finalises it: changing .grad after backward() (say,
@@ -56,7 +56,7 @@ struct ShardedOptions {
   //   - Gradient accumulation: set_accumulating(true) for every backward() of a step but the last
   //     (gradients add up in .grad as usual), false before the last. A second backward() into a
   //     parameter already taken this step is an error naming it.
-  // Without overlap the buckets are one per dtype (today's single reduce-scatter and all-gather).
+  // Without overlap the buckets are one per dtype (one reduce-scatter and all-gather each).
   bool overlap = false;
   // The size a bucket is filled to, in bytes of parameters (a larger parameter gets its own).
   // Smaller buckets start communicating earlier; each costs one reduce-scatter, one all-gather and

@@ -14,6 +14,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include <lowbit/lowbit.h>
 
@@ -63,6 +65,18 @@ int main(int argc, char** argv) {
   ld::ShardedOptimizer sharded(opt, comm);
   for (auto& p : params) p.mutable_grad() = at::randn_like(p) * 1e-3;
   const double step_ms = time([&] { sharded.step(); });
+  // The same step in buckets (without overlap): each bucket's reduce-scatter beside the next one's
+  // gradient copy, each all-gather beside the next bucket's update. Fresh parameters per size.
+  std::vector<std::pair<int64_t, double>> bucketed_ms;
+  for (int64_t mib : {512, 256, 128, 64}) {
+    std::vector<at::Tensor> pb;
+    for (int64_t k = 0; k < count; ++k) pb.push_back(at::randn({numel}, at::TensorOptions().device(dev)).set_requires_grad(true));
+    ld::ShardedOptions so;
+    so.bucket_bytes = mib << 20;
+    ld::ShardedOptimizer sb(std::make_shared<lowbit::optim::AdamW>(pb, lowbit::optim::AdamWOptions(1e-4)), comm, so);
+    for (auto& p : pb) p.mutable_grad() = at::randn_like(p) * 1e-3;
+    bucketed_ms.push_back({mib, time([&] { sb.step(); })});
+  }
 
   // The parts alone, over the same bytes.
   const int64_t total = count * numel, chunk = (total + n - 1) / n;
@@ -132,6 +146,9 @@ int main(int argc, char** argv) {
     std::printf("bench_sharded_step: %d rank(s) (%s), %lld params x %lld elements (fp32), AdamW Q8\n", n, comm->backend(),
                 static_cast<long long>(count), static_cast<long long>(numel));
     std::printf("  sharded step          %9.3f ms\n", step_ms);
+    for (const auto& b : bucketed_ms)
+      std::printf("  sharded step          %9.3f ms   (buckets of %lld MiB; step / model = %.2f)\n", b.second,
+                  static_cast<long long>(b.first), b.second / model_ms);
     std::printf("  reduce_scatter alone  %9.3f ms   busbw %7.2f GB/s\n", rs_ms,
                 n > 1 ? bytes * (n - 1) / n / (rs_ms * 1e-3) / 1e9 : 0.0);
     std::printf("  local update (1/N)    %9.3f ms\n", update_ms);

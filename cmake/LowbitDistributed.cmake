@@ -27,6 +27,14 @@ elseif(NOT LOWBIT_WITH_MPI)
   set(c10d_why "distributed/ is off (LOWBIT_MPI)")
 endif()
 lowbit_resolve_backend(LOWBIT_WITH_C10D LOWBIT_C10D "${c10d_found}" "${c10d_why}")
+# A ProcessGroupNCCL for the --cuda tests: libtorch_cuda built with it, and lowbit's NCCL headers.
+set(LOWBIT_WITH_PG_NCCL_TESTS FALSE)
+if(LOWBIT_WITH_C10D AND LOWBIT_WITH_NCCL AND TARGET torch_cuda)
+  get_target_property(torch_cuda_defs torch_cuda INTERFACE_COMPILE_DEFINITIONS)
+  if("USE_C10D_NCCL" IN_LIST torch_cuda_defs)
+    set(LOWBIT_WITH_PG_NCCL_TESTS TRUE)
+  endif()
+endif()
 # The tests build a ProcessGroupGloo, whose header includes Gloo's (the wheel does not ship them;
 # Debian's libgloo-dev does, and only headers are used: the code is libtorch's).
 set(LOWBIT_WITH_GLOO_TESTS FALSE)

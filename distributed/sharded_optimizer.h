@@ -27,6 +27,9 @@ class GradHooks;
 }
 namespace distributed {
 
+// Bucket size with ShardedOptions::overlap unless bucket_bytes says otherwise.
+constexpr int64_t kDefaultOverlapBucketBytes = int64_t{25} << 20;
+
 struct ShardedOptions {
   // ZeRO-1: gradients all-reduced (every rank holds the whole averaged gradient) instead of
   // reduce-scattered; the state is sharded either way.
@@ -56,12 +59,16 @@ struct ShardedOptions {
   //   - Gradient accumulation: set_accumulating(true) for every backward() of a step but the last
   //     (gradients add up in .grad as usual), false before the last. A second backward() into a
   //     parameter already taken this step is an error naming it.
-  // Without overlap the buckets are one per dtype (one reduce-scatter and all-gather each).
+  // Without overlap step() takes the gradients bucket by bucket (one per dtype by default), each
+  // bucket's reduce-scatter running beside the next one's gradient copy, and each all-gather beside
+  // the next bucket's update (2 H200s, 1.07B fp32 parameters: 5.61 ms in 256 or 512 MiB buckets,
+  // 5.74 in one, 6.72 in 64 MiB ones).
   bool overlap = false;
   // The size a bucket is filled to, in bytes of parameters (a larger parameter gets its own).
   // Smaller buckets start communicating earlier; each costs one reduce-scatter, one all-gather and
-  // up to world_size * 256 elements of padding. Used with overlap; must be > 0.
-  int64_t bucket_bytes = int64_t{25} << 20;
+  // up to world_size * 256 elements of padding. 0: kDefaultOverlapBucketBytes with overlap, one
+  // bucket per dtype without.
+  int64_t bucket_bytes = 0;
   // Drop each .grad once it is copied into its bucket (by the hook with overlap, else in step()):
   // the gradients then live only in the buckets, not twice.
   bool release_gradients = false;

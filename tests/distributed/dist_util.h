@@ -53,6 +53,9 @@ inline std::vector<at::Tensor> make_params(at::ScalarType dtype, at::Device dev)
 // are errors naming the collective and the argument, and leave the communicator usable.
 void expect_expected_values(ld::Communicator& c);
 void expect_bad_arguments_named(ld::Communicator& c);
+// Every collective of `c` against the job's communicator on the same inputs (on device()), bit for
+// bit, for each dtype in `types`, sum and average, 1 to 4099 elements (the c10d communicators' test).
+void expect_collectives_equal_the_jobs(ld::Communicator& c, const std::vector<at::ScalarType>& types);
 
 // test_sharded_equality.cpp: a ShardedOptimizer over `c` (null: the job's) against one unsharded
 // process fed the averaged gradients, parameters and every fragment's state bit for bit.
@@ -69,6 +72,9 @@ struct Outcome {
 Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld::ShardedOptions so, int steps,
                                    const GradFn& grad = default_grad, std::shared_ptr<ld::Communicator> c = nullptr);
 
+// The ShardedOptimizer over `c` against one process: every rule with Q8, Q4 and FP32 state; bf16
+// parameters with stochastic rounding; ZeRO-1; overlap with small buckets (every rule, Q4).
+void expect_sharded_over_matches_one_process(const std::shared_ptr<ld::Communicator>& c);
 // The sharded parameters and every fragment's state against one process's, bit for bit.
 void expect_same_as(const ld::ShardedOptimizer& sharded, const std::vector<at::Tensor>& params,
                     const lo::LowbitOptimizer& ref, const std::vector<at::Tensor>& ref_params);

@@ -59,6 +59,63 @@ void expect_bad_arguments_named(ld::Communicator& c) {
 
 namespace {
 
+// Rank r's input: random bits for 1 or 2 ranks (a + b is b + a in IEEE arithmetic, so any order of the
+// sum gives the same bits); small integers / 64 for 3 ranks and more, whose sums are exact in any order.
+at::Tensor rank_input(int rank, int64_t numel, at::ScalarType t, int salt) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7919ull * rank + 104729ull * salt + 1);
+  at::Tensor x = !at::isFloatingType(t)  ? at::randint(0, 50, {numel}, gen, at::kLong).to(t)
+                 : comm().size() <= 2 ? at::randn({numel}, gen, at::kDouble).mul_(1000).to(t)
+                                      : (at::randint(-64, 65, {numel}, gen, at::kFloat) / 64).to(t);
+  return x.to(device());
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) { return bitwise_equal(a.cpu(), b.cpu()); }
+
+}  // namespace
+
+void expect_collectives_equal_the_jobs(ld::Communicator& c, const std::vector<at::ScalarType>& types) {
+  ld::Communicator& ref = comm();
+  const int r = ref.rank(), n = ref.size();
+  int salt = 0;
+  for (at::ScalarType t : types)
+    for (int64_t numel : {1, 1000, 4099}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(numel) + " elements");
+      for (ld::ReduceOp op : {ld::ReduceOp::Sum, ld::ReduceOp::Avg}) {
+        if (op == ld::ReduceOp::Avg && !at::isFloatingType(t)) continue;
+        const char* opname = op == ld::ReduceOp::Sum ? "Sum" : "Avg";
+        at::Tensor a = rank_input(r, numel, t, ++salt), b = a.clone();
+        ref.all_reduce(a, op);
+        c.all_reduce(b, op);
+        EXPECT_TRUE(same_bits(a, b)) << "all_reduce " << opname;
+        const at::Tensor in = rank_input(r, numel * n, t, ++salt);
+        at::Tensor oa = at::empty({numel}, in.options()), ob = at::empty({numel}, in.options());
+        ref.reduce_scatter(in, oa, op);
+        c.reduce_scatter(in, ob, op);
+        EXPECT_TRUE(same_bits(oa, ob)) << "reduce_scatter " << opname;
+      }
+      // all_gather from a separate input, then in place (input = output's chunk rank()).
+      const at::Tensor mine = rank_input(r, numel, t, ++salt);
+      at::Tensor ga = at::empty({numel * n}, mine.options()), gb = at::empty({numel * n}, mine.options());
+      ref.all_gather(mine, ga);
+      c.all_gather(mine, gb);
+      EXPECT_TRUE(same_bits(ga, gb)) << "all_gather";
+      at::Tensor ia = at::zeros({n, numel}, mine.options()), ib = at::zeros({n, numel}, mine.options());
+      ia[r].copy_(mine);
+      ib[r].copy_(mine);
+      ref.all_gather(ia[r], ia);
+      c.all_gather(ib[r], ib);
+      EXPECT_TRUE(same_bits(ia.view({-1}), ga)) << "all_gather in place (the job's)";
+      EXPECT_TRUE(same_bits(ib.view({-1}), ga)) << "all_gather in place";
+      at::Tensor ba = rank_input(r, numel, t, ++salt), bb = ba.clone();
+      ref.broadcast(ba, n - 1);
+      c.broadcast(bb, n - 1);
+      EXPECT_TRUE(same_bits(ba, bb)) << "broadcast";
+    }
+  c.barrier();
+}
+
+namespace {
+
 TEST(Communicator, CollectivesGiveTheExpectedValues) { expect_expected_values(comm()); }
 
 TEST(Communicator, BadArgumentsAreNamedAndChangeNothing) { expect_bad_arguments_named(comm()); }

@@ -76,85 +76,17 @@ TEST(ProcessGroupCommunicator, CollectivesGiveTheExpectedValues) {
   expect_expected_values(*gloo());
 }
 
-// Rank r's input: random bits for 1 or 2 ranks (a + b is b + a in IEEE arithmetic, so any order of the
-// sum gives the same bits); small integers / 64 for 3 ranks and more, whose sums are exact in any order.
-at::Tensor rank_input(int rank, int64_t numel, at::ScalarType t, int salt) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7919ull * rank + 104729ull * salt + 1);
-  if (!at::isFloatingType(t)) return at::randint(0, 50, {numel}, gen, at::kLong).to(t);
-  if (comm().size() <= 2) return at::randn({numel}, gen, at::kDouble).mul_(1000).to(t);
-  return (at::randint(-64, 65, {numel}, gen, at::kFloat) / 64).to(t);
-}
-
 TEST(ProcessGroupCommunicator, EveryCollectiveEqualsMpiBitForBit) {
   SKIP_UNLESS_CPU();
-  ld::Communicator& mpi = comm();
-  ld::Communicator& pg = *gloo();
-  const int r = mpi.rank(), n = mpi.size();
-  int salt = 0;
-  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kInt, at::kByte})
-    for (int64_t numel : {1, 1000, 4099}) {
-      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(numel) + " elements");
-      const bool floating = at::isFloatingType(t);
-      for (ld::ReduceOp op : {ld::ReduceOp::Sum, ld::ReduceOp::Avg}) {
-        if (op == ld::ReduceOp::Avg && !floating) continue;
-        const char* opname = op == ld::ReduceOp::Sum ? "Sum" : "Avg";
-        at::Tensor a = rank_input(r, numel, t, ++salt), b = a.clone();
-        mpi.all_reduce(a, op);
-        pg.all_reduce(b, op);
-        EXPECT_TRUE(bitwise_equal(a, b)) << "all_reduce " << opname;
-        at::Tensor in = rank_input(r, numel * n, t, ++salt);
-        at::Tensor oa = at::empty({numel}, in.options()), ob = at::empty({numel}, in.options());
-        mpi.reduce_scatter(in, oa, op);
-        pg.reduce_scatter(in, ob, op);
-        EXPECT_TRUE(bitwise_equal(oa, ob)) << "reduce_scatter " << opname;
-      }
-      // all_gather from a separate input, then in place (input = output's chunk rank()).
-      const at::Tensor mine = rank_input(r, numel, t, ++salt);
-      at::Tensor ga = at::empty({numel * n}, mine.options()), gb = at::empty({numel * n}, mine.options());
-      mpi.all_gather(mine, ga);
-      pg.all_gather(mine, gb);
-      EXPECT_TRUE(bitwise_equal(ga, gb)) << "all_gather";
-      at::Tensor ia = at::zeros({n, numel}, mine.options()), ib = at::zeros({n, numel}, mine.options());
-      ia[r].copy_(mine);
-      ib[r].copy_(mine);
-      mpi.all_gather(ia[r], ia);
-      pg.all_gather(ib[r], ib);
-      EXPECT_TRUE(bitwise_equal(ia.view({-1}), ga)) << "all_gather in place (MPI)";
-      EXPECT_TRUE(bitwise_equal(ib.view({-1}), ga)) << "all_gather in place";
-      at::Tensor ba = rank_input(r, numel, t, ++salt), bb = ba.clone();
-      mpi.broadcast(ba, n - 1);
-      pg.broadcast(bb, n - 1);
-      EXPECT_TRUE(bitwise_equal(ba, bb)) << "broadcast";
-    }
-  pg.barrier();
+  expect_collectives_equal_the_jobs(
+      *gloo(), {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kInt, at::kByte});
 }
 
 // ---- the sharded optimizer over it ------------------------------------------------------------------
 
 TEST(ProcessGroupCommunicator, ShardedOptimizerMatchesOneProcess) {
   SKIP_UNLESS_CPU();
-  for (const RuleCase& rc : rule_cases())
-    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP32}) {
-      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
-      expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, f, false); }, at::kFloat, {}, 2,
-                                 default_grad, gloo());
-    }
-  // bf16 parameters with stochastic rounding, and ZeRO-1 (all_reduce instead of reduce_scatter).
-  expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, true); },
-                             at::kBFloat16, {}, 2, default_grad, gloo());
-  ld::ShardedOptions zero1;
-  zero1.zero1 = true;
-  expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, false); },
-                             at::kFloat, zero1, 2, default_grad, gloo());
-  // Overlap: buckets reduce-scattered from backward()'s hooks (small buckets: several form).
-  ld::ShardedOptions overlap;
-  overlap.overlap = true;
-  overlap.bucket_bytes = 8192;
-  for (const RuleCase& rc : rule_cases()) {
-    SCOPED_TRACE(std::string(rc.name) + " overlap");
-    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q4, false); },
-                               at::kFloat, overlap, 2, default_grad, gloo());
-  }
+  expect_sharded_over_matches_one_process(gloo());
 }
 
 // ---- errors -----------------------------------------------------------------------------------------

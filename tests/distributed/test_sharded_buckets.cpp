@@ -212,9 +212,9 @@ TEST(ShardedBuckets, MixedDtypesFillBucketsOfTheirOwn) {
 TEST(ShardedBuckets, InvalidUsesAreClearErrors) {
   std::vector<at::Tensor> params = make_params(at::kFloat, device());
   const auto make = [&] { return std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3)); };
-  ld::ShardedOptions zero = bucketed(0);
-  std::string e = error_of([&] { ld::ShardedOptimizer s(make(), comm_ptr(), zero); });
-  EXPECT_NE(e.find("ShardedOptions::bucket_bytes must be > 0, got 0"), std::string::npos) << e;
+  ld::ShardedOptions negative = bucketed(-1);
+  std::string e = error_of([&] { ld::ShardedOptimizer s(make(), comm_ptr(), negative); });
+  EXPECT_NE(e.find("ShardedOptions::bucket_bytes must be >= 0 (0: the default), got -1"), std::string::npos) << e;
   params[1].set_requires_grad(false);
   e = error_of([&] { ld::ShardedOptimizer s(make(), comm_ptr(), bucketed()); });
   EXPECT_NE(e.find("(ShardedOptions::overlap): parameter 1 of group 0 is not a leaf tensor that requires grad"),

@@ -139,6 +139,31 @@ TEST(ShardedOptimizer, Zero1MatchesOneProcess) {
 
 }  // namespace
 
+void expect_sharded_over_matches_one_process(const std::shared_ptr<ld::Communicator>& c) {
+  for (const RuleCase& rc : rule_cases())
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP32}) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, f, false); }, at::kFloat, {}, 2,
+                                 default_grad, c);
+    }
+  // bf16 parameters with stochastic rounding, and ZeRO-1 (all_reduce instead of reduce_scatter).
+  expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, true); },
+                             at::kBFloat16, {}, 2, default_grad, c);
+  ld::ShardedOptions zero1;
+  zero1.zero1 = true;
+  expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, false); },
+                             at::kFloat, zero1, 2, default_grad, c);
+  // Overlap: buckets reduce-scattered from backward()'s hooks (small buckets: several form).
+  ld::ShardedOptions overlap;
+  overlap.overlap = true;
+  overlap.bucket_bytes = 8192;
+  for (const RuleCase& rc : rule_cases()) {
+    SCOPED_TRACE(std::string(rc.name) + " overlap");
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q4, false); },
+                               at::kFloat, overlap, 2, default_grad, c);
+  }
+}
+
 void expect_clipping_and_skip_like_one_process(const ld::ShardedOptions& so) {
   // The same gradient on every rank: the mean is exact, so are the squares clipping adds up, and
   // one process's norm is reached in any order. Step 2 carries an Inf from the last rank only: every

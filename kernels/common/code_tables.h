@@ -222,15 +222,15 @@ inline EncodeTable make_encode_table(QuantFormat fmt) {
 // sit in a negative bucket yet not be below +0.0.
 inline std::vector<uint8_t> make_window_starts(const EncodeTable& tab) {
   const int nthr = tab.num_values - 1;
+  const auto bucket_of = [&](int k) {
+    const float t = tab.thresholds[k] + 0.0f;
+    uint32_t u;
+    std::memcpy(&u, &t, 4);
+    return window_bucket(u);
+  };
   std::vector<uint8_t> starts(size_t(1) << kWindowBucketBits);
   int j = 0;  // thresholds in buckets below b
   for (uint32_t b = 0; b < starts.size(); ++b) {
-    const auto bucket_of = [&](int k) {
-      const float t = tab.thresholds[k] + 0.0f;
-      uint32_t u;
-      std::memcpy(&u, &t, 4);
-      return window_bucket(u);
-    };
     while (j < nthr && bucket_of(j) < b) ++j;
     starts[b] = static_cast<uint8_t>(j);  // at most 255 thresholds
     if (j + 1 < nthr && bucket_of(j) == b && bucket_of(j + 1) == b)

@@ -52,6 +52,9 @@ inline std::vector<at::Tensor> make_params(at::ScalarType dtype, at::Device dev)
 // test_communicator.cpp: every collective against values each rank computes itself; bad arguments
 // are errors naming the collective and the argument, and leave the communicator usable.
 void expect_expected_values(ld::Communicator& c);
+// A communicator over the job's ranks (a c10d one): its backend's name, the job's rank and size,
+// and expect_expected_values.
+void expect_a_communicator_of_the_job(ld::Communicator& c, const char* backend);
 void expect_bad_arguments_named(ld::Communicator& c);
 // Every collective of `c` against the job's communicator on the same inputs (on device()), bit for
 // bit, for each dtype in `types`, sum and average, 1 to 4099 elements (the c10d communicators' test).

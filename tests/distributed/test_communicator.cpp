@@ -73,6 +73,13 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) { return bitwise_equal(
 
 }  // namespace
 
+void expect_a_communicator_of_the_job(ld::Communicator& c, const char* backend) {
+  EXPECT_STREQ(c.backend(), backend);
+  EXPECT_EQ(c.rank(), comm().rank());
+  EXPECT_EQ(c.size(), comm().size());
+  expect_expected_values(c);
+}
+
 void expect_collectives_equal_the_jobs(ld::Communicator& c, const std::vector<at::ScalarType>& types) {
   ld::Communicator& ref = comm();
   const int r = ref.rank(), n = ref.size();

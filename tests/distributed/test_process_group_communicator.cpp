@@ -70,10 +70,7 @@ const auto* const kDropGloo = ::testing::AddGlobalTestEnvironment(new DropGloo);
 
 TEST(ProcessGroupCommunicator, CollectivesGiveTheExpectedValues) {
   SKIP_UNLESS_CPU();
-  EXPECT_STREQ(gloo()->backend(), "gloo");
-  EXPECT_EQ(gloo()->rank(), comm().rank());
-  EXPECT_EQ(gloo()->size(), comm().size());
-  expect_expected_values(*gloo());
+  expect_a_communicator_of_the_job(*gloo(), "gloo");
 }
 
 TEST(ProcessGroupCommunicator, EveryCollectiveEqualsMpiBitForBit) {

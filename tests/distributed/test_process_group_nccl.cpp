@@ -50,10 +50,7 @@ const auto* const kDropNccl = ::testing::AddGlobalTestEnvironment(new DropNccl);
 
 TEST(ProcessGroupNccl, CollectivesGiveTheExpectedValues) {
   SKIP_UNLESS_CUDA();
-  EXPECT_STREQ(nccl_group()->backend(), "nccl");
-  EXPECT_EQ(nccl_group()->rank(), comm().rank());
-  EXPECT_EQ(nccl_group()->size(), comm().size());
-  expect_expected_values(*nccl_group());
+  expect_a_communicator_of_the_job(*nccl_group(), "nccl");
 }
 
 TEST(ProcessGroupNccl, EveryCollectiveEqualsNcclCommunicatorBitForBit) {

@@ -4,6 +4,8 @@
 // order does not matter.
 #include "process_group_communicator.h"
 
+#include <signal.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +28,21 @@ std::string what_of(const std::exception_ptr& e) {
   }
 }
 
+// A peer that leaves mid-collective closes its sockets; Gloo's next write to one raises SIGPIPE, whose
+// default action ends this process before the failed Work can be reported (seen under load in the
+// peers_gone test: rank 0 "exited on signal 13"). Ignored, the write fails with EPIPE and the Work with
+// it, which run() turns into an error naming the collective and the rank. A handler the program
+// installed itself is left alone (Python ignores SIGPIPE at startup, so torch.distributed behaves so).
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 ProcessGroupCommunicator::ProcessGroupCommunicator(c10::intrusive_ptr<c10d::Backend> backend,
@@ -39,6 +56,7 @@ ProcessGroupCommunicator::ProcessGroupCommunicator(c10::intrusive_ptr<c10d::Back
   who_ = "ProcessGroupCommunicator(" + name_ + ")";
   TORCH_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, who_, ": the backend reports rank ", rank_, " of size ",
               size_);
+  ignore_sigpipe_unless_handled();
 }
 
 ProcessGroupCommunicator::ProcessGroupCommunicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group,

@@ -4,7 +4,8 @@
 // the semantics of the other communicators (Avg = one division after the sum, bfloat16 / float16
 // summed in float32): on the same inputs they give MpiCommunicator's bits wherever the sum is
 // order-independent. Each call waits for its c10d Work against a timeout, so a dead or hung peer is an
-// error naming the collective and the rank, never a hang.
+// error naming the collective and the rank, never a hang. A peer that leaves is an error too, never a
+// SIGPIPE death: constructing one sets SIGPIPE to ignored where the program left it at its default.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -8,8 +8,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include <cstdio>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <lowbit/distributed/process_group_communicator.h>
 
@@ -114,6 +116,28 @@ TEST(ProcessGroupCommunicator, BadArgumentsAreNamed) {
   EXPECT_HAS(error_of([&] { ld::ProcessGroupCommunicator zero(gloo()->c10d_backend(), o); }),
              "the timeout must be > 0 seconds, got 0");
   pg.barrier();  // still usable: nothing was started
+}
+
+// A peer that leaves closes its sockets, and a write to one raises SIGPIPE: at its default it would end
+// the process before the failed collective is reported (the peers_gone test below then dies by signal
+// 13 now and then, as it did under load). Constructing a communicator ignores it, unless the program
+// has a handler of its own.
+void no_handler(int) {}
+sighandler_t sigpipe_now() {
+  struct sigaction a {};
+  sigaction(SIGPIPE, nullptr, &a);
+  return a.sa_handler;
+}
+
+TEST(ProcessGroupCommunicator, SigpipeIsIgnoredUnlessTheProgramHandlesIt) {
+  SKIP_UNLESS_CPU();
+  const sighandler_t before = signal(SIGPIPE, SIG_DFL);
+  { ld::ProcessGroupCommunicator pg(gloo()->c10d_backend()); }
+  EXPECT_EQ(sigpipe_now(), SIG_IGN) << "SIGPIPE left at its default";
+  signal(SIGPIPE, no_handler);
+  { ld::ProcessGroupCommunicator pg(gloo()->c10d_backend()); }
+  EXPECT_EQ(sigpipe_now(), &no_handler) << "the program's own SIGPIPE handler was replaced";
+  signal(SIGPIPE, before);
 }
 
 // Rank 0 alone starts an all_reduce (timeout `ours`) on a fresh group whose other ranks never join:

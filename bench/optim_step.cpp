@@ -1,5 +1,6 @@
 // bench/optim_step: ns per parameter of one optimizer step for every lowbit optimizer and state
-// format, in the same run as libtorch's torch::optim::AdamW (fp32 state) and a memcpy of the bytes
+// format, in the same run as libtorch's torch::optim::AdamW and ATen's fused AdamW (at::_fused_adamw_,
+// fp32 state), and a memcpy of the bytes
 // a Q8 AdamW step must move (param + grad read, param written, 2 bytes of state read and written).
 // Each step is timed right after a memcpy. "x memcpy" divides a row's median by the median of every
 // memcpy of the run; "pairs" is the median of each step's ratio to the memcpy just before it (on a
@@ -29,6 +30,18 @@ struct Timing {
 struct Row {
   std::string name, state;
   Timing t;
+};
+
+// ATen's fused AdamW (what torch.optim.AdamW(fused=True) runs on the CPU since torch 2.4): fp32 state,
+// one vectorized pass per tensor, threads through at::parallel_for.
+struct AtenFusedAdamW {
+  at::Tensor p, m, v, steps;
+  explicit AtenFusedAdamW(at::Tensor param)
+      : p(param), m(at::zeros_like(param)), v(at::zeros_like(param)), steps(at::zeros({}, at::kFloat)) {}
+  void step() {
+    steps.add_(1);
+    at::_fused_adamw_({p}, {p.grad()}, {m}, {v}, {}, {steps}, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+  }
 };
 
 }  // namespace
@@ -68,6 +81,11 @@ int main(int argc, char** argv) {
   torch::optim::AdamW torch_adamw({tp}, torch::optim::AdamWOptions(1e-3));
   std::vector<Row> rows;
   rows.push_back({"torch", "FP32", time_steps(torch_adamw, tp)});
+  {
+    at::Tensor p = at::randn({n});
+    AtenFusedAdamW fused(p);
+    rows.push_back({"ATen fused", "FP32", time_steps(fused, p)});
+  }
   auto report = [&](const char* name, StateFormat f, const Timing& t) {
     rows.push_back({name, lowbit::state_format_name(f), t});
   };
@@ -75,6 +93,13 @@ int main(int argc, char** argv) {
     at::Tensor p = at::randn({n});
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f));
     report("AdamW", f, time_steps(opt, p));
+  }
+  // The same without the non-finite check (skip_nonfinite(false)): no read of every gradient before
+  // the step, which ATen's fused AdamW does not do either.
+  for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    at::Tensor p = at::randn({n});
+    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f).skip_nonfinite(false));
+    report("AdamW nocheck", f, time_steps(opt, p));
   }
   // bf16 parameters and gradients (half the parameter bytes; memcpy and torch rows stay fp32).
   {
@@ -135,17 +160,31 @@ int main(int argc, char** argv) {
     }
     torch::optim::AdamW t(small_torch, torch::optim::AdamWOptions(1e-3));
     lo::AdamW o(small, lo::AdamWOptions(1e-3));
+    std::vector<at::Tensor> fp, fg, fm, fv, fs;
+    for (const at::Tensor& q : small) {
+      fp.push_back(q.detach().clone());
+      fg.push_back(q.grad().clone());
+      fm.push_back(at::zeros_like(q));
+      fv.push_back(at::zeros_like(q));
+      fs.push_back(at::zeros({}, at::kFloat));
+    }
+    const auto fused_step = [&] {
+      for (at::Tensor& c : fs) c.add_(1);
+      at::_fused_adamw_(fp, fg, fm, fv, {}, fs, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+    };
     const double tms = lowbit_bench::time_ms([&] { t.step(); }, false, reps, 2);
+    const double fms = lowbit_bench::time_ms(fused_step, false, reps, 2);
     const double oms = lowbit_bench::time_ms([&] { o.step(); }, false, reps, 2);
-    std::printf("4096 tensors of 4096: torch AdamW %.2f ms, lowbit AdamW Q8 %.2f ms (%.2fx)\n", tms, oms, oms / tms);
+    std::printf("4096 tensors of 4096: torch AdamW %.2f ms, ATen fused %.2f ms, lowbit AdamW Q8 %.2f ms (%.2fx fused)\n",
+                tms, fms, oms, oms / fms);
   }
-  const double memcpy_ms = lowbit_bench::median(all_memcpy), torch_ms = rows[0].t.ms;
-  std::printf("%-13s %-6s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x memcpy",
-              "pairs");
-  std::printf("%-13s %-6s %10.2f %10.3f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
-              memcpy_ms / torch_ms, "1.00", "");
+  const double memcpy_ms = lowbit_bench::median(all_memcpy), torch_ms = rows[0].t.ms, fused_ms = rows[1].t.ms;
+  std::printf("%-14s %-6s %10s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x fused",
+              "x memcpy", "pairs");
+  std::printf("%-14s %-6s %10.2f %10.3f %10.2f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
+              memcpy_ms / torch_ms, memcpy_ms / fused_ms, "1.00", "");
   for (const Row& r : rows)
-    std::printf("%-13s %-6s %10.2f %10.3f %10.2f %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), r.t.ms,
-                r.t.ms * 1e6 / n, r.t.ms / torch_ms, r.t.ms / memcpy_ms, r.t.pairs);
+    std::printf("%-14s %-6s %10.2f %10.3f %10.2f %10.2f %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), r.t.ms,
+                r.t.ms * 1e6 / n, r.t.ms / torch_ms, r.t.ms / fused_ms, r.t.ms / memcpy_ms, r.t.pairs);
   return 0;
 }

@@ -5,6 +5,11 @@ parameter, and each time over torch's fused AdamW.
 
     LOWBIT_LIBRARY=build/liblowbit.so PYTHONPATH=python python3 bench/peers.py [tensors rows cols]
 
+With --cpu, the CPU's peers instead: torch.optim.AdamW(fused=True) (at::_fused_adamw_) and DeepSpeed's
+DeepSpeedCPUAdam (its AVX-512 / AVX2 C++ op, built on first use), beside lowbit's FP32 / Q8 / Q4 / FP8
+AdamW with and without the non-finite check, and a copy of 16 bytes per parameter (wall-clock medians;
+threads: OMP_NUM_THREADS, which torch and DeepSpeed follow too). Default size 1 x 8192 x 8192 (2^26).
+
 A peer that is not installed, or fails, prints its error instead of a time.
 """
 import sys
@@ -14,11 +19,19 @@ import torch
 
 import lowbit
 
+DEVICE = "cpu" if "--cpu" in sys.argv else "cuda"
+
 
 def median_ms(fn, reps=20, warmup=3):
     for _ in range(warmup):
         fn()
     times = []
+    if DEVICE == "cpu":
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[len(times) // 2]
     for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -42,9 +55,9 @@ def state_bytes(opt):
 
 
 def make(shape, count, dtype):
-    params = [torch.randn(shape, device="cuda").to(dtype).requires_grad_() for _ in range(count)]
+    params = [torch.randn(shape, device=DEVICE).to(dtype).requires_grad_() for _ in range(count)]
     for p in params:
-        p.grad = (torch.randn(shape, device="cuda") * 1e-2).to(dtype)
+        p.grad = (torch.randn(shape, device=DEVICE) * 1e-2).to(dtype)
     return params
 
 
@@ -52,7 +65,7 @@ def lowbit_step(params, state_format, master_weight_bits=0, check=True):
     ops = torch.ops.lowbit
     grads = [p.grad for p in params]
     states = [lowbit.optim.init_state(p, "AdamW", state_format, master_weight_bits=master_weight_bits) for p in params]
-    lr = torch.tensor([1e-3], dtype=torch.float64, device="cuda")
+    lr = torch.tensor([1e-3], dtype=torch.float64, device=DEVICE)
     groups = [0] * len(params)
 
     def step():
@@ -70,13 +83,46 @@ def peer(name, make_opt, params):
     return opt.step, state_bytes(opt)
 
 
+def copy_step(params):
+    # The bytes a Q8 AdamW step moves (16 per parameter: 8 read, 8 written), as one copy_ per tensor.
+    src = [torch.empty(p.numel() * 2, dtype=torch.float32, device=DEVICE).fill_(1) for p in params]
+    dst = [torch.empty_like(s) for s in src]
+
+    def step():
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+    return step, 0
+
+
+def cpu_cases():
+    cases = [
+        ("torch AdamW fused, fp32", torch.float32, lambda p: peer("torch", lambda q: torch.optim.AdamW(q, lr=1e-3, fused=True), p)),
+        ("copy of 16 B/param", torch.float32, copy_step),
+    ]
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        cases.append(("DeepSpeed CPUAdam (adamw), fp32", torch.float32,
+                      lambda p: peer("ds", lambda q: DeepSpeedCPUAdam(q, lr=1e-3, adamw_mode=True), p)))
+    except Exception as e:  # noqa: BLE001
+        print(f"deepspeed: not available ({e})")
+    for fmt in ("FP32", "Q8", "Q4", "FP8"):
+        cases.append((f"lowbit AdamW {fmt}, fp32", torch.float32, lambda p, f=fmt: lowbit_step(p, f)))
+        cases.append((f"lowbit AdamW {fmt}, fp32, no check", torch.float32, lambda p, f=fmt: lowbit_step(p, f, check=False)))
+    return cases
+
+
 def main():
-    tensors, rows, cols = (int(a) for a in sys.argv[1:4]) if len(sys.argv) > 3 else (64, 4096, 4096)
+    sizes = [int(a) for a in sys.argv[1:] if not a.startswith("--")]
+    tensors, rows, cols = sizes[:3] if len(sizes) > 2 else ((1, 8192, 8192) if DEVICE == "cpu" else (64, 4096, 4096))
     lowbit.load_library()
+    if DEVICE == "cpu":
+        return run_cases(cpu_cases(), tensors, rows, cols,
+                         f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, {tensors} x {rows} x {cols} = "
+                         f"{tensors * rows * cols / 1e6:.1f} M params, median of 20 steps")
     n = tensors * rows * cols
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {tensors} x {rows} x {cols} = {n / 1e9:.3f} B "
-          f"params, median of 20 steps")
-    rows_out = []
+    title = (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {tensors} x {rows} x {cols} = {n / 1e9:.3f} B "
+             f"params, median of 20 steps")
     cases = [
         ("torch AdamW fused, fp32", torch.float32, lambda p: peer("torch", lambda q: torch.optim.AdamW(q, lr=1e-3, fused=True), p)),
         ("lowbit AdamW Q8, fp32", torch.float32, lambda p: lowbit_step(p, "Q8")),
@@ -113,6 +159,12 @@ def main():
                   lambda p: lowbit_step(p, "C8", 24, check=False)))
     cases.append(("lowbit AdamW Q8, bf16 + 32-bit master", torch.bfloat16, lambda p: lowbit_step(p, "Q8", 32)))
     cases.append(("torch AdamW fused, bf16", torch.bfloat16, lambda p: peer("torchbf", lambda q: torch.optim.AdamW(q, lr=1e-3, fused=True), p)))
+    run_cases(cases, tensors, rows, cols, title)
+
+
+def run_cases(cases, tensors, rows, cols, title):
+    print(title)
+    n = tensors * rows * cols
     base = None
     for name, dtype, build in cases:
         params = make((rows, cols), tensors, dtype)
@@ -121,12 +173,12 @@ def main():
             ms = median_ms(step)
             if base is None:
                 base = ms
-            rows_out.append((name, ms, nbytes / n))
             print(f"{name:44s} {ms:9.3f} ms  {ms / base:5.2f} x torch fused  {nbytes / n:5.2f} B/param state", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"{name:44s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
         del params
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
         time.sleep(0.5)
 
 

@@ -420,14 +420,25 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
       sumsq_local = at::zeros({ngroups}, at::TensorOptions().dtype(at::kDouble).device(device_));
     }
     std::vector<at::Tensor> parts{found_local.to(at::kDouble), sumsq_local};
+    // With overlap, how many ranks had each gradient. Which parameters step is a host decision, but
+    // only a rank that missed some gradient itself needs the others' counts (a gradient of its own
+    // makes a count >= 1), so only such a rank copies its flags up and reads the counts back, and
+    // waits for its stream; the others add ones made on the device and never wait.
+    bool missed_any = false;
     if (options_.overlap) {
-      at::Tensor h = at::empty({static_cast<int64_t>(params_.size())}, at::TensorOptions().dtype(at::kDouble));
-      for (size_t m = 0; m < params_.size(); ++m) h.data_ptr<double>()[m] = had[m];
-      parts.push_back(h.to(device_));
+      const int64_t n = static_cast<int64_t>(params_.size());
+      for (size_t m = 0; m < params_.size(); ++m) missed_any |= !had[m];
+      if (missed_any) {
+        at::Tensor h = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
+        for (size_t m = 0; m < params_.size(); ++m) h.data_ptr<double>()[m] = had[m];
+        parts.push_back(h.to(device_));
+      } else {
+        parts.push_back(at::ones({n}, at::TensorOptions().dtype(at::kDouble).device(device_)));
+      }
     }
     at::Tensor both = at::cat(parts);
     comm_->all_reduce(both, ReduceOp::Sum);
-    if (options_.overlap) {
+    if (missed_any) {
       const at::Tensor counts = both.narrow(0, 1 + ngroups, static_cast<int64_t>(params_.size())).cpu();
       for (size_t m = 0; m < params_.size(); ++m) stepped[m] = counts.data_ptr<double>()[m] > 0;
     }

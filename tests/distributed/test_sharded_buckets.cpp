@@ -7,7 +7,12 @@
 
 #include <cstdlib>
 
+#include <lowbit/build_config.h>
 #include <lowbit/optim/gradient_release.h>
+
+#if LOWBIT_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "../../distributed/fragment_state.h"
 
@@ -77,6 +82,40 @@ TEST(ShardedBuckets, UnusedParametersCountAsZerosAndAreNotSteppedWhereNoRankHasT
   sharded.step();
   EXPECT_EQ(sharded.buckets_pending(), 4);  // the next step's
   EXPECT_TRUE(bitwise_equal(params[5], make_params(at::kFloat, device())[5])) << "unused everywhere: not stepped";
+}
+
+// On the GPU, where every rank has every gradient, backward()'s hooks and step() only enqueue work:
+// neither waits for the device (libtorch's sync debug mode turns a wait into an error). A rank that
+// misses a gradient reads the other ranks' counts back, which waits (the test above).
+TEST(ShardedBuckets, OverlapStepsNeverSynchronizeWithTheHost) {
+#if LOWBIT_WITH_NCCL
+  if (!device().is_cuda()) GTEST_SKIP() << "on the GPU (--cuda)";
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  ld::ShardedOptimizer sharded(
+      std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).max_grad_norm(1.0)),
+      comm_ptr(), bucketed());
+  std::vector<std::vector<at::Tensor>> grads(3);  // uploaded before the check: an upload waits
+  for (int s = 0; s < 3; ++s)
+    for (size_t k = 0; k < params.size(); ++k)
+      grads[s].push_back(rank_grad(comm().rank(), s, static_cast<int>(k), params[k].sizes(), at::kFloat).to(device()));
+  backward_with(params, grads[0]);
+  sharded.step();  // the first step creates the state
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  std::string err;
+  try {
+    for (int s = 1; s < 3; ++s) {
+      sharded.zero_grad();
+      backward_with(params, grads[s]);
+      sharded.step();
+    }
+  } catch (const c10::Error& e) {
+    err = e.what_without_backtrace();
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  EXPECT_EQ(err, "");
+#else
+  GTEST_SKIP() << "built without NCCL";
+#endif
 }
 
 TEST(ShardedBuckets, AccumulatesMicroBatchesAndReducesOnTheLast) {

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -43,16 +44,28 @@ class Communicator {
   virtual void order_after_collectives() {}
 };
 
-// defer_stream_waits(true) for a scope.
+// defer_stream_waits(true) for a scope. A scope left by an exception also orders the caller's
+// stream after the collectives it deferred: whoever catches the error may read their tensors.
 class DeferredStreamWaits {
  public:
-  explicit DeferredStreamWaits(Communicator& c) : c_(c) { c_.defer_stream_waits(true); }
-  ~DeferredStreamWaits() { c_.defer_stream_waits(false); }
+  explicit DeferredStreamWaits(Communicator& c) : c_(c), exceptions_(std::uncaught_exceptions()) {
+    c_.defer_stream_waits(true);
+  }
+  ~DeferredStreamWaits() {
+    c_.defer_stream_waits(false);
+    if (std::uncaught_exceptions() > exceptions_) {
+      try {
+        c_.order_after_collectives();
+      } catch (...) {  // the communicator failed: the error in flight says more
+      }
+    }
+  }
   DeferredStreamWaits(const DeferredStreamWaits&) = delete;
   DeferredStreamWaits& operator=(const DeferredStreamWaits&) = delete;
 
  private:
   Communicator& c_;
+  int exceptions_;
 };
 
 // Checks shared by the backends; errors name the backend, the collective and the argument.

@@ -443,13 +443,22 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     if (failure.empty() && r != ncclSuccess)
       failure = c10::str(kWho, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
                          ncclGetErrorString(r));
+    // The collective is on the own stream from here: the caching allocator must not hand these
+    // tensors' memory to others before that stream is done, whatever happens next.
+    if (failure.empty())
+      for (const at::Tensor& t : tensors) t.record_stream(m.stream);
     if (failure.empty() && post) {
-      c10::cuda::CUDAStreamGuard on_own(m.stream);
-      post();
+      // A post-op that throws (out of memory, say) fails the collective like NCCL would: recorded,
+      // the communicator aborted, the error thrown below; never a collective nobody tracks.
+      try {
+        c10::cuda::CUDAStreamGuard on_own(m.stream);
+        post();
+      } catch (const std::exception& e) {
+        failure = c10::str(kWho, ": ", collective, " of ", numel, " elements: its result's post-processing failed",
+                           m.where(), ": ", e.what());
+      }
     }
     if (failure.empty()) {
-      // The caching allocator must not hand these tensors' memory to others before the own stream is done.
-      for (const at::Tensor& t : tensors) t.record_stream(m.stream);
       if (cudaEventRecord(done, own) != cudaSuccess ||
           (!m.defer.load() && cudaStreamWaitEvent(caller, done, 0) != cudaSuccess))
         failure = c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", m.where());
@@ -530,10 +539,15 @@ void NcclCommunicator::order_after_collectives() {
   Impl& m = *impl_;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
-  std::lock_guard<std::mutex> nccl(m.nccl_mu);
-  TORCH_CHECK(cudaEventRecord(m.joined, m.stream.stream()) == cudaSuccess &&
-                  cudaStreamWaitEvent(caller, m.joined, 0) == cudaSuccess,
-              kWho, ": order_after_collectives: ordering the caller's stream failed", m.where());
+  {
+    std::lock_guard<std::mutex> nccl(m.nccl_mu);
+    TORCH_CHECK(cudaEventRecord(m.joined, m.stream.stream()) == cudaSuccess &&
+                    cudaStreamWaitEvent(caller, m.joined, 0) == cudaSuccess,
+                kWho, ": order_after_collectives: ordering the caller's stream failed", m.where());
+  }
+  // A deferred collective that failed already is this call's error too: the caller is about to use
+  // the results.
+  check_usable("order_after_collectives");
 }
 
 void NcclCommunicator::barrier() {

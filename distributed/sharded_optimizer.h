@@ -56,6 +56,10 @@ struct ShardedOptions {
   //     rank; one without a gradient on every rank is not stepped (its state untouched), as one
   //     process skips a parameter whose .grad is undefined. Its bucket, and every later one, is then
   //     reduced in step(): correct, not overlapped.
+  //   - No collective of your own on this communicator between a step's first backward() and its
+  //     step(): ranks reduce their buckets at different times (one that misses a gradient reduces
+  //     the rest in step()), so yours would pair with another rank's reduce-scatter. Use another
+  //     communicator for them (the ranks of a job can hold several), or issue them after step().
   //   - Gradient accumulation: set_accumulating(true) for every backward() of a step but the last
   //     (gradients add up in .grad as usual), false before the last. A second backward() into a
   //     parameter already taken this step is an error naming it.

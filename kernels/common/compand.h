@@ -11,7 +11,10 @@
 //   T(c) = ((c + 1/2)^2 * fl(1/m^2))   (m = 127 or 255; (c + 1/2)^2 is exact, one rounding),
 // so code(|y|) = #{c : T(c) < |y|}, clamped to m; the unsigned format's T(0) is 0 instead: a
 // positive y never encodes to 0, so a second moment that is small but not zero never decodes to 0
-// and never divides an update by eps alone. NaN encodes to code 0 (byte 0), as the tables do.
+// and never divides an update by eps alone. NaN encodes to code 0 (byte 0). (The table-encoded formats
+// send a positive NaN above every threshold and a negative one below: a NaN only arises in a block
+// whose absmax is already non-finite, reported as overflow, which decodes to NaN whatever its codes;
+// such a block's codes can differ between the CPU and the GPU, whose NaNs carry other signs.)
 //
 // Kernels find c from any estimate of sqrt|y| * m within one step (the GPU's one-instruction
 // reciprocal square root; the CPU's sqrtf) and correct it with the two thresholds around it: the

@@ -12,6 +12,7 @@
 #include <lowbit/optim/step_testing.h>
 
 #include "rule_cases.h"
+#include "sync_debug.h"
 #include "test_util.h"
 
 using lowbit::StateFormat;
@@ -151,17 +152,12 @@ TEST(OptimCuda, StepsNeverSynchronizeWithTheHost) {
     grads(q);
     lamb.step();  // the first step creates state and tables
     adamw.step();
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-    std::string err;
-    try {
+    const std::string err = lowbit_test::first_host_sync([&] {
       for (int s = 0; s < 3; ++s) {
         lamb.step();
         adamw.step();
       }
-    } catch (const c10::Error& e) {
-      err = e.what_without_backtrace();
-    }
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    });
     EXPECT_EQ(err, "") << lowbit::state_format_name(f);
     EXPECT_EQ(lamb.state_of(p[2])->step(), 4);
   }

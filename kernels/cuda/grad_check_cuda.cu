@@ -48,20 +48,80 @@ __device__ __forceinline__ int grad_of(const GradChunk& c, int64_t item) {
   return lo;
 }
 
+// Whether 8 values, as their raw bytes (fp32: a and b; 16-bit: a), hold a NaN or an infinity: an
+// all-ones exponent, tested on the bits (no conversion).
+__device__ __forceinline__ bool any_nonfinite(ElemType t, uint4 a, uint4 b) {
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  bool bad = false;
+  if (t == ElemType::F32) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) bad |= (w[k] & 0x7F800000u) == 0x7F800000u;
+  } else {
+    const uint32_t e = t == ElemType::BF16 ? 0x7F80u : 0x7C00u;  // the exponent field of one half
+#pragma unroll
+    for (int k = 0; k < 4; ++k) bad |= (w[k] & e) == e || ((w[k] >> 16) & e) == e;
+  }
+  return bad;
+}
+
+// Each thread block takes one contiguous run of the launch's groups of 8 elements, and its threads
+// take kInFlight groups per round (adjacent threads, adjacent groups): a thread's groups only move
+// forward, so it finds each one's gradient by stepping on from the last (no search per group), and
+// it issues all kInFlight loads of a round before testing any. The first version searched the 200
+// descriptors twice per group, one load after another: its fp32 pass ran at 3.3 TB/s, but its
+// 16-bit pass took as long for half the bytes (H100, 1.07B elements: 1.25 ms).
+constexpr int kInFlight = 4;
+
+// The ragged end of a gradient, or one not 16-byte aligned: element by element (out of line, so
+// the hot loop stays small enough to unroll).
+__device__ __noinline__ bool ragged_nonfinite(const GpuGrad& g, int64_t i) {
+  float v[8];
+  switch (g.type) {
+    case ElemType::F32: load8(static_cast<const float*>(g.data), i, g.numel, false, v); break;
+    case ElemType::BF16: load8(static_cast<const bf16_t*>(g.data), i, g.numel, false, v); break;
+    case ElemType::F16: load8(static_cast<const f16_t*>(g.data), i, g.numel, false, v); break;
+  }
+  bool bad = false;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) bad |= !finite(v[k]);
+  return bad;
+}
+
 __global__ void __launch_bounds__(kThreads) finite_kernel(const LOWBIT_GRID_CONSTANT GradChunk c, float* found_inf) {
   const int64_t groups = c.first[c.count];
+  const int64_t begin = groups * blockIdx.x / gridDim.x, end = groups * (blockIdx.x + 1) / gridDim.x;
   bool bad = false;
-  for (int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x; item < groups; item += int64_t(gridDim.x) * kThreads) {
-    const GpuGrad& g = c.g[grad_of(c, item)];
-    const int64_t i = (item - c.first[grad_of(c, item)]) * 8;
-    float v[8];
-    switch (g.type) {
-      case ElemType::F32: load8(static_cast<const float*>(g.data), i, g.numel, g.aligned != 0, v); break;
-      case ElemType::BF16: load8(static_cast<const bf16_t*>(g.data), i, g.numel, g.aligned != 0, v); break;
-      case ElemType::F16: load8(static_cast<const f16_t*>(g.data), i, g.numel, g.aligned != 0, v); break;
+  int j = 0;
+  for (int64_t base = begin; base < end; base += int64_t(kThreads) * kInFlight) {
+    // Where each group is, first; then every wide load; then the tests.
+    const char* at[kInFlight];
+    int of[kInFlight];
+    int64_t elem[kInFlight];
+    bool wide[kInFlight], in_range[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t item = base + int64_t(u) * kThreads + threadIdx.x;
+      in_range[u] = item < end;
+      if (in_range[u])
+        while (j + 1 < c.count && c.first[j + 1] <= item) ++j;
+      const GpuGrad& g = c.g[j];
+      of[u] = j;
+      elem[u] = (item - c.first[j]) * 8;
+      wide[u] = in_range[u] && g.aligned != 0 && elem[u] + 8 <= g.numel;
+      at[u] = static_cast<const char*>(g.data) + elem[u] * (g.type == ElemType::F32 ? 4 : 2);
+    }
+    uint4 raw[kInFlight][2];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const bool f32 = c.g[of[u]].type == ElemType::F32;
+      raw[u][0] = wide[u] ? *reinterpret_cast<const uint4*>(at[u]) : make_uint4(0, 0, 0, 0);  // zeros are finite
+      raw[u][1] = wide[u] && f32 ? *reinterpret_cast<const uint4*>(at[u] + 16) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) bad |= !finite(v[k]);
+    for (int u = 0; u < kInFlight; ++u) {
+      bad |= any_nonfinite(c.g[of[u]].type, raw[u][0], raw[u][1]);
+      if (in_range[u] && !wide[u]) bad |= ragged_nonfinite(c.g[of[u]], elem[u]);
+    }
   }
   if (bad) *found_inf = 1.0f;  // every writer writes the same value
 }
@@ -149,7 +209,7 @@ const char* grad_check_gpu(const GpuGrad* grads, int64_t n, bool want_sumsq, flo
         sumsq_kernel<<<grid_for(c.first[c.count], 2 * kThreads / 32), kThreads, 0, s>>>(c, chunk_sums, found_inf);
       group_sums_kernel<<<1, kThreads, 0, s>>>(c, chunk_sums, sumsq);
     } else {
-      finite_kernel<<<grid_for(c.first[c.count], kThreads), kThreads, 0, s>>>(c, found_inf);
+      finite_kernel<<<grid_for(c.first[c.count], kThreads * kInFlight), kThreads, 0, s>>>(c, found_inf);
     }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return cudaGetErrorString(e);

@@ -668,22 +668,65 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS
 // LAMB's first pass: one warp per norm block, each warp a contiguous run of blocks (so the
 // parameter index only moves forward). Lanes load 8 consecutive elements each, as the step does,
 // and square p and the direction r in double. kernels/cpu's order: element i joins partial sum
-// i mod 16 in increasing i, then the 16 partials are added in order. The warp writes a chunk's
-// squares to shared memory and lane c < 16 adds entries c, c + 16, ... to partial c; elements
-// past the block's end are 0 and add +0.0, which changes no sum.
-// Where chunk element q (lane q / 8, element q % 8) sits in shared memory: each lane's 8 doubles
-// permuted by its lane, so the lanes' stores of one element and the 16 loads of one stride-16
-// step fall in different banks.
-__device__ __forceinline__ int swizzle(int q) { return (q & ~7) | ((q ^ (q >> 3)) & 7); }
+// i mod 16 in increasing i, then the 16 partials are added in order. Of a chunk of 8 * WARP
+// elements, partial c takes elements c, c + 16, ...: element e of lane L is value L / 2 of partial
+// 8 (L % 2) + e. The warp writes each partial's values of the chunk as one row of shared memory,
+// in order; then lane c < 16 adds row c of the squares of p to its partial, lane 16 + c row c of
+// the squares of r, two doubles per load. Elements past the block's end are 0 and add +0.0, which
+// changes no sum. (The first version kept the chunk in element order and had 16 lanes add both
+// sums one double at a time: half of the kernel's instructions, H100.)
+// Row c starts at c * kRowStride, rows 8..15 8 doubles further: the stores of one element by the
+// warp's even lanes (row e) and odd lanes (row 8 + e) then fall in different banks, and each row
+// starts on 16 bytes for the two-double loads.
+template <int WARP>
+struct LambRows {
+  static constexpr int kPerPartial = 8 * WARP / 16;      // values of each partial in a chunk
+  static constexpr int kRowStride = kPerPartial + 2;     // doubles, even
+  static constexpr int kDoubles = 16 * kRowStride + 8;   // one sum's rows
+  static __device__ __forceinline__ int start(int c) { return c * kRowStride + (c >= 8 ? 8 : 0); }
+};
+
+// The 8 elements at i of LAMB's first pass: parameter (master value), gradient, decoded state;
+// 0 past `end`. FULL: the 8 are in range and aligned.
+template <bool FULL, typename T, int FAMILY>
+__device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, const float (*codebooks)[256], int64_t b,
+                                          int64_t i, int64_t end, bool vec, float (&p)[8], float (&g)[8],
+                                          float (&s)[2][8]) {
+  load8<FULL>(static_cast<const T*>(P.param), i, end, vec, p);
+  if constexpr (std::is_same<T, bf16_t>::value) {
+    if (a.correction_bits != 0) add_corrections<FULL>(P, a, i, end, vec, p);
+  }
+  switch (P.grad_type) {
+    case ElemType::F32: load8<FULL>(static_cast<const float*>(P.grad), i, end, vec, g); break;
+    case ElemType::BF16: load8<FULL>(static_cast<const bf16_t*>(P.grad), i, end, vec, g); break;
+    case ElemType::F16: load8<FULL>(static_cast<const f16_t*>(P.grad), i, end, vec, g); break;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (FAMILY == kF32) {
+      load8<FULL>(static_cast<const float*>(P.slot[k]), i, end, vec, s[k]);
+    } else if (FAMILY == kBF16) {
+      load8<FULL>(static_cast<const bf16_t*>(P.slot[k]), i, end, vec, s[k]);
+    } else {
+      uint8_t c[8];
+      load_codes8<FAMILY == kCodes8 ? 8 : 4, FULL>(static_cast<const uint8_t*>(P.slot[k]), i, end, vec, c);
+      const float amax = P.absmax[k][b];
+      const float* cb = codebooks[a.format_of_slot[k]];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < end ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
+    }
+  }
+}
 
 template <typename T, int FAMILY, int WARP>
 __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                              const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   constexpr int kWarps = kThreads / WARP, kChunkElems = 8 * WARP;
+  using Rows = LambRows<WARP>;
   // Decoding needs only the codebooks (2 KiB, not the encode tables): room for the squares.
   __shared__ __align__(16) float codebooks[2][256];
-  __shared__ double squares[kWarps][2][kChunkElems];
+  __shared__ __align__(16) double rows[kWarps][2][Rows::kDoubles];
   if (kQuant) {
     for (int d = 0; d < a.num_distinct; ++d) stage(codebooks[d], a.distinct[d]->codebook, 256);
     __syncthreads();
@@ -704,43 +747,33 @@ __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_C
     const int64_t b = item - chunk.first_block[j], begin = b * B;
     const int64_t end = P.numel - begin < B ? P.numel : begin + B;
     const bool vec = P.aligned != 0;
-    double part_p = 0.0, part_r = 0.0;  // lane c < 16: partial sum c
+    double part = 0.0;  // lane c < 16: partial sum c of p's squares; lane 16 + c: of r's
     for (int64_t off = begin; off < end; off += kChunkElems) {
       const int64_t i = off + int64_t(lane) * 8;
       float p[8], g[8], s[2][8];
-      load8(static_cast<const T*>(P.param), i, end, vec, p);
-      if constexpr (std::is_same<T, bf16_t>::value) {
-        if (a.correction_bits != 0) add_corrections<false>(P, a, i, end, vec, p);
-      }
-      load_grad8(P.grad, P.grad_type, i, end, vec, g);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        if (FAMILY == kF32) {
-          load8(static_cast<const float*>(P.slot[k]), i, end, vec, s[k]);
-        } else if (FAMILY == kBF16) {
-          load8(static_cast<const bf16_t*>(P.slot[k]), i, end, vec, s[k]);
-        } else {
-          uint8_t c[8];
-          load_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<const uint8_t*>(P.slot[k]), i, end, vec, c);
-          const float amax = P.absmax[k][b];
-          const float* cb = codebooks[a.format_of_slot[k]];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s[k][e] = i + e < end ? decode_value(cb, c[e], amax) : 0.0f;
-        }
-      }
+      // A whole chunk in range and aligned (every chunk of a large block but a parameter's
+      // last): no bound tests.
+      if (vec && off + kChunkElems <= end)
+        lamb_load<true, T, FAMILY>(P, a, codebooks, b, i, end, vec, p, g, s);
+      else
+        lamb_load<false, T, FAMILY>(P, a, codebooks, b, i, end, vec, p, g, s);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float st[2] = {s[0][e], s[1][e]};
         float mn, vn;
         const float r = lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn);
-        squares[w][0][swizzle(lane * 8 + e)] = static_cast<double>(p[e]) * p[e];
-        squares[w][1][swizzle(lane * 8 + e)] = static_cast<double>(r) * r;
+        const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;
+        rows[w][0][at] = static_cast<double>(p[e]) * p[e];
+        rows[w][1][at] = static_cast<double>(r) * r;
       }
       LOWBIT_SYNCWARP();
-      if (lane < 16) {
-        for (int q = lane; q < kChunkElems; q += 16) {
-          part_p += squares[w][0][swizzle(q)];
-          part_r += squares[w][1][swizzle(q)];
+      if (lane < 32) {
+        const double2* row = reinterpret_cast<const double2*>(&rows[w][lane / 16][Rows::start(lane % 16)]);
+#pragma unroll
+        for (int k = 0; k < Rows::kPerPartial / 2; ++k) {
+          const double2 v = row[k];
+          part += v.x;
+          part += v.y;
         }
       }
       LOWBIT_SYNCWARP();
@@ -748,8 +781,8 @@ __global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_C
     // The 16 partials in order (every lane takes part in the shuffles).
     double sp = 0.0, sr = 0.0;
     for (int q = 0; q < 16; ++q) {
-      sp += LOWBIT_SHFL(part_p, q, WARP);
-      sr += LOWBIT_SHFL(part_r, q, WARP);
+      sp += LOWBIT_SHFL(part, q, WARP);
+      sr += LOWBIT_SHFL(part, 16 + q, WARP);
     }
     if (lane == 0) {
       a.block_sums[2 * item] = sp;

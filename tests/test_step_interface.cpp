@@ -205,6 +205,69 @@ TEST(StepInterface, BlockAlignedShardsStepLikeTheWholeParameter) {
   }
 }
 
+// LAMB's sums of p^2 and r^2 (optim_lamb_norms) on CUDA equal the CPU's bits, in doubles: the order
+// of every addition is the documented one. The trust ratio, a float, hides most changes of the
+// sums' last bits, so a step's result alone would not show a GPU adding in another order. Every
+// state format; fp32 parameters and bf16 ones with a 24-bit master correction; sizes from one
+// element to a ragged end after many blocks; state from a first step. Without a GPU, the CPU
+// kernel against the ATen reference alone.
+TEST(StepInterface, LambNormsOnCudaEqualTheCpuBits) {
+  const std::vector<RuleCase> cases = rule_cases();
+  const RuleCase* lamb = nullptr;
+  for (const RuleCase& rc : cases)
+    if (rc.config.rule == lk::Rule::LAMB) lamb = &rc;
+  ASSERT_NE(lamb, nullptr);
+  const auto cuda = [](const std::vector<at::Tensor>& v) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : v) out.push_back(t.cuda());
+    return out;
+  };
+  for (StateFormat f : lowbit::kAllStateFormats) {
+    for (const bool master : {false, true}) {
+      for (const int64_t n : {int64_t(1), int64_t(271), int64_t(70001), int64_t((1 << 20) + 3)}) {
+        SCOPED_TRACE(std::string(lowbit::state_format_name(f)) + (master ? " bf16 + 24-bit master" : " fp32") +
+                     " n=" + std::to_string(n));
+        const auto dtype = master ? at::kBFloat16 : at::kFloat;
+        at::Tensor p = (at::randn({n}) * 3).to(dtype);
+        RawState st = fresh_state(lamb->config, f, n);
+        at::Tensor counters = at::zeros({2}, at::kLong);
+        at::Tensor correction = at::randint(-128, 128, {n}, at::kChar);
+        std::vector<lk::SlotType> slot_list = st.slots;
+        if (master) {
+          slot_list.resize(lk::kCorrectionSlot + 1);
+          slot_list[lk::kCorrectionSlot] = {lk::SlotStorage::Int8};
+        }
+        const auto args = [&](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& ctr,
+                              std::vector<at::Tensor> state, const at::Tensor& corr) {
+          lowbit::ops::StepArgs a;
+          a.config = lamb->config;
+          a.slots = slot_list;
+          a.block_size = st.block;
+          a.lr = at::full({1}, 1e-2, at::kDouble).to(param.device());
+          a.params = {param};
+          a.grads = {grad};
+          a.counters = {ctr};
+          if (master) state.push_back(corr);
+          a.state = state;
+          return a;
+        };
+        // A first step on the CPU fills the state.
+        lowbit::ops::optim_step(args(p, (at::randn({n}) * 0.1).to(dtype), counters, st.tensors, correction));
+        const at::Tensor g = (at::randn({n}) * 0.1).to(dtype);
+        const at::Tensor on_cpu = lowbit::ops::optim_lamb_norms(args(p, g, counters, st.tensors, correction));
+        const at::Tensor reference =
+            lowbit::ops::optim_lamb_norms(args(p, g, counters, st.tensors, correction), /*reference=*/true);
+        ASSERT_EQ(on_cpu.scalar_type(), at::kDouble);
+        EXPECT_TRUE(lowbit_test::bitwise_equal(on_cpu, reference)) << on_cpu << reference;
+        if (!torch::cuda::is_available()) continue;
+        const at::Tensor on_gpu = lowbit::ops::optim_lamb_norms(
+            args(p.cuda(), g.cuda(), counters.cuda(), cuda(st.tensors), correction.cuda()));
+        EXPECT_TRUE(lowbit_test::bitwise_equal(on_cpu, on_gpu.cpu())) << on_cpu << on_gpu.cpu();
+      }
+    }
+  }
+}
+
 // A shard that restarted its stochastic-rounding indices at 0 (no offset) would draw other noise:
 // the offset is what makes the shard test above pass.
 TEST(StepInterface, OffsetsMoveTheRoundingNoise) {

@@ -718,8 +718,13 @@ __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, 
   }
 }
 
+// Blocks per SM LAMB's first pass asks the register allocation for (-DLOWBIT_LAMB_MIN_BLOCKS=N; by
+// default none: 76-80 registers, 3 blocks).
+#ifndef LOWBIT_LAMB_MIN_BLOCKS
+#define LOWBIT_LAMB_MIN_BLOCKS 1
+#endif
 template <typename T, int FAMILY, int WARP>
-__global__ void __launch_bounds__(kThreads) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
+__global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                              const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   constexpr int kWarps = kThreads / WARP, kChunkElems = 8 * WARP;

@@ -328,6 +328,40 @@ struct UnitBytes {
       }
     }
   }
+
+  // The parameter (with a correction slot: the master values) and the gradient as floats.
+  __device__ __forceinline__ void param_grad(const Args& a, ElemType grad_type, float (&pv)[8], float (&gv)[8]) const {
+    convert8<T>(p, pv);
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      if (a.correction_bits == 16) {
+        const uint32_t w[4] = {corr.x, corr.y, corr.z, corr.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          pv[e] = master_from16(static_cast<uint16_t>(f32_bits(pv[e]) >> 16),
+                                static_cast<int16_t>((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu));
+      } else if (a.correction_bits == 8) {
+        const uint32_t w[2] = {corr.x, corr.y};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          pv[e] = master_from8(static_cast<uint16_t>(f32_bits(pv[e]) >> 16),
+                               static_cast<int8_t>((w[e / 4] >> (8 * (e % 4))) & 0xFFu));
+      }
+    }
+    switch (grad_type) {
+      case ElemType::F32: convert8<float>(g, gv); break;
+      case ElemType::BF16: convert8<bf16_t>(g, gv); break;
+      case ElemType::F16: convert8<f16_t>(g, gv); break;
+    }
+  }
+
+  // The 8 codes of quantized slot k.
+  __device__ __forceinline__ void codes(int k, uint8_t (&c)[8]) const {
+    const uint32_t w0 = slot[k][0].x, w1 = slot[k][0].y;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      c[e] = code_bits(FAMILY) == 8 ? static_cast<uint8_t>((e < 4 ? w0 : w1) >> (8 * (e % 4)))
+                                    : static_cast<uint8_t>((w0 >> (4 * e)) & 0xFu);
+  }
 };
 
 // ---- the per-lane work ------------------------------------------------------------------------------
@@ -363,27 +397,7 @@ struct Lane {
                                             float (&g)[8]) {
     UnitBytes<T, FAMILY, NS> b;
     b.load(P, a, i);
-    convert8<T>(b.p, p);
-    if constexpr (std::is_same<T, bf16_t>::value) {
-      if (a.correction_bits == 16) {
-        const uint32_t w[4] = {b.corr.x, b.corr.y, b.corr.z, b.corr.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          p[e] = master_from16(static_cast<uint16_t>(f32_bits(p[e]) >> 16),
-                               static_cast<int16_t>((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu));
-      } else if (a.correction_bits == 8) {
-        const uint32_t w[2] = {b.corr.x, b.corr.y};
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          p[e] = master_from8(static_cast<uint16_t>(f32_bits(p[e]) >> 16),
-                              static_cast<int8_t>((w[e / 4] >> (8 * (e % 4))) & 0xFFu));
-      }
-    }
-    switch (P.grad_type) {
-      case ElemType::F32: convert8<float>(b.g, g); break;
-      case ElemType::BF16: convert8<bf16_t>(b.g, g); break;
-      case ElemType::F16: convert8<f16_t>(b.g, g); break;
-    }
+    b.param_grad(a, P.grad_type, p, g);
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
       if (FAMILY == kF32) {
@@ -392,11 +406,7 @@ struct Lane {
         convert8<bf16_t>(b.slot[k], s[k]);
       } else {
         uint8_t c[8];
-        const uint32_t w0 = b.slot[k][0].x, w1 = b.slot[k][0].y;
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          c[e] = code_bits(FAMILY) == 8 ? static_cast<uint8_t>((e < 4 ? w0 : w1) >> (8 * (e % 4)))
-                                        : static_cast<uint8_t>((w0 >> (4 * e)) & 0xFu);
+        b.codes(k, c);
         decode8(sh, a, k, c, b.amax[k], s[k]);
       }
       // An unused slot loaded nothing: zeros, as the bounded path gives it.
@@ -692,39 +702,61 @@ template <bool FULL, typename T, int FAMILY>
 __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, const float (*codebooks)[256], int64_t b,
                                           int64_t i, int64_t end, bool vec, float (&p)[8], float (&g)[8],
                                           float (&s)[2][8]) {
-  load8<FULL>(static_cast<const T*>(P.param), i, end, vec, p);
+  if constexpr (FULL) {
+    // Every load issued first, as the step kernel's units do (UnitBytes).
+    UnitBytes<T, FAMILY, 2> u;
+    u.load(P, a, i);
+    u.param_grad(a, P.grad_type, p, g);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (FAMILY == kF32) {
+        convert8<float>(u.slot[k], s[k]);
+      } else if (FAMILY == kBF16) {
+        convert8<bf16_t>(u.slot[k], s[k]);
+      } else {
+        uint8_t c[8];
+        u.codes(k, c);
+        const float* cb = codebooks[a.format_of_slot[k]];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[k][e] = decode_value(cb, c[e], u.amax[k]);
+      }
+    }
+    return;
+  }
+  load8(static_cast<const T*>(P.param), i, end, vec, p);
   if constexpr (std::is_same<T, bf16_t>::value) {
-    if (a.correction_bits != 0) add_corrections<FULL>(P, a, i, end, vec, p);
+    if (a.correction_bits != 0) add_corrections<false>(P, a, i, end, vec, p);
   }
-  switch (P.grad_type) {
-    case ElemType::F32: load8<FULL>(static_cast<const float*>(P.grad), i, end, vec, g); break;
-    case ElemType::BF16: load8<FULL>(static_cast<const bf16_t*>(P.grad), i, end, vec, g); break;
-    case ElemType::F16: load8<FULL>(static_cast<const f16_t*>(P.grad), i, end, vec, g); break;
-  }
+  load_grad8(P.grad, P.grad_type, i, end, vec, g);
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     if (FAMILY == kF32) {
-      load8<FULL>(static_cast<const float*>(P.slot[k]), i, end, vec, s[k]);
+      load8(static_cast<const float*>(P.slot[k]), i, end, vec, s[k]);
     } else if (FAMILY == kBF16) {
-      load8<FULL>(static_cast<const bf16_t*>(P.slot[k]), i, end, vec, s[k]);
+      load8(static_cast<const bf16_t*>(P.slot[k]), i, end, vec, s[k]);
     } else {
       uint8_t c[8];
-      load_codes8<FAMILY == kCodes8 ? 8 : 4, FULL>(static_cast<const uint8_t*>(P.slot[k]), i, end, vec, c);
+      load_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<const uint8_t*>(P.slot[k]), i, end, vec, c);
       const float amax = P.absmax[k][b];
       const float* cb = codebooks[a.format_of_slot[k]];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s[k][e] = FULL || i + e < end ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
+      for (int e = 0; e < 8; ++e) s[k][e] = i + e < end ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
     }
   }
 }
 
-// Blocks per SM LAMB's first pass asks the register allocation for (-DLOWBIT_LAMB_MIN_BLOCKS=N; by
-// default none: 76-80 registers, 3 blocks).
-#ifndef LOWBIT_LAMB_MIN_BLOCKS
-#define LOWBIT_LAMB_MIN_BLOCKS 1
+// Blocks per SM LAMB's first pass asks the register allocation for. Quantized state: 4 (64
+// registers, where 76-80 left room for 3; bench/step_kernel_probe, H100, both LAMB passes over
+// 1.07B parameters with Q8 state: bf16 + 24-bit master 13.65 -> 12.86 ms, fp32 12.94 -> 12.89).
+// Dense state: 3 (the compiler took 86-87 registers, 2 blocks). -DLOWBIT_LAMB_MIN_BLOCKS=N sets
+// one value for all.
+#ifdef LOWBIT_LAMB_MIN_BLOCKS
+#define LOWBIT_LAMB_MIN_BLOCKS_OF(family) LOWBIT_LAMB_MIN_BLOCKS
+#else
+#define LOWBIT_LAMB_MIN_BLOCKS_OF(family) (is_quant_family(family) ? 4 : 3)
 #endif
 template <typename T, int FAMILY, int WARP>
-__global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
+__global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                              const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   constexpr int kWarps = kThreads / WARP, kChunkElems = 8 * WARP;

@@ -194,6 +194,9 @@ int main(int argc, char** argv) {
   // 4 + 4 + 2 x 1 bytes per parameter beside the step's 20.
   lowbit_row<lo::LAMB>("lowbit LAMB Q8 (both passes, 30 B)", lo::LAMBOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C,
                        false, 0, 10);
+  // Q4's blocks of 128 are smaller than the first pass's chunk of 256 (two per chunk): 4 + 4 + 2 x 0.5.
+  lowbit_row<lo::LAMB>("lowbit LAMB Q4 (both passes, 27 B)", lo::LAMBOptions(1e-3).state_format(StateFormat::Q4), F, 2, 0.5, true, T, R, C,
+                       false, 0, 9);
   // The same parameters as 4096 tensors of 256 x 1024 (when the default shape is used).
   if (T * R * C % (256 * 1024) == 0) {
     const int64_t many = T * R * C / (256 * 1024);

@@ -628,7 +628,8 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
 
 #if defined(__x86_64__)
 // The same on 16 lanes: lane j of the two double registers per sum is partial sum j. Lanes past
-// the block's end hold p = g = state = 0, so r = 0 and they add +0.0 (a no-op on these sums).
+// the block's end hold p = g = state = 0 and r is masked to 0 (its 0 / eps is NaN with eps 0), so
+// they add +0.0 (a no-op on these sums).
 LOWBIT_AVX512 void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf,
                                            double* sums) {
   const int64_t B = t.block_size;
@@ -648,7 +649,7 @@ LOWBIT_AVX512 void lamb_norms_block_avx512(const ParamTask& t, int64_t block, fl
     if (h.maximize) gv = -gv;
     const f32x16 st[2] = {(f32x16)_mm512_maskz_loadu_ps(m, s[0] + i), (f32x16)_mm512_maskz_loadu_ps(m, s[1] + i)};
     f32x16 mn, vn;
-    const __m512 r = (__m512)lamb_direction(h, gv, (f32x16)p, st, &mn, &vn);
+    const __m512 r = _mm512_maskz_mov_ps(m, (__m512)lamb_direction(h, gv, (f32x16)p, st, &mn, &vn));
     const __m512d p_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(p));
     const __m512d p_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
     const __m512d r_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(r));

@@ -699,9 +699,8 @@ struct LambRows {
 // The 8 elements at i of LAMB's first pass: parameter (master value), gradient, decoded state;
 // 0 past `end`. FULL: the 8 are in range and aligned.
 template <bool FULL, typename T, int FAMILY>
-__device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, const float (*codebooks)[256], int64_t b,
-                                          int64_t i, int64_t end, bool vec, float (&p)[8], float (&g)[8],
-                                          float (&s)[2][8]) {
+__device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, const float (*codebooks)[256], int64_t i,
+                                          int64_t end, bool vec, float (&p)[8], float (&g)[8], float (&s)[2][8]) {
   if constexpr (FULL) {
     // Every load issued first, as the step kernel's units do (UnitBytes).
     UnitBytes<T, FAMILY, 2> u;
@@ -737,7 +736,8 @@ __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, 
     } else {
       uint8_t c[8];
       load_codes8<FAMILY == kCodes8 ? 8 : 4>(static_cast<const uint8_t*>(P.slot[k]), i, end, vec, c);
-      const float amax = P.absmax[k][b];
+      // The lane's own block (a chunk can hold several small ones); none past the end.
+      const float amax = i < end ? P.absmax[k][i >> a.block_shift] : 0.0f;
       const float* cb = codebooks[a.format_of_slot[k]];
 #pragma unroll
       for (int e = 0; e < 8; ++e) s[k][e] = i + e < end ? decode_value(cb, c[e], amax) : 0.0f;  // code 0 is not 0
@@ -775,6 +775,68 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
   const int64_t b0 = blocks * warp / warps, b1 = blocks * (warp + 1) / warps;
   const int64_t B = a.block_size;
   int j = 0;
+  // The squares of a chunk's 8 elements per lane, into the rows (see LambRows). Elements from
+  // `valid` on are past the end: p, g and the state are 0 there, but the direction is 0 / eps,
+  // NaN with eps 0, so r is set to 0.
+  const auto square_into_rows = [&](const Hyper& h, float grad_mult, const float (&p)[8], const float (&g)[8],
+                                    const float (&s)[2][8], int64_t valid) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float st[2] = {s[0][e], s[1][e]};
+      float mn, vn;
+      const float r = e < valid ? lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn) : 0.0f;
+      const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;
+      rows[w][0][at] = static_cast<double>(p[e]) * p[e];
+      rows[w][1][at] = static_cast<double>(r) * r;
+    }
+  };
+  if (B % 16 == 0 && B < kChunkElems) {
+    // Blocks smaller than a chunk (Q4's 128, C8's 64): one chunk holds nb consecutive blocks of a
+    // parameter, block t as values [t * B / 16, (t + 1) * B / 16) of every row. Lane c < 16 (p) and
+    // 16 + c (r) add each block's segment of row c in order, and leave the partial in the
+    // segment's first place (only that lane reads its row); then lane t < nb adds block t's 16 p
+    // partials in order, lane nb + t its r partials. (One block per warp, as for larger blocks, left
+    // most lanes without elements, and added the partials once per block by shuffles.)
+    const int seg = static_cast<int>(B / 16);
+    for (int64_t item = b0; item < b1;) {
+      while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
+      const GpuStepParam& P = chunk.p[j];
+      const ParamScalars& ps = a.scalars[chunk.first_param + j];
+      const int64_t b = item - chunk.first_block[j], begin = b * B;
+      const int64_t param_last = chunk.first_block[j + 1] < b1 ? chunk.first_block[j + 1] : b1;
+      const int nb = static_cast<int>(kChunkElems / B < param_last - item ? kChunkElems / B : param_last - item);
+      const int64_t end = P.numel - begin < nb * B ? P.numel : begin + nb * B;
+      const bool vec = P.aligned != 0;
+      const int64_t i = begin + int64_t(lane) * 8;
+      float p[8], g[8], s[2][8];
+      if (vec && begin + kChunkElems <= end) {
+        lamb_load<true, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
+        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, 8);
+      } else {
+        lamb_load<false, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
+        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, end - i);
+      }
+      LOWBIT_SYNCWARP();
+      if (lane < 32) {
+        double* row = &rows[w][lane / 16][Rows::start(lane % 16)];
+        for (int t = 0; t < nb; ++t) {
+          double part = 0.0;
+          for (int k = 0; k < seg; ++k) part += row[t * seg + k];
+          row[t * seg] = part;
+        }
+      }
+      LOWBIT_SYNCWARP();
+      if (lane < 2 * nb) {
+        const int which = lane < nb ? 0 : 1, t = lane - which * nb;
+        double sum = 0.0;
+        for (int c = 0; c < 16; ++c) sum += rows[w][which][Rows::start(c) + t * seg];
+        a.block_sums[2 * (item + t) + which] = sum;
+      }
+      LOWBIT_SYNCWARP();
+      item += nb;
+    }
+    return;
+  }
   for (int64_t item = b0; item < b1; ++item) {
     while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
     const GpuStepParam& P = chunk.p[j];
@@ -790,18 +852,12 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
       float p[8], g[8], s[2][8];
       // A whole chunk in range and aligned (every chunk of a large block but a parameter's
       // last): no bound tests.
-      if (vec && off + kChunkElems <= end)
-        lamb_load<true, T, FAMILY>(P, a, codebooks, b, i, end, vec, p, g, s);
-      else
-        lamb_load<false, T, FAMILY>(P, a, codebooks, b, i, end, vec, p, g, s);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float st[2] = {s[0][e], s[1][e]};
-        float mn, vn;
-        const float r = lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn);
-        const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;
-        rows[w][0][at] = static_cast<double>(p[e]) * p[e];
-        rows[w][1][at] = static_cast<double>(r) * r;
+      if (vec && off + kChunkElems <= end) {
+        lamb_load<true, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
+        square_into_rows(h, grad_mult, p, g, s, 8);
+      } else {
+        lamb_load<false, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
+        square_into_rows(h, grad_mult, p, g, s, end - i);
       }
       LOWBIT_SYNCWARP();
       if (lane < 32) {

@@ -141,9 +141,13 @@ TEST(ProcessGroupCommunicator, SigpipeIsIgnoredUnlessTheProgramHandlesIt) {
 }
 
 // Rank 0 alone starts an all_reduce (timeout `ours`) on a fresh group whose other ranks never join:
-// they keep the group open until rank 0 is done, or (`peers_leave`) close it at once.
+// they keep the group open until rank 0 is done, or (`peers_leave`) close it at once. Every rank
+// first waits until all have built the group: a peer that left as soon as its own side of Gloo's
+// mesh was connected could close it while rank 0 was still connecting (seen once under the
+// sanitizers: "connectFullMesh failed ... Connection closed by peer").
 std::string lone_all_reduce(const std::string& prefix, double ours, bool peers_leave) {
   auto group = make_gloo(prefix, 10);
+  comm().barrier();
   std::string error;
   if (comm().rank() == 0) {
     ld::ProcessGroupOptions o;

@@ -12,6 +12,10 @@
 #include <lowbit/optim/step_testing.h>
 #include <lowbit/tensors/optim_ops.h>
 
+#if LOWBIT_TEST_CUDA_KERNELS
+#include <lowbit/kernels/cuda/optim_step_cuda.h>
+#endif
+
 #include "rule_cases.h"
 #include "sync_debug.h"
 #include "test_util.h"
@@ -337,6 +341,83 @@ TEST(OptimCuda, GradientCheckFindsEveryNonFiniteValue) {
 
 // Quantized state that overflows on the GPU is reported when the host asks (check_overflow, save,
 // or every n steps), never by waiting in the step itself.
+#if LOWBIT_TEST_CUDA_KERNELS
+// The step kernels' division and square root (kernels/cuda/speculative_arith.cuh) against the IEEE
+// operations, bit for bit, wherever they report their operands in range: the square root over every
+// float of its range, the quotient over random pairs with random exponents (2^26 of them, the
+// ranges' edges and zeros included); and the range is where the step's values live.
+namespace {
+struct SpeculativeResults {
+  at::Tensor quotient, root, ok;
+};
+SpeculativeResults speculate(const at::Tensor& a, const at::Tensor& b) {
+  SpeculativeResults r{at::empty_like(a), at::empty_like(a), at::empty(a.sizes(), a.options().dtype(at::kByte))};
+  const char* err = lowbit::kernels::speculative_arith_gpu(a.data_ptr<float>(), b.data_ptr<float>(), a.numel(),
+                                                           r.quotient.data_ptr<float>(), r.root.data_ptr<float>(),
+                                                           r.ok.data_ptr<uint8_t>(),
+                                                           c10::cuda::getCurrentCUDAStream().stream());
+  EXPECT_EQ(err, nullptr) << err;
+  return r;
+}
+// Elements where `ok` has `bit` and the bits differ.
+int64_t mismatches(const at::Tensor& got, const at::Tensor& want, const at::Tensor& ok, int bit) {
+  const at::Tensor in_range = ok.bitwise_and(bit).ne(0);
+  return (got.view(at::kInt).ne(want.view(at::kInt)) & in_range).sum().item<int64_t>();
+}
+at::Tensor floats_of_bits(const at::Tensor& bits) { return bits.to(at::kInt).view(at::kFloat); }
+}  // namespace
+
+TEST(OptimCuda, SpeculativeSqrtIsTheIeeeSqrtOverItsWholeRange) {
+  SKIP_WITHOUT_CUDA();
+  const auto dev = at::TensorOptions().device(at::kCUDA);
+  const int64_t first = 0x0D000000, last = 0x7F7FFFFF, chunk = int64_t(1) << 27;
+  int64_t checked = 0, bad = 0;
+  for (int64_t lo = first - 16; lo <= last + 16; lo += chunk) {
+    const int64_t hi = std::min(lo + chunk, last + 17);
+    const at::Tensor x = floats_of_bits(at::arange(lo, hi, dev.dtype(at::kLong)));
+    const SpeculativeResults r = speculate(x, at::ones_like(x));
+    bad += mismatches(r.root, x.sqrt(), r.ok, 2);
+    checked += r.ok.bitwise_and(2).ne(0).sum().item<int64_t>();
+  }
+  EXPECT_EQ(checked, last - first + 1);  // the range is all of it, and only it
+  EXPECT_EQ(bad, 0);
+  // Outside: zeros, subnormals, negatives, Inf, NaN are reported out of range.
+  const at::Tensor odd = at::tensor({0.0f, -0.0f, 1e-40f, -1.0f, INFINITY, NAN, 0x1p-102f}, dev.dtype(at::kFloat));
+  EXPECT_EQ(speculate(odd, at::ones_like(odd)).ok.bitwise_and(2).sum().item<int64_t>(), 0);
+}
+
+TEST(OptimCuda, SpeculativeDivisionIsTheIeeeDivisionInItsRange) {
+  SKIP_WITHOUT_CUDA();
+  const auto dev = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(11);
+  const int64_t n = int64_t(1) << 26;
+  // Random signs, exponents 2^-66 .. 2^66 and fraction bits, so the ranges' edges are crossed.
+  const auto random_floats = [&](bool positive) {
+    const at::Tensor sign = positive ? at::zeros({n}, dev.dtype(at::kLong)) : at::randint(0, 2, {n}, dev.dtype(at::kLong));
+    const at::Tensor exponent = at::randint(127 - 66, 127 + 67, {n}, dev.dtype(at::kLong));
+    const at::Tensor fraction = at::randint(0, int64_t(1) << 23, {n}, dev.dtype(at::kLong));
+    return floats_of_bits(sign * (int64_t(1) << 31) + exponent * (int64_t(1) << 23) + fraction);
+  };
+  at::Tensor a = random_floats(false), b = random_floats(true);
+  a.slice(0, 0, 1000).zero_();
+  a.slice(0, 1000, 2000).fill_(-0.0f);
+  a.slice(0, 2000, 3000).fill_(0x1p-62f);
+  b.slice(0, 3000, 4000).fill_(0x1p62f);
+  SpeculativeResults r = speculate(a, b);
+  EXPECT_EQ(mismatches(r.quotient, a / b, r.ok, 1), 0);
+  const int64_t in_range = r.ok.bitwise_and(1).ne(0).sum().item<int64_t>();
+  EXPECT_GT(in_range, n / 2);
+  // The same pairs on the CPU (IEEE by definition there), a slice of them.
+  const at::Tensor as = a.slice(0, 0, 1 << 20).cpu(), bs = b.slice(0, 0, 1 << 20).cpu();
+  EXPECT_EQ(mismatches(r.quotient.slice(0, 0, 1 << 20).cpu(), as / bs, r.ok.slice(0, 0, 1 << 20).cpu(), 1), 0);
+  // -0 / b is -0 (the form nvcc's short sequence gets wrong), and out-of-range operands report so.
+  EXPECT_TRUE(std::signbit(r.quotient[1000].item<float>()));
+  const at::Tensor odd_a = at::tensor({1.0f, 1.0f, 1.0f, 1e-40f, 0x1p63f, NAN, 1.0f}, dev.dtype(at::kFloat));
+  const at::Tensor odd_b = at::tensor({0.0f, -1.0f, 0x1p63f, 1.0f, 1.0f, 1.0f, INFINITY}, dev.dtype(at::kFloat));
+  EXPECT_EQ(speculate(odd_a, odd_b).ok.bitwise_and(1).sum().item<int64_t>(), 0);
+}
+#endif
+
 TEST(OptimCuda, StateOverflowIsReportedWhenAsked) {
   SKIP_WITHOUT_CUDA();
   const auto overflowing = [] {

@@ -36,6 +36,14 @@ LOWBIT_HD float master_from16(uint16_t b, int16_t c) {
   return f32_from_bits((static_cast<uint32_t>(b) << 16) + static_cast<uint32_t>(static_cast<int32_t>(c)));
 }
 
+// master_to16 of a master value that is not NaN (bits u): a caller that tests a whole group for
+// NaN at once (the GPU kernels) calls it directly.
+LOWBIT_HD void master_split16(uint32_t u, uint16_t* b, int16_t* c) {
+  const uint32_t hi = (u + 0x8000u) >> 16;
+  *b = static_cast<uint16_t>(hi);
+  *c = static_cast<int16_t>(static_cast<int32_t>(u - (hi << 16)));
+}
+
 LOWBIT_HD void master_to16(float x, uint16_t* b, int16_t* c) {
   const uint32_t u = f32_bits(x);
   if (master_is_nan(u)) {
@@ -43,13 +51,23 @@ LOWBIT_HD void master_to16(float x, uint16_t* b, int16_t* c) {
     *c = 0;
     return;
   }
-  const uint32_t hi = (u + 0x8000u) >> 16;
-  *b = static_cast<uint16_t>(hi);
-  *c = static_cast<int16_t>(static_cast<int32_t>(u - (hi << 16)));
+  master_split16(u, b, c);
 }
 
 LOWBIT_HD float master_from8(uint16_t b, int8_t c) {
   return f32_from_bits((static_cast<uint32_t>(b) << 16) + static_cast<uint32_t>(static_cast<int32_t>(c) * 256));
+}
+
+// master_to8 of a master value that is not NaN (bits u).
+LOWBIT_HD void master_split8(uint32_t u, uint16_t* b, int8_t* c) {
+  // The 24-bit value q and its top 16 bits, each rounded half up on the magnitude. q of a value
+  // at the top of fp32's range rounds into the infinity pattern (0x7F8000xx >> 8): b is then Inf.
+  // (q + 0x80) >> 8 is (u + 0x8080) >> 16 (floor((floor(y) + k) / m) = floor((y + k) / m) for
+  // integers k, m), which does not wait for q.
+  const uint32_t q = (u + 0x80u) >> 8;
+  const uint32_t hi = (u + 0x8080u) >> 16;
+  *b = static_cast<uint16_t>(hi);
+  *c = static_cast<int8_t>(static_cast<int32_t>(q - (hi << 8)));
 }
 
 LOWBIT_HD void master_to8(float x, uint16_t* b, int8_t* c) {
@@ -59,12 +77,7 @@ LOWBIT_HD void master_to8(float x, uint16_t* b, int8_t* c) {
     *c = 0;
     return;
   }
-  // The 24-bit value q and its top 16 bits, each rounded half up on the magnitude. q of a value
-  // at the top of fp32's range rounds into the infinity pattern (0x7F8000xx >> 8): b is then Inf.
-  const uint32_t q = (u + 0x80u) >> 8;
-  const uint32_t hi = (q + 0x80u) >> 8;
-  *b = static_cast<uint16_t>(hi);
-  *c = static_cast<int8_t>(static_cast<int32_t>(q - (hi << 8)));
+  master_split8(u, b, c);
 }
 
 }  // namespace kernels

@@ -43,10 +43,22 @@ LOWBIT_VEC_INLINE f32x16 sign_of(f32x16 x) {
 #define LOWBIT_RULE LOWBIT_HD
 #endif
 
+// How a rule divides and takes square roots. ExactArith: the IEEE operations, on every backend.
+// A GPU kernel passes its own (kernels/cuda/speculative_arith.cuh), which reaches the same
+// correctly rounded values by a shorter route where the operands allow it and records where they
+// did not, so the caller can redo those elements with ExactArith. Every rule takes one as its last
+// argument (ExactArith when left out).
+struct ExactArith {
+  template <typename F>
+  LOWBIT_RULE F div(F a, F b) const { return a / b; }
+  template <typename F>
+  LOWBIT_RULE F sqrt(F x) const { return vsqrt(x); }
+};
+
 // torch.optim.Adam / AdamW. s[0] = exp_avg, s[1] = exp_avg_sq, s[2] = max_exp_avg_sq (amsgrad).
 // AMSGRAD false: a caller that carries no slot 2 (h.amsgrad is then false too) drops the test.
-template <typename F, bool AMSGRAD = true>
-LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s) {
+template <typename F, bool AMSGRAD = true, typename Ar = ExactArith>
+LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s, Ar&& ar = Ar{}) {
   if (decoupled) {
     p = p * h.decay;
   } else if (h.weight_decay != 0.0f) {
@@ -59,8 +71,8 @@ LOWBIT_RULE void adam(const Hyper& h, bool decoupled, F g, F& p, F* s) {
     s[2] = vmax(s[2], s[1]);
     v = s[2];
   }
-  const F denom = vsqrt(v) * h.inv_bias2_sqrt + h.eps;
-  p = p - h.step_size * (s[0] / denom);
+  const F denom = ar.sqrt(v) * h.inv_bias2_sqrt + h.eps;
+  p = p - h.step_size * ar.div(s[0], denom);
 }
 
 // torch.optim.SGD. s[0] = momentum_buffer.
@@ -83,8 +95,8 @@ LOWBIT_RULE void lion(const Hyper& h, F g, F& p, F* s) {
 }
 
 // torch.optim.RMSprop. s[0] = square_avg, s[1] = momentum_buffer, s[2] = grad_avg (centered).
-template <typename F>
-LOWBIT_RULE void rmsprop(const Hyper& h, F g, F& p, F* s) {
+template <typename F, typename Ar = ExactArith>
+LOWBIT_RULE void rmsprop(const Hyper& h, F g, F& p, F* s, Ar&& ar = Ar{}) {
   if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
   s[0] = s[0] * h.alpha + h.one_minus_alpha * (g * g);
   F avg;
@@ -94,53 +106,53 @@ LOWBIT_RULE void rmsprop(const Hyper& h, F g, F& p, F* s) {
     // independently and their difference can dip below zero, where torch would take sqrt of a
     // negative number and write NaN into the parameter.
     const F var = s[0] - s[2] * s[2];
-    avg = vsqrt(vmax(var, F{})) + h.eps;
+    avg = ar.sqrt(vmax(var, F{})) + h.eps;
   } else {
-    avg = vsqrt(s[0]) + h.eps;
+    avg = ar.sqrt(s[0]) + h.eps;
   }
   if (h.momentum > 0.0f) {
-    s[1] = s[1] * h.momentum + g / avg;
+    s[1] = s[1] * h.momentum + ar.div(g, avg);
     p = p - h.lr * s[1];
   } else {
-    p = p - h.lr * (g / avg);
+    p = p - h.lr * ar.div(g, avg);
   }
 }
 
 // torch.optim.Adagrad. s[0] = sum. step_size = lr / (1 + (t-1) * lr_decay).
-template <typename F>
-LOWBIT_RULE void adagrad(const Hyper& h, F g, F& p, F* s) {
+template <typename F, typename Ar = ExactArith>
+LOWBIT_RULE void adagrad(const Hyper& h, F g, F& p, F* s, Ar&& ar = Ar{}) {
   if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
   s[0] = s[0] + g * g;
-  p = p - h.step_size * (g / (vsqrt(s[0]) + h.eps));
+  p = p - h.step_size * ar.div(g, ar.sqrt(s[0]) + h.eps);
 }
 
 // AdEMAMix (Pagliardini et al., arXiv 2409.03137). s[0] = fast EMA m1, s[1] = slow EMA m2,
 // s[2] = nu. alpha and beta3 arrive already scheduled for this step.
-template <typename F>
-LOWBIT_RULE void ademamix(const Hyper& h, F g, F& p, F* s) {
+template <typename F, typename Ar = ExactArith>
+LOWBIT_RULE void ademamix(const Hyper& h, F g, F& p, F* s, Ar&& ar = Ar{}) {
   s[0] = s[0] * h.beta1 + h.one_minus_beta1 * g;
   s[1] = s[1] * h.beta3 + h.one_minus_beta3 * g;
   s[2] = s[2] * h.beta2 + h.one_minus_beta2 * (g * g);
-  const F denom = vsqrt(s[2]) * h.inv_bias2_sqrt + h.eps;
-  const F update = (s[0] * h.inv_bias1 + h.alpha * s[1]) / denom;
+  const F denom = ar.sqrt(s[2]) * h.inv_bias2_sqrt + h.eps;
+  const F update = ar.div(s[0] * h.inv_bias1 + h.alpha * s[1], denom);
   p = p - h.lr * (update + h.weight_decay * p);
 }
 
 // LAMB (You et al., arXiv 1904.00962). s[0] = exp_avg, s[1] = exp_avg_sq. The update direction
 // r = m_hat / (sqrt(v_hat) + eps) + wd * p is scaled by the layer's trust ratio ||p|| / ||r||,
 // which needs the whole parameter: lamb_direction runs first (state untouched) to get the norms.
-template <typename F>
-LOWBIT_RULE F lamb_direction(const Hyper& h, F g, F p, const F* s, F* m_new, F* v_new) {
+template <typename F, typename Ar = ExactArith>
+LOWBIT_RULE F lamb_direction(const Hyper& h, F g, F p, const F* s, F* m_new, F* v_new, Ar&& ar = Ar{}) {
   *m_new = s[0] * h.beta1 + h.one_minus_beta1 * g;
   *v_new = s[1] * h.beta2 + h.one_minus_beta2 * (g * g);
-  const F denom = vsqrt(*v_new) * h.inv_bias2_sqrt + h.eps;
-  return (*m_new * h.inv_bias1) / denom + h.weight_decay * p;
+  const F denom = ar.sqrt(*v_new) * h.inv_bias2_sqrt + h.eps;
+  return ar.div(*m_new * h.inv_bias1, denom) + h.weight_decay * p;
 }
 
-template <typename F>
-LOWBIT_RULE void lamb(const Hyper& h, F g, F& p, F* s) {
+template <typename F, typename Ar = ExactArith>
+LOWBIT_RULE void lamb(const Hyper& h, F g, F& p, F* s, Ar&& ar = Ar{}) {
   F m, v;
-  const F r = lamb_direction(h, g, p, s, &m, &v);
+  const F r = lamb_direction(h, g, p, s, &m, &v, ar);
   s[0] = m;
   s[1] = v;
   p = p - (h.lr * h.trust) * r;
@@ -148,18 +160,18 @@ LOWBIT_RULE void lamb(const Hyper& h, F g, F& p, F* s) {
 
 // One element (or one vector of elements) of rule R. `maximize` flips the gradient first.
 // SLOT2: whether the caller carries a third slot (a GPU kernel compiled for fewer leaves it out).
-template <Rule R, typename F, bool SLOT2 = true>
-LOWBIT_RULE void apply_rule(const Hyper& h, F g, F& p, F* s) {
+template <Rule R, typename F, bool SLOT2 = true, typename Ar = ExactArith>
+LOWBIT_RULE void apply_rule(const Hyper& h, F g, F& p, F* s, Ar&& ar = Ar{}) {
   if (h.maximize) g = -g;
   switch (R) {
-    case Rule::Adam: adam<F, SLOT2>(h, false, g, p, s); break;
-    case Rule::AdamW: adam<F, SLOT2>(h, true, g, p, s); break;
+    case Rule::Adam: adam<F, SLOT2>(h, false, g, p, s, ar); break;
+    case Rule::AdamW: adam<F, SLOT2>(h, true, g, p, s, ar); break;
     case Rule::SGD: sgd(h, g, p, s); break;
     case Rule::Lion: lion(h, g, p, s); break;
-    case Rule::RMSprop: rmsprop(h, g, p, s); break;
-    case Rule::Adagrad: adagrad(h, g, p, s); break;
-    case Rule::AdEMAMix: ademamix(h, g, p, s); break;
-    case Rule::LAMB: lamb(h, g, p, s); break;
+    case Rule::RMSprop: rmsprop(h, g, p, s, ar); break;
+    case Rule::Adagrad: adagrad(h, g, p, s, ar); break;
+    case Rule::AdEMAMix: ademamix(h, g, p, s, ar); break;
+    case Rule::LAMB: lamb(h, g, p, s, ar); break;
   }
 }
 

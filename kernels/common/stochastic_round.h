@@ -36,6 +36,11 @@ LOWBIT_HD uint32_t sr_noise(uint64_t seed, uint64_t index) {
   return x >> 16;
 }
 
+// Magnitudes (bits of |x|) below this one neither are Inf or NaN nor round up past the largest
+// finite bf16 with any noise (< 2^16): for them bf16_stochastic is (u + noise) >> 16. A caller
+// that tests a whole group at once (the GPU kernels) takes that path for the group.
+constexpr uint32_t kStochasticPlainBelow = 0x7F7F0000u;
+
 LOWBIT_HD bf16_t bf16_stochastic(float x, uint64_t seed, uint64_t index) {
   const uint32_t u = f32_bits(x);
   if ((u & 0x7F800000u) == 0x7F800000u) return from_f32<bf16_t>(x);  // Inf / NaN: nearest

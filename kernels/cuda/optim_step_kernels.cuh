@@ -27,11 +27,18 @@
 #include "../common/stochastic_round.h"
 #include "gpu_tables.cuh"
 #include "optim_step_cuda.h"
+#include "speculative_arith.cuh"
 #include "vector_io.cuh"
 
 namespace lowbit {
 namespace kernels {
 namespace gpu_step {
+
+// Division and square root by SpeculativeArith (1, the default) or by the IEEE operations alone
+// (0: the A/B baseline, e.g. scripts/gpu_session probe "exact=-DLOWBIT_STEP_SPECULATE=0").
+#ifndef LOWBIT_STEP_SPECULATE
+#define LOWBIT_STEP_SPECULATE 1
+#endif
 
 constexpr int kThreads = 256;
 constexpr int kChunk = kDescriptorsPerLaunch;
@@ -130,6 +137,19 @@ __device__ __forceinline__ uint8_t encode_value(const SharedFormat& sh, float x)
   return static_cast<uint8_t>(e.y >> (8 * above));
 }
 
+// encode_value for the blocks of every valid absmax (a number >= 0): their normalized values are
+// finite and at most about 1 in magnitude, so none lies past the window's top, and a max with the
+// window's bottom value (2^-62, key kWindowLowKey) gives the smaller magnitudes bucket 0 of their
+// sign: 4 integer operations for the bucket where encode_value takes 7. The code is byte `above`
+// of the pair's word (one byte permute for encode_value's shift of 8 * above). The same codes as
+// encode_value for every such x.
+__device__ __forceinline__ uint8_t encode_valid(const SharedFormat& sh, float x) {
+  const uint32_t key = __float_as_uint(fmaxf(fabsf(x), __uint_as_float(kWindowLowKey << 16))) >> 16;
+  const uint32_t sign = static_cast<uint32_t>(static_cast<int32_t>(__float_as_uint(x)) >> 31);
+  const uint2 e = sh.pairs[sh.starts[(kWindowTop + 1u) + ((key - kWindowLowKey) ^ sign)]];
+  return static_cast<uint8_t>(__byte_perm(e.y, 0u, __float_as_uint(__uint_as_float(e.x) - x) >> 31));
+}
+
 // ---- element access -----------------------------------------------------------------------------
 
 __device__ __forceinline__ void load_grad8(const void* g, ElemType t, int64_t i, int64_t n, bool vec, float (&v)[8]) {
@@ -149,8 +169,17 @@ __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool ve
   if constexpr (sizeof(T) == 2 && std::is_same<T, bf16_t>::value) {
     if (sr) {
       uint16_t b[8];
+      uint32_t most = 0;  // one test for the 8 (stochastic_round.h: kStochasticPlainBelow)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) b[k] = bf16_stochastic(v[k], seed, static_cast<uint64_t>(offset + i + k)).bits;
+      for (int k = 0; k < 8; ++k) most = max(most, f32_bits(v[k]) & 0x7FFFFFFFu);
+      if (most < kStochasticPlainBelow) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          b[k] = static_cast<uint16_t>((f32_bits(v[k]) + sr_noise(seed, static_cast<uint64_t>(offset + i + k))) >> 16);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) b[k] = bf16_stochastic(v[k], seed, static_cast<uint64_t>(offset + i + k)).bits;
+      }
       if (FULL || (vec && i + 8 <= n)) {
         store16(p + i, make_uint4(b[0] | (uint32_t(b[1]) << 16), b[2] | (uint32_t(b[3]) << 16),
                                   b[4] | (uint32_t(b[5]) << 16), b[6] | (uint32_t(b[7]) << 16)));
@@ -188,21 +217,34 @@ __device__ __forceinline__ void store_corrected(const GpuStepParam& P, const Arg
                                                 const float (&p)[8]) {
   uint16_t b[8];
   int32_t c[8];
-  if (a.correction_bits == 16) {
+  // One NaN test for the 8 (a max of the magnitudes' bits), not one per element.
+  uint32_t most = 0;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      int16_t k;
-      master_to16(p[e], &b[e], &k);
-      c[e] = k;
+  for (int e = 0; e < 8; ++e) most = max(most, f32_bits(p[e]) & 0x7FFFFFFFu);
+  const bool no_nan = most <= 0x7F800000u;
+  if (a.correction_bits == 16) {
+    int16_t k[8];
+    if (no_nan) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) master_split16(f32_bits(p[e]), &b[e], &k[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) master_to16(p[e], &b[e], &k[e]);
     }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = k[e];
     store_master8<16, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
   } else {
+    int8_t k[8];
+    if (no_nan) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      int8_t k;
-      master_to8(p[e], &b[e], &k);
-      c[e] = k;
+      for (int e = 0; e < 8; ++e) master_split8(f32_bits(p[e]), &b[e], &k[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) master_to8(p[e], &b[e], &k[e]);
     }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = k[e];
     store_master8<8, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
   }
 }
@@ -377,11 +419,31 @@ struct Lane {
   template <bool FULL>
   __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
                                               const SharedFormat* sh, int64_t i, bool vec) {
-    const int64_t n = P.numel;
     float g[8];
+    load<FULL>(P, a, sh, i, vec, g);
+#if LOWBIT_STEP_SPECULATE
+    SpeculativeArith ar;
+    update(h, grad_mult, g, ar);
+    if (!ar.ok) {
+      // An operand outside the short sequences' range (speculative_arith.cuh): load again (the
+      // update replaced p and s; the barrier keeps nvcc from holding the loaded bytes in
+      // registers through the update instead) and redo the 8 elements with the IEEE operations.
+      asm volatile("" ::: "memory");
+      load<FULL>(P, a, sh, i, vec, g);
+      update(h, grad_mult, g, ExactArith{});
+    }
+#else
+    update(h, grad_mult, g, ExactArith{});
+#endif
+  }
+
+  template <bool FULL>
+  __device__ __forceinline__ void load(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
+                                       bool vec, float (&g)[8]) {
     if constexpr (FULL) {
       load_full(P, a, sh, i, g);
     } else {
+      const int64_t n = P.numel;
       load8(static_cast<const T*>(P.param), i, n, vec, p);
       if constexpr (std::is_same<T, bf16_t>::value) {
         if (a.correction_bits != 0) add_corrections<false>(P, a, i, n, vec, p);
@@ -389,7 +451,6 @@ struct Lane {
       load_grad8(P.grad, P.grad_type, i, n, vec, g);
       load_slots(P, a, sh, i, vec);
     }
-    update(h, grad_mult, g);
   }
 
   // A whole, aligned unit: the raw bytes first (UnitBytes), then converted and decoded.
@@ -409,11 +470,8 @@ struct Lane {
         b.codes(k, c);
         decode8(sh, a, k, c, b.amax[k], s[k]);
       }
-      // An unused slot loaded nothing: zeros, as the bounded path gives it.
-      if (!(a.used_mask & (1 << k))) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s[k][e] = 0.0f;
-      }
+      // An unused slot loaded nothing (its values, whatever they decode to, are neither read by
+      // the rule nor stored).
     }
   }
 
@@ -457,8 +515,9 @@ struct Lane {
     }
   }
 
-  // The rule on the 8 elements, in registers.
-  __device__ __forceinline__ void update(const Hyper& h, float grad_mult, const float (&g)[8]) {
+  // The rule on the 8 elements, in registers, with division and square root by `ar`.
+  template <typename Ar>
+  __device__ __forceinline__ void update(const Hyper& h, float grad_mult, const float (&g)[8], Ar&& ar) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       // The clipping / unscaling factor, with maximize's sign flip folded in by the prologue
@@ -468,7 +527,7 @@ struct Lane {
 #pragma unroll
       for (int k = 0; k < RuleMaxSlots<R>::value; ++k) st[k] = k < NS ? s[k < NS ? k : 0][e] : 0.0f;
       float pe = p[e];
-      apply_rule<R, float, (NS >= 3)>(h, ge, pe, st);  // Adam's amsgrad test only where slot 2 is carried
+      apply_rule<R, float, (NS >= 3)>(h, ge, pe, st, ar);  // Adam's amsgrad test only where slot 2 is carried
       p[e] = pe;
 #pragma unroll
       for (int k = 0; k < NS; ++k) s[k][e] = st[k];
@@ -528,12 +587,16 @@ struct Lane {
       }
     } else {
       const SharedFormat& f = sh[a.format_of_slot[k]];
-      if (one_multiply) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, s[k][e] * nz.inv);
-      } else {
+      if (!(amax >= 0.0f)) {
+        // A block flagged NaN or negative (encode.h: block_absmax): encode_value's clamps.
 #pragma unroll
         for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]));
+      } else if (one_multiply) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = encode_valid(f, s[k][e] * nz.inv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = encode_valid(f, normalize(nz, s[k][e]));
       }
     }
     store_codes8<code_bits(FAMILY), FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
@@ -615,7 +678,8 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS
     GpuStepParam param_copy;
     if (kCopyDescriptor) param_copy = param_ref;
     const GpuStepParam& P = kCopyDescriptor ? param_copy : param_ref;
-    const Hyper h = ps.hyper;
+    Hyper h = ps.hyper;
+    h.maximize = false;  // folded into grad_mult by the prologue: known here, the rule drops its test
     const float grad_mult = ps.grad_mult;
     const uint64_t seed = ps.seed;
     const int64_t first = chunk.first_unit[j];
@@ -778,16 +842,31 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
   // The squares of a chunk's 8 elements per lane, into the rows (see LambRows). Elements from
   // `valid` on are past the end: p, g and the state are 0 there, but the direction is 0 / eps,
   // NaN with eps 0, so r is set to 0.
-  const auto square_into_rows = [&](const Hyper& h, float grad_mult, const float (&p)[8], const float (&g)[8],
-                                    const float (&s)[2][8], int64_t valid) {
+  // The directions of 8 elements, with division and square root by `ar` (speculative_arith.cuh).
+  const auto directions = [&](const Hyper& h, float grad_mult, const float (&p)[8], const float (&g)[8],
+                              const float (&s)[2][8], int64_t valid, auto&& ar, float (&r)[8]) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float st[2] = {s[0][e], s[1][e]};
       float mn, vn;
-      const float r = e < valid ? lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn) : 0.0f;
+      r[e] = e < valid ? lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn, ar) : 0.0f;
+    }
+  };
+  const auto square_into_rows = [&](const Hyper& h, float grad_mult, const float (&p)[8], const float (&g)[8],
+                                    const float (&s)[2][8], int64_t valid) {
+    float r[8];
+#if LOWBIT_STEP_SPECULATE
+    SpeculativeArith ar;
+    directions(h, grad_mult, p, g, s, valid, ar, r);
+    if (!ar.ok) directions(h, grad_mult, p, g, s, valid, ExactArith{}, r);
+#else
+    directions(h, grad_mult, p, g, s, valid, ExactArith{}, r);
+#endif
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
       const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;
       rows[w][0][at] = static_cast<double>(p[e]) * p[e];
-      rows[w][1][at] = static_cast<double>(r) * r;
+      rows[w][1][at] = static_cast<double>(r[e]) * r[e];
     }
   };
   if (B % 16 == 0 && B < kChunkElems) {

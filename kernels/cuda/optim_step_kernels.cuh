@@ -34,10 +34,20 @@ namespace lowbit {
 namespace kernels {
 namespace gpu_step {
 
-// Division and square root by SpeculativeArith (1, the default) or by the IEEE operations alone
-// (0: the A/B baseline, e.g. scripts/gpu_session probe "exact=-DLOWBIT_STEP_SPECULATE=0").
-#ifndef LOWBIT_STEP_SPECULATE
-#define LOWBIT_STEP_SPECULATE 1
+// Which rules divide and take square roots by SpeculativeArith (speculative_arith.cuh) rather than
+// the IEEE operations alone. Measured with bench/step_kernel_probe (H100, 1.07B parameters, kernel
+// alone, AdamW unless named; exact -> speculative): AdEMAMix Q8 7.99 -> 7.76 ms; but AdamW Q8
+// 6.59 -> 6.71, Q4 6.16 -> 6.33, Q8 with bf16 parameters 5.72 -> 5.99, LAMB Q8 13.12 -> 13.48
+// (its extra instructions and registers cost more than nvcc's branches there). So AdEMAMix only;
+// -DLOWBIT_STEP_SPECULATE=0 or 1 sets every rule (and LAMB's first pass) for an A/B build.
+#ifdef LOWBIT_STEP_SPECULATE
+template <Rule R>
+constexpr bool speculates() { return LOWBIT_STEP_SPECULATE != 0; }
+constexpr bool kLambSumsSpeculate = LOWBIT_STEP_SPECULATE != 0;
+#else
+template <Rule R>
+constexpr bool speculates() { return R == Rule::AdEMAMix; }
+constexpr bool kLambSumsSpeculate = false;
 #endif
 
 constexpr int kThreads = 256;
@@ -421,20 +431,17 @@ struct Lane {
                                               const SharedFormat* sh, int64_t i, bool vec) {
     float g[8];
     load<FULL>(P, a, sh, i, vec, g);
-#if LOWBIT_STEP_SPECULATE
-    SpeculativeArith ar;
-    update(h, grad_mult, g, ar);
-    if (!ar.ok) {
+    if constexpr (speculates<R>()) {
+      SpeculativeArith ar;
+      update(h, grad_mult, g, ar);
+      if (ar.ok) return;
       // An operand outside the short sequences' range (speculative_arith.cuh): load again (the
       // update replaced p and s; the barrier keeps nvcc from holding the loaded bytes in
       // registers through the update instead) and redo the 8 elements with the IEEE operations.
       asm volatile("" ::: "memory");
       load<FULL>(P, a, sh, i, vec, g);
-      update(h, grad_mult, g, ExactArith{});
     }
-#else
     update(h, grad_mult, g, ExactArith{});
-#endif
   }
 
   template <bool FULL>
@@ -855,13 +862,9 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
   const auto square_into_rows = [&](const Hyper& h, float grad_mult, const float (&p)[8], const float (&g)[8],
                                     const float (&s)[2][8], int64_t valid) {
     float r[8];
-#if LOWBIT_STEP_SPECULATE
     SpeculativeArith ar;
-    directions(h, grad_mult, p, g, s, valid, ar, r);
-    if (!ar.ok) directions(h, grad_mult, p, g, s, valid, ExactArith{}, r);
-#else
-    directions(h, grad_mult, p, g, s, valid, ExactArith{}, r);
-#endif
+    if (kLambSumsSpeculate) directions(h, grad_mult, p, g, s, valid, ar, r);
+    if (!kLambSumsSpeculate || !ar.ok) directions(h, grad_mult, p, g, s, valid, ExactArith{}, r);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;

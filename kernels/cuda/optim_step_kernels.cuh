@@ -42,11 +42,11 @@ namespace gpu_step {
 // -DLOWBIT_STEP_SPECULATE=0 or 1 sets every rule (and LAMB's first pass) for an A/B build.
 #ifdef LOWBIT_STEP_SPECULATE
 template <Rule R>
-constexpr bool speculates() { return LOWBIT_STEP_SPECULATE != 0; }
+constexpr bool kSpeculates = LOWBIT_STEP_SPECULATE != 0;
 constexpr bool kLambSumsSpeculate = LOWBIT_STEP_SPECULATE != 0;
 #else
 template <Rule R>
-constexpr bool speculates() { return R == Rule::AdEMAMix; }
+constexpr bool kSpeculates = R == Rule::AdEMAMix;
 constexpr bool kLambSumsSpeculate = false;
 #endif
 
@@ -431,7 +431,7 @@ struct Lane {
                                               const SharedFormat* sh, int64_t i, bool vec) {
     float g[8];
     load<FULL>(P, a, sh, i, vec, g);
-    if constexpr (speculates<R>()) {
+    if constexpr (kSpeculates<R>) {
       SpeculativeArith ar;
       update(h, grad_mult, g, ar);
       if (ar.ok) return;

@@ -80,5 +80,13 @@ LOWBIT_HD void master_to8(float x, uint16_t* b, int8_t* c) {
   master_split8(u, b, c);
 }
 
+// The same three operations chosen by the correction's type, for code templated on its width.
+LOWBIT_HD float master_from(uint16_t b, int16_t c) { return master_from16(b, c); }
+LOWBIT_HD float master_from(uint16_t b, int8_t c) { return master_from8(b, c); }
+LOWBIT_HD void master_split(uint32_t u, uint16_t* b, int16_t* c) { master_split16(u, b, c); }
+LOWBIT_HD void master_split(uint32_t u, uint16_t* b, int8_t* c) { master_split8(u, b, c); }
+LOWBIT_HD void master_to(float x, uint16_t* b, int16_t* c) { master_to16(x, b, c); }
+LOWBIT_HD void master_to(float x, uint16_t* b, int8_t* c) { master_to8(x, b, c); }
+
 }  // namespace kernels
 }  // namespace lowbit

@@ -204,59 +204,59 @@ __device__ __forceinline__ void store_param8(T* p, int64_t i, int64_t n, bool ve
   store8<FULL>(p, i, n, vec, v);
 }
 
+// The correction type of a correction width (master_weight.h).
+template <int BITS>
+using CorrectionType = typename std::conditional<BITS == 16, int16_t, int8_t>::type;
+
 // Master weights (kernels/common/master_weight.h): p holds 8 bf16 parameters as fp32 (their bits
-// shifted up); with a correction slot they become the master values.
+// shifted up); with a correction slot of BITS bits they become the master values.
+template <int BITS, bool FULL>
+__device__ __forceinline__ void add_corrections_of(const GpuStepParam& P, int64_t i, int64_t n, bool vec,
+                                                   float (&p)[8]) {
+  int32_t c[8];
+  load_corrections8<BITS, FULL>(P.correction, i, n, vec, c);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    p[e] = master_from(static_cast<uint16_t>(f32_bits(p[e]) >> 16), static_cast<CorrectionType<BITS>>(c[e]));
+}
+
 template <bool FULL>
 __device__ __forceinline__ void add_corrections(const GpuStepParam& P, const Args& a, int64_t i, int64_t n, bool vec,
                                                 float (&p)[8]) {
-  int32_t c[8];
-  if (a.correction_bits == 16) {
-    load_corrections8<16, FULL>(P.correction, i, n, vec, c);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) p[e] = master_from16(static_cast<uint16_t>(f32_bits(p[e]) >> 16), static_cast<int16_t>(c[e]));
-  } else {
-    load_corrections8<8, FULL>(P.correction, i, n, vec, c);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) p[e] = master_from8(static_cast<uint16_t>(f32_bits(p[e]) >> 16), static_cast<int8_t>(c[e]));
-  }
+  if (a.correction_bits == 16) add_corrections_of<16, FULL>(P, i, n, vec, p);
+  else add_corrections_of<8, FULL>(P, i, n, vec, p);
 }
 
-// The 8 new master values split into bf16 parameters and corrections, stored.
+// The 8 new master values split into bf16 parameters and BITS-bit corrections, stored; no_nan
+// says none of the 8 is NaN (then the split needs no NaN test of its own).
+template <int BITS, bool FULL>
+__device__ __forceinline__ void store_corrected_of(const GpuStepParam& P, int64_t i, int64_t n, bool vec,
+                                                   const float (&p)[8], bool no_nan) {
+  uint16_t b[8];
+  CorrectionType<BITS> k[8];
+  if (no_nan) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) master_split(f32_bits(p[e]), &b[e], &k[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) master_to(p[e], &b[e], &k[e]);
+  }
+  int32_t c[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) c[e] = k[e];
+  store_master8<BITS, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
+}
+
 template <bool FULL>
 __device__ __forceinline__ void store_corrected(const GpuStepParam& P, const Args& a, int64_t i, int64_t n, bool vec,
                                                 const float (&p)[8]) {
-  uint16_t b[8];
-  int32_t c[8];
   // One NaN test for the 8 (a max of the magnitudes' bits), not one per element.
   uint32_t most = 0;
 #pragma unroll
   for (int e = 0; e < 8; ++e) most = max(most, f32_bits(p[e]) & 0x7FFFFFFFu);
   const bool no_nan = most <= 0x7F800000u;
-  if (a.correction_bits == 16) {
-    int16_t k[8];
-    if (no_nan) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) master_split16(f32_bits(p[e]), &b[e], &k[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) master_to16(p[e], &b[e], &k[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = k[e];
-    store_master8<16, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
-  } else {
-    int8_t k[8];
-    if (no_nan) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) master_split8(f32_bits(p[e]), &b[e], &k[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) master_to8(p[e], &b[e], &k[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = k[e];
-    store_master8<8, FULL>(static_cast<uint16_t*>(P.param), P.correction, i, n, vec, b, c);
-  }
+  if (a.correction_bits == 16) store_corrected_of<16, FULL>(P, i, n, vec, p, no_nan);
+  else store_corrected_of<8, FULL>(P, i, n, vec, p, no_nan);
 }
 
 // A block's scan as bit patterns (encode.h: block_absmax_from_bits): the largest |x| bits and the

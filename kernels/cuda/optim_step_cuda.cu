@@ -9,14 +9,14 @@ namespace kernels {
 namespace gpu_step {
 
 // Instantiated in optim_step_<rule>.cu.
-template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
-template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
 
 namespace {
 
@@ -92,42 +92,47 @@ __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_
   }
 }
 
-template <typename T, int WARP>
-cudaError_t launch_lamb_sums_warp(const Chunk& c, const Args& a, int family, int grid, cudaStream_t stream) {
-  switch (family) {
-    case kF32: lamb_sums_kernel<T, kF32, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
-    case kBF16: lamb_sums_kernel<T, kBF16, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
-    case kCodes8:
-    case kPow8:  // decodes through the codebook (== pow8_decode): one read pass, not worth a variant
-      lamb_sums_kernel<T, kCodes8, WARP><<<grid, kThreads, 0, stream>>>(c, a);
-      break;
-    case kCodes4: lamb_sums_kernel<T, kCodes4, WARP><<<grid, kThreads, 0, stream>>>(c, a); break;
-    default: return cudaErrorInvalidValue;
-  }
+template <typename T, int FAMILY, int WARP>
+cudaError_t launch_lamb_sums_typed(const Chunk& c, const Args& a, int64_t wanted, cudaStream_t stream) {
+  const auto kernel = lamb_sums_kernel<T, FAMILY, WARP>;
+  kernel<<<wave_grid(kernel, wanted), kThreads, 0, stream>>>(c, a);
   return cudaGetLastError();
 }
 
+template <typename T, int WARP>
+cudaError_t launch_lamb_sums_warp(const Chunk& c, const Args& a, int family, int64_t wanted, cudaStream_t stream) {
+  switch (family) {
+    case kF32: return launch_lamb_sums_typed<T, kF32, WARP>(c, a, wanted, stream);
+    case kBF16: return launch_lamb_sums_typed<T, kBF16, WARP>(c, a, wanted, stream);
+    case kCodes8:
+    case kPow8:  // decodes through the codebook (== pow8_decode): one read pass, not worth a variant
+      return launch_lamb_sums_typed<T, kCodes8, WARP>(c, a, wanted, stream);
+    case kCodes4: return launch_lamb_sums_typed<T, kCodes4, WARP>(c, a, wanted, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <typename T>
-cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int warp, int grid, cudaStream_t stream) {
+cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int warp, int64_t wanted, cudaStream_t stream) {
 #define LOWBIT_LAMB_SUMS_WARP(W) \
-  if (warp == W) return launch_lamb_sums_warp<T, W>(c, a, family, grid, stream);
+  if (warp == W) return launch_lamb_sums_warp<T, W>(c, a, family, wanted, stream);
   LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_LAMB_SUMS_WARP)
 #undef LOWBIT_LAMB_SUMS_WARP
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_rule(Rule r, const Chunk& c, const Args& a, ElemType t, int family, int warp, int grid,
+cudaError_t launch_rule(Rule r, const Chunk& c, const Args& a, ElemType t, int family, int warp, int64_t wanted,
                         cudaStream_t stream) {
   const int ns = carried_slots(r, a.used_mask);
   switch (r) {
-    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, ns, grid, stream);
-    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, ns, grid, stream);
+    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, ns, wanted, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -137,7 +142,6 @@ struct Plan {
   Args args;
   int family = kF32;
   int warp = 32;
-  int sm_count = 1;
   int64_t unit = 256;
 };
 
@@ -146,7 +150,6 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
   cudaError_t e = query_device(&dev);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   plan->warp = dev.warp_size;
-  plan->sm_count = dev.sm_count;
   Args& a = plan->args;
   a = Args{};
   a.config = s.config;
@@ -213,10 +216,8 @@ void fill_chunk(const GpuStep& s, const Plan& plan, int64_t first, Chunk* c) {
   }
 }
 
-int grid_for(int64_t work, int per_block, const Plan& plan) {
-  const int64_t wanted = (work + per_block - 1) / per_block;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(plan.sm_count) * 8)));
-}
+// Blocks a launch has work for (wave_grid caps them at one wave).
+int64_t blocks_for(int64_t work, int per_block) { return (work + per_block - 1) / per_block; }
 
 const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
   if (s.n == 0) return nullptr;
@@ -246,11 +247,11 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
       prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
       e = cudaGetLastError();
       if (e != cudaSuccess) return cudaGetErrorString(e);
-      const int grid = grid_for(chunk.first_block[chunk.count], kThreads / plan.warp, plan);
+      const int64_t wanted = blocks_for(chunk.first_block[chunk.count], kThreads / plan.warp);
       switch (s.param_type) {
-        case ElemType::F32: e = launch_lamb_sums<float>(chunk, a, plan.family, plan.warp, grid, stream); break;
-        case ElemType::BF16: e = launch_lamb_sums<bf16_t>(chunk, a, plan.family, plan.warp, grid, stream); break;
-        case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, plan.warp, grid, stream); break;
+        case ElemType::F32: e = launch_lamb_sums<float>(chunk, a, plan.family, plan.warp, wanted, stream); break;
+        case ElemType::BF16: e = launch_lamb_sums<bf16_t>(chunk, a, plan.family, plan.warp, wanted, stream); break;
+        case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, plan.warp, wanted, stream); break;
       }
       if (e != cudaSuccess) return cudaGetErrorString(e);
       const int trust_blocks = (chunk.count * kTrustLanes + kTrustThreads - 1) / kTrustThreads;
@@ -260,8 +261,8 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
       if (e != cudaSuccess) return cudaGetErrorString(e);
     }
     if (lamb_out) continue;
-    const int grid = grid_for(chunk.first_unit[chunk.count], kThreads / plan.warp, plan);
-    e = launch_rule(s.config.rule, chunk, a, s.param_type, plan.family, plan.warp, grid, stream);
+    const int64_t wanted = blocks_for(chunk.first_unit[chunk.count], kThreads / plan.warp);
+    e = launch_rule(s.config.rule, chunk, a, s.param_type, plan.family, plan.warp, wanted, stream);
     if (e != cudaSuccess) return cudaGetErrorString(e);
   }
   return nullptr;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "../common/compand.h"
@@ -968,27 +969,65 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
 
 // ---- launch -----------------------------------------------------------------------------------
 
+// Blocks per SM in a launch's grid: 0 (the default) for one wave, the blocks every SM holds at
+// once; N for a fixed N per SM (an A/B build: 8 before this was measured).
+#ifndef LOWBIT_STEP_GRID_PER_SM
+#define LOWBIT_STEP_GRID_PER_SM 0
+#endif
+
+// The grid of a launch of `kernel` that has work for `wanted` blocks: at most one wave, the blocks
+// all SMs hold at once (the kernel's occupancy, queried once per kernel and device). Each warp
+// takes an equal run of the launch's units, so the blocks of a single wave end together; a grid
+// of several waves (8 blocks per SM: 2.67 waves at 3 resident) ran its last, partial wave at two
+// blocks per SM, lower occupancy, alone.
+template <typename Kernel>
+int wave_grid(Kernel kernel, int64_t wanted) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cached[kDevices];  // blocks per wave; 0 until queried
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;  // the launch reports the error
+  int blocks = dev < kDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (blocks == 0) {
+    int sms = 1, resident = 1;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 1;
+    if (LOWBIT_STEP_GRID_PER_SM > 0) {
+      resident = LOWBIT_STEP_GRID_PER_SM;
+    } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0) != cudaSuccess) {
+      resident = 1;
+    }
+    blocks = std::max(1, sms) * std::max(1, resident);
+    if (dev < kDevices) cached[dev].store(blocks, std::memory_order_relaxed);
+  }
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, blocks)));
+}
+
 // Kernels of rule R for one chunk (optim_step_<rule>.cu instantiate it).
 template <Rule R>
 cudaError_t launch_step(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, int ns,
-                        int grid, cudaStream_t stream);
+                        int64_t wanted, cudaStream_t stream);
 template <Rule R, typename T, int FAMILY, int WARP>
-cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int grid, cudaStream_t stream) {
+cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int64_t wanted, cudaStream_t stream) {
   constexpr int kMost = RuleMaxSlots<R>::value;
   constexpr int kFewer = rule_has_variant<R>(kMost - 1) ? kMost - 1 : (rule_has_variant<R>(1) ? 1 : kMost);
-  if (ns == kMost) step_kernel<R, T, FAMILY, kMost, WARP><<<grid, kThreads, 0, stream>>>(chunk, a);
-  else if (ns == kFewer) step_kernel<R, T, FAMILY, kFewer, WARP><<<grid, kThreads, 0, stream>>>(chunk, a);
-  else return cudaErrorInvalidValue;
+  if (ns == kMost) {
+    const auto kernel = step_kernel<R, T, FAMILY, kMost, WARP>;
+    kernel<<<wave_grid(kernel, wanted), kThreads, 0, stream>>>(chunk, a);
+  } else if (ns == kFewer) {
+    const auto kernel = step_kernel<R, T, FAMILY, kFewer, WARP>;
+    kernel<<<wave_grid(kernel, wanted), kThreads, 0, stream>>>(chunk, a);
+  } else {
+    return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
 #define LOWBIT_STEP_LAUNCH_FAMILY(R, T, W)                                                      \
   switch (family) {                                                                             \
-    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, ns, grid, stream);                      \
-    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, grid, stream);                    \
-    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, grid, stream);                \
-    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, grid, stream);                \
-    case kPow8: return launch_typed<R, T, kPow8, W>(chunk, a, ns, grid, stream);                    \
+    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, ns, wanted, stream);                      \
+    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, wanted, stream);                    \
+    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, wanted, stream);                \
+    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, wanted, stream);                \
+    case kPow8: return launch_typed<R, T, kPow8, W>(chunk, a, ns, wanted, stream);                    \
   }                                                                                             \
   return cudaErrorInvalidValue;
 
@@ -1004,7 +1043,7 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int grid, cu
 #define LOWBIT_INSTANTIATE_STEP(RULE)                                                           \
   template <>                                                                                   \
   cudaError_t launch_step<RULE>(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, \
-                                int ns, int grid, cudaStream_t stream) {                        \
+                                int ns, int64_t wanted, cudaStream_t stream) {                  \
     constexpr Rule R = RULE;                                                                    \
     LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_STEP_LAUNCH_WARP)                                          \
     return cudaErrorInvalidValue;                                                               \

@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_
 
 template <typename T, int FAMILY, int WARP>
 cudaError_t launch_lamb_sums_typed(const Chunk& c, const Args& a, int64_t wanted, cudaStream_t stream) {
-  const auto kernel = lamb_sums_kernel<T, FAMILY, WARP>;
-  kernel<<<wave_grid(kernel, wanted), kThreads, 0, stream>>>(c, a);
+  constexpr auto kernel = lamb_sums_kernel<T, FAMILY, WARP>;
+  kernel<<<wave_grid<kernel>(wanted), kThreads, 0, stream>>>(c, a);
   return cudaGetLastError();
 }
 

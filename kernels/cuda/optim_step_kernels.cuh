@@ -979,9 +979,10 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
 // all SMs hold at once (the kernel's occupancy, queried once per kernel and device). Each warp
 // takes an equal run of the launch's units, so the blocks of a single wave end together; a grid
 // of several waves (8 blocks per SM: 2.67 waves at 3 resident) ran its last, partial wave at two
-// blocks per SM, lower occupancy, alone.
-template <typename Kernel>
-int wave_grid(Kernel kernel, int64_t wanted) {
+// blocks per SM, lower occupancy, alone. The kernel is a template argument, not a function
+// pointer's type: each kernel needs its own cache.
+template <auto kernel>
+int wave_grid(int64_t wanted) {
   constexpr int kDevices = 64;
   static std::atomic<int> cached[kDevices];  // blocks per wave; 0 until queried
   int dev = 0;
@@ -1010,11 +1011,11 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int64_t want
   constexpr int kMost = RuleMaxSlots<R>::value;
   constexpr int kFewer = rule_has_variant<R>(kMost - 1) ? kMost - 1 : (rule_has_variant<R>(1) ? 1 : kMost);
   if (ns == kMost) {
-    const auto kernel = step_kernel<R, T, FAMILY, kMost, WARP>;
-    kernel<<<wave_grid(kernel, wanted), kThreads, 0, stream>>>(chunk, a);
+    constexpr auto kernel = step_kernel<R, T, FAMILY, kMost, WARP>;
+    kernel<<<wave_grid<kernel>(wanted), kThreads, 0, stream>>>(chunk, a);
   } else if (ns == kFewer) {
-    const auto kernel = step_kernel<R, T, FAMILY, kFewer, WARP>;
-    kernel<<<wave_grid(kernel, wanted), kThreads, 0, stream>>>(chunk, a);
+    constexpr auto kernel = step_kernel<R, T, FAMILY, kFewer, WARP>;
+    kernel<<<wave_grid<kernel>(wanted), kThreads, 0, stream>>>(chunk, a);
   } else {
     return cudaErrorInvalidValue;
   }

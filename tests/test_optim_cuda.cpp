@@ -418,6 +418,70 @@ TEST(OptimCuda, SpeculativeDivisionIsTheIeeeDivisionInItsRange) {
 }
 #endif
 
+// The kernels skip the search for negative values in a second-moment block when nothing negative
+// can come out of it (state_slots.h: nonneg_update_slots): only from a block whose old absmax is
+// valid. A block flagged negative (as a checkpoint may hold it) decodes to values <= 0, and the
+// step then makes negative ones: the CUDA step must flag the block as the CPU does. Blocks in the
+// middle and the ragged last one; blocks smaller than a warp's unit (Q4), of one unit (Q8), and
+// larger than one (4096).
+TEST(OptimCuda, SecondMomentBlocksFlaggedNegativeStayFlagged) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    const char* name;
+    std::vector<int> slots;  // the second moments (amsgrad: both, or its maximum stays >= 0)
+    std::function<std::unique_ptr<lo::LowbitOptimizer>(std::vector<at::Tensor>&)> make;
+  };
+  const std::vector<Case> cases = {
+      {"AdamW Q8", {1}, [](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8)); }},
+      {"AdamW Q4", {1}, [](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4)); }},
+      {"AdamW Q8 amsgrad", {1, 2}, [](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).amsgrad(true).state_format(StateFormat::Q8)); }},
+      {"AdamW Q8 block 4096", {1}, [](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).block_size(4096).state_format(StateFormat::Q8)); }},
+      {"LAMB Q8", {1}, [](auto& p) { return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).state_format(StateFormat::Q8)); }},
+      {"AdEMAMix Q8", {2}, [](auto& p) { return std::make_unique<lo::AdEMAMix>(p, lo::AdEMAMixOptions(1e-2).state_format(StateFormat::Q8)); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<at::Tensor> pc = {at::randn({70001})}, pg = to_cuda(pc);
+    auto a = c.make(pc);
+    auto b = c.make(pg);
+    // The CPU optimizer reports bad blocks after its step (which it has taken): expected once
+    // blocks are flagged. The CUDA one reports when asked (check_overflow).
+    const auto step = [&](bool flagged) {
+      const at::Tensor g = at::randn({70001}) * 0.1;
+      pc[0].mutable_grad() = g;
+      pg[0].mutable_grad() = g.cuda();
+      if (flagged) {
+        EXPECT_THROW(a->step(), c10::Error);
+      } else {
+        a->step();
+      }
+      b->step();
+    };
+    const auto absmax = [](lo::LowbitOptimizer& o, const at::Tensor& p, int k) {
+      return o.state_of(p)->slots[k].quantized.absmax();  // shares the state's storage
+    };
+    step(false);
+    const int64_t last = absmax(*a, pc[0], c.slots[0]).numel() - 1;
+    for (int k : c.slots) {
+      for (lo::LowbitOptimizer* o : {a.get(), b.get()}) {
+        const at::Tensor m = absmax(*o, o == a.get() ? pc[0] : pg[0], k);
+        for (int64_t block : {int64_t(2), last}) m[block].fill_(-m[block].item<float>());  // flagged, in place
+      }
+    }
+    step(true);
+    for (int k : c.slots) {
+      SCOPED_TRACE("slot " + std::to_string(k));
+      const at::Tensor want = absmax(*a, pc[0], k), got = absmax(*b, pg[0], k).cpu();
+      // The scenario makes negative values (else this test could not fail): the CPU flags both.
+      ASSERT_LT(want[2].item<float>(), 0.0f);
+      ASSERT_LT(want[last].item<float>(), 0.0f);
+      EXPECT_TRUE(lowbit_test::bitwise_equal(want, got));
+      EXPECT_TRUE(lowbit_test::bitwise_equal(a->state_of(pc[0])->slots[k].quantized.codes(),
+                                             b->state_of(pg[0])->slots[k].quantized.codes().cpu()));
+    }
+  }
+}
+
 TEST(OptimCuda, StateOverflowIsReportedWhenAsked) {
   SKIP_WITHOUT_CUDA();
   const auto overflowing = [] {

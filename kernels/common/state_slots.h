@@ -102,6 +102,23 @@ LOWBIT_HD constexpr bool slot_is_signed(Rule r, int k) {
   return true;
 }
 
+// Slots whose update keeps a non-negative value non-negative under config c (bit k): second
+// moments s * beta2 + (1 - beta2) * g^2 (and amsgrad's maximum of two) when 0 <= beta2 <= 1.
+// From a block of such values (an unsigned format, a valid absmax) the step makes no negative
+// value, so a kernel may skip the search for one (encode.h: block_absmax flags them); NaN and Inf
+// are found by the magnitudes as before. Rules whose coefficients are not bounded so (RMSprop's
+// alpha, Adagrad's initial sum) get no bit.
+inline int nonneg_update_slots(const StepConfig& c) {
+  if (!(c.beta2 >= 0.0 && c.beta2 <= 1.0)) return 0;
+  switch (c.rule) {
+    case Rule::Adam:
+    case Rule::AdamW: return 0b110;
+    case Rule::LAMB: return 0b010;
+    case Rule::AdEMAMix: return 0b100;
+    default: return 0;
+  }
+}
+
 inline RuleSlots rule_slots(const StepConfig& c) {
   RuleSlots s;
   const auto add = [&](int k, const char* name, bool used = true) {

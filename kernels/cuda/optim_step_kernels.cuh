@@ -112,6 +112,7 @@ struct Args {
   int64_t unit;                       // elements per unit
   int used_mask;                      // bit k: slot k is stored
   int slot_signed_mask;               // bit k: slot k's format is signed
+  int nonneg_mask;                    // bit k: state_slots.h's nonneg_update_slots
   int format_of_slot[kMomentSlots];   // 0 or 1: which staged table a slot uses
   const DeviceFormat* distinct[2];    // at most two formats per state layout
   int num_distinct;
@@ -295,12 +296,14 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
   return v;
 }
 
-// The block's absmax over `width` lanes; the raw bits only where the format is unsigned (a signed
-// one takes negative values).
+// The block's absmax over `width` lanes; the raw bits only where a negative value is possible and
+// matters: not for a signed format (it takes negative values), nor where `no_negative` (the same
+// for every lane of the group).
 template <int WARP, bool REDUX>
-__device__ __forceinline__ float group_absmax(const BitScan& s, int width, bool is_signed, int lane) {
+__device__ __forceinline__ float group_absmax(const BitScan& s, int width, bool is_signed, bool no_negative,
+                                              int lane) {
   const uint32_t max_abs = group_max<WARP, REDUX>(s.max_abs, width, lane);
-  const uint32_t max_raw = is_signed ? 0u : group_max<WARP, REDUX>(s.max_raw, width, lane);
+  const uint32_t max_raw = is_signed || no_negative ? 0u : group_max<WARP, REDUX>(s.max_raw, width, lane);
   return block_absmax_from_bits(max_abs, max_raw > 0x80000000u ? 1u : 0u, is_signed);
 }
 
@@ -426,6 +429,10 @@ struct Lane {
   // Elements past the parameter's end load as 0 (p, g and state) and update to 0: they change no
   // block's absmax and are never stored, so every loop runs all 8 without a bound.
   float p[8], s[NS][8];
+  // Bit k: slot k's new values cannot be negative (Args::nonneg_mask, and the block's old absmax
+  // is valid, so its decoded values are >= 0): its block needs no search for negative values.
+  // Set from the old absmax every lane of a block reads, so it is the same across the block.
+  uint32_t no_negative = 0;
 
   template <bool FULL>
   __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
@@ -477,6 +484,7 @@ struct Lane {
         uint8_t c[8];
         b.codes(k, c);
         decode8(sh, a, k, c, b.amax[k], s[k]);
+        if (((a.nonneg_mask >> k) & 1) && b.amax[k] >= 0.0f) no_negative |= 1u << k;
       }
       // An unused slot loaded nothing (its values, whatever they decode to, are neither read by
       // the rule nor stored).
@@ -512,10 +520,16 @@ struct Lane {
         load8(static_cast<const float*>(P.slot[k]), i, n, vec, s[k]);
       } else if (FAMILY == kBF16) {
         load8(static_cast<const bf16_t*>(P.slot[k]), i, n, vec, s[k]);
-      } else if (i < n) {
+      } else {
+        // The old scale, read by every lane of a block that exists (lanes past the end too), so
+        // that no_negative is the same across the block's lanes.
+        const int64_t block = i >> a.block_shift;
+        const float old = (block << a.block_shift) < n ? P.absmax[k][block] : 0.0f;
+        if (((a.nonneg_mask >> k) & 1) && old >= 0.0f) no_negative |= 1u << k;
+        if (i >= n) continue;
         uint8_t c[8];
         load_codes8<code_bits(FAMILY), false>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);
-        decode8(sh, a, k, c, P.absmax[k][i >> a.block_shift], s[k]);
+        decode8(sh, a, k, c, old, s[k]);
 #pragma unroll
         for (int e = 0; e < 8; ++e)
           if (i + e >= n) s[k][e] = 0.0f;  // code 0 is not 0
@@ -634,7 +648,8 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
       if (!(a.used_mask & (1 << k))) continue;
-      const float amax = group_absmax<WARP, FAMILY == kCodes8>(L.scan(k), group, (a.slot_signed_mask >> k) & 1, lane);
+      const float amax = group_absmax<WARP, FAMILY == kCodes8>(L.scan(k), group, (a.slot_signed_mask >> k) & 1,
+                                                               (L.no_negative >> k) & 1, lane);
       bad |= !(amax >= 0.0f);
       if (FULL || i < P.numel) {
         if (leader) P.absmax[k][i >> a.block_shift] = amax;
@@ -721,7 +736,8 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS
         }
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
-          amax_new[k] = group_absmax<WARP, FAMILY == kCodes8>(sc[k], WARP, (a.slot_signed_mask >> k) & 1, lane);
+          amax_new[k] = group_absmax<WARP, FAMILY == kCodes8>(sc[k], WARP, (a.slot_signed_mask >> k) & 1,
+                                                              (L.no_negative >> k) & 1, lane);
           if (a.used_mask & (1 << k)) bad |= !(amax_new[k] >= 0.0f);
         }
       }

@@ -158,7 +158,10 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
   while ((int64_t(1) << a.block_shift) < s.block_size) ++a.block_shift;
   a.found_inf = s.found_inf;
   a.stochastic_round = s.stochastic_round;
-  a.nonneg_mask = nonneg_update_slots(s.config);
+#ifndef LOWBIT_STEP_NONNEG_SKIP  // 0: an A/B build that searches every unsigned block for negative values
+#define LOWBIT_STEP_NONNEG_SKIP 1
+#endif
+  a.nonneg_mask = LOWBIT_STEP_NONNEG_SKIP ? nonneg_update_slots(s.config) : 0;
   const SlotStorage corr = s.num_slots > kCorrectionSlot ? s.slots[kCorrectionSlot].storage : SlotStorage::None;
   a.correction_bits = corr == SlotStorage::Int16 ? 16 : (corr == SlotStorage::Int8 ? 8 : 0);
   if (a.correction_bits != 0 && s.param_type != ElemType::BF16) return "a master-weight correction needs bf16 parameters";

@@ -784,6 +784,26 @@ struct LambRows {
   static __device__ __forceinline__ int start(int c) { return c * kRowStride + (c >= 8 ? 8 : 0); }
 };
 
+// The same rows holding p and r themselves, as floats, for blocks of a chunk or more: a float's
+// square is exact in double (48 significant bits; exponents within double's range), so the lane
+// that adds a row squares each value there, with the same product and the same additions in the
+// same order, and the rows move half the bytes through shared memory (ncu, H100, Q8: the L1 /
+// shared-memory pipeline 90 % busy with rows of squares). Row c starts at c * kRowStride floats,
+// rows 8..15 16 floats further (32 banks: the even and odd lanes' stores of one element then fall
+// in different banks), each on 16 bytes for four-float loads.
+template <int WARP>
+struct LambFloatRows {
+  static constexpr int kPerPartial = 8 * WARP / 16;
+  static constexpr int kRowStride = kPerPartial + 4;     // floats, a multiple of 4
+  static constexpr int kFloats = 16 * kRowStride + 16;   // one sum's rows
+  static __device__ __forceinline__ int start(int c) { return c * kRowStride + (c >= 8 ? 16 : 0); }
+};
+
+// Whether blocks of a chunk or more go through LambFloatRows (0: rows of squares, for an A/B build).
+#ifndef LOWBIT_LAMB_FLOAT_ROWS
+#define LOWBIT_LAMB_FLOAT_ROWS 1
+#endif
+
 // The 8 elements at i of LAMB's first pass: parameter (master value), gradient, decoded state;
 // 0 past `end`. FULL: the 8 are in range and aligned.
 template <bool FULL, typename T, int FAMILY>
@@ -849,9 +869,12 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
   constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
   constexpr int kWarps = kThreads / WARP, kChunkElems = 8 * WARP;
   using Rows = LambRows<WARP>;
+  using FloatRows = LambFloatRows<WARP>;
   // Decoding needs only the codebooks (2 KiB, not the encode tables): room for the squares.
   __shared__ __align__(16) float codebooks[2][256];
   __shared__ __align__(16) double rows[kWarps][2][Rows::kDoubles];
+  static_assert(sizeof(float) * 2 * FloatRows::kFloats <= sizeof(double) * 2 * Rows::kDoubles, "float rows fit");
+  float (*const float_rows)[2][FloatRows::kFloats] = reinterpret_cast<float (*)[2][FloatRows::kFloats]>(rows);
   if (kQuant) {
     for (int d = 0; d < a.num_distinct; ++d) stage(codebooks[d], a.distinct[d]->codebook, 256);
     __syncthreads();
@@ -876,19 +899,28 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
       r[e] = e < valid ? lamb_direction(h, g[e] * grad_mult, p[e], st, &mn, &vn, ar) : 0.0f;
     }
   };
+  // FLOATS: p and r into LambFloatRows; else their squares into LambRows.
   const auto square_into_rows = [&](const Hyper& h, float grad_mult, const float (&p)[8], const float (&g)[8],
-                                    const float (&s)[2][8], int64_t valid) {
+                                    const float (&s)[2][8], int64_t valid, auto floats) {
     float r[8];
     SpeculativeArith ar;
     if (kLambSumsSpeculate) directions(h, grad_mult, p, g, s, valid, ar, r);
     if (!kLambSumsSpeculate || !ar.ok) directions(h, grad_mult, p, g, s, valid, ExactArith{}, r);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;
-      rows[w][0][at] = static_cast<double>(p[e]) * p[e];
-      rows[w][1][at] = static_cast<double>(r[e]) * r[e];
+      if constexpr (decltype(floats)::value) {
+        const int at = FloatRows::start(8 * (lane % 2) + e) + lane / 2;
+        float_rows[w][0][at] = p[e];
+        float_rows[w][1][at] = r[e];
+      } else {
+        const int at = Rows::start(8 * (lane % 2) + e) + lane / 2;
+        rows[w][0][at] = static_cast<double>(p[e]) * p[e];
+        rows[w][1][at] = static_cast<double>(r[e]) * r[e];
+      }
     }
   };
+  using Squares = std::false_type;
+  using Floats = std::integral_constant<bool, LOWBIT_LAMB_FLOAT_ROWS != 0>;
   if (B % 16 == 0 && B < kChunkElems) {
     // Blocks smaller than a chunk (Q4's 128, C8's 64): one chunk holds nb consecutive blocks of a
     // parameter, block t as values [t * B / 16, (t + 1) * B / 16) of every row. Lane c < 16 (p) and
@@ -910,10 +942,10 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
       float p[8], g[8], s[2][8];
       if (vec && begin + kChunkElems <= end) {
         lamb_load<true, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
-        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, 8);
+        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, 8, Squares{});
       } else {
         lamb_load<false, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
-        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, end - i);
+        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, end - i, Squares{});
       }
       LOWBIT_SYNCWARP();
       if (lane < 32) {
@@ -953,19 +985,31 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
       // last): no bound tests.
       if (vec && off + kChunkElems <= end) {
         lamb_load<true, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
-        square_into_rows(h, grad_mult, p, g, s, 8);
+        square_into_rows(h, grad_mult, p, g, s, 8, Floats{});
       } else {
         lamb_load<false, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
-        square_into_rows(h, grad_mult, p, g, s, end - i);
+        square_into_rows(h, grad_mult, p, g, s, end - i, Floats{});
       }
       LOWBIT_SYNCWARP();
       if (lane < 32) {
-        const double2* row = reinterpret_cast<const double2*>(&rows[w][lane / 16][Rows::start(lane % 16)]);
+        if constexpr (Floats::value) {
+          const float4* row = reinterpret_cast<const float4*>(&float_rows[w][lane / 16][FloatRows::start(lane % 16)]);
 #pragma unroll
-        for (int k = 0; k < Rows::kPerPartial / 2; ++k) {
-          const double2 v = row[k];
-          part += v.x;
-          part += v.y;
+          for (int k = 0; k < FloatRows::kPerPartial / 4; ++k) {
+            const float4 v = row[k];
+            part += static_cast<double>(v.x) * v.x;
+            part += static_cast<double>(v.y) * v.y;
+            part += static_cast<double>(v.z) * v.z;
+            part += static_cast<double>(v.w) * v.w;
+          }
+        } else {
+          const double2* row = reinterpret_cast<const double2*>(&rows[w][lane / 16][Rows::start(lane % 16)]);
+#pragma unroll
+          for (int k = 0; k < Rows::kPerPartial / 2; ++k) {
+            const double2 v = row[k];
+            part += v.x;
+            part += v.y;
+          }
         }
       }
       LOWBIT_SYNCWARP();

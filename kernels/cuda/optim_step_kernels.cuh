@@ -853,15 +853,16 @@ __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, 
   }
 }
 
-// Blocks per SM LAMB's first pass asks the register allocation for. Quantized state: 4 (64
-// registers, where 76-80 left room for 3; bench/step_kernel_probe, H100, both LAMB passes over
-// 1.07B parameters with Q8 state: bf16 + 24-bit master 13.65 -> 12.86 ms, fp32 12.94 -> 12.89).
-// Dense state: 3 (the compiler took 86-87 registers, 2 blocks). -DLOWBIT_LAMB_MIN_BLOCKS=N sets
-// one value for all.
+// Blocks per SM LAMB's first pass asks the register allocation for: 3 (80 registers). With grids
+// of 8 blocks per SM, 4 (64 registers, some spilled) ran quantized state faster (H100, both LAMB
+// passes over 1.07B parameters, Q8: bf16 + 24-bit master 13.65 -> 12.86 ms); with one-wave grids
+// and LambFloatRows, 3 does (bench/step_kernel_probe, one call, 4 -> 3 blocks: Q8 fp32 13.06-13.08
+// -> 12.73-12.77 ms, bf16 + 24-bit master 12.28-12.31 -> 12.19). Dense state: 3 (the compiler took
+// 86-87 registers, 2 blocks). -DLOWBIT_LAMB_MIN_BLOCKS=N sets another value.
 #ifdef LOWBIT_LAMB_MIN_BLOCKS
 #define LOWBIT_LAMB_MIN_BLOCKS_OF(family) LOWBIT_LAMB_MIN_BLOCKS
 #else
-#define LOWBIT_LAMB_MIN_BLOCKS_OF(family) (is_quant_family(family) ? 4 : 3)
+#define LOWBIT_LAMB_MIN_BLOCKS_OF(family) 3
 #endif
 template <typename T, int FAMILY, int WARP>
 __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,

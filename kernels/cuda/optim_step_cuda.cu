@@ -18,6 +18,10 @@ template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, El
 template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
 template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
 
+#ifndef LOWBIT_STEP_NONNEG_SKIP  // 0: an A/B build that searches every unsigned block for negative values
+#define LOWBIT_STEP_NONNEG_SKIP 1
+#endif
+
 namespace {
 
 struct Scalars {
@@ -158,9 +162,6 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
   while ((int64_t(1) << a.block_shift) < s.block_size) ++a.block_shift;
   a.found_inf = s.found_inf;
   a.stochastic_round = s.stochastic_round;
-#ifndef LOWBIT_STEP_NONNEG_SKIP  // 0: an A/B build that searches every unsigned block for negative values
-#define LOWBIT_STEP_NONNEG_SKIP 1
-#endif
   a.nonneg_mask = LOWBIT_STEP_NONNEG_SKIP ? nonneg_update_slots(s.config) : 0;
   const SlotStorage corr = s.num_slots > kCorrectionSlot ? s.slots[kCorrectionSlot].storage : SlotStorage::None;
   a.correction_bits = corr == SlotStorage::Int16 ? 16 : (corr == SlotStorage::Int8 ? 8 : 0);

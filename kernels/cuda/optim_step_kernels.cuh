@@ -434,6 +434,12 @@ struct Lane {
   // Set from the old absmax every lane of a block reads, so it is the same across the block.
   uint32_t no_negative = 0;
 
+  // Slot k's block, whose old scale is `old_amax`, needs no search when the rule cannot make its
+  // values negative and the old scale is valid (not flagged negative).
+  __device__ __forceinline__ void note_no_negative(const Args& a, int k, float old_amax) {
+    if (((a.nonneg_mask >> k) & 1) && old_amax >= 0.0f) no_negative |= 1u << k;
+  }
+
   template <bool FULL>
   __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
                                               const SharedFormat* sh, int64_t i, bool vec) {
@@ -484,7 +490,7 @@ struct Lane {
         uint8_t c[8];
         b.codes(k, c);
         decode8(sh, a, k, c, b.amax[k], s[k]);
-        if (((a.nonneg_mask >> k) & 1) && b.amax[k] >= 0.0f) no_negative |= 1u << k;
+        note_no_negative(a, k, b.amax[k]);
       }
       // An unused slot loaded nothing (its values, whatever they decode to, are neither read by
       // the rule nor stored).
@@ -525,7 +531,7 @@ struct Lane {
         // that no_negative is the same across the block's lanes.
         const int64_t block = i >> a.block_shift;
         const float old = (block << a.block_shift) < n ? P.absmax[k][block] : 0.0f;
-        if (((a.nonneg_mask >> k) & 1) && old >= 0.0f) no_negative |= 1u << k;
+        note_no_negative(a, k, old);
         if (i >= n) continue;
         uint8_t c[8];
         load_codes8<code_bits(FAMILY), false>(static_cast<const uint8_t*>(P.slot[k]), i, n, vec, c);

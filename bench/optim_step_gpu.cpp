@@ -173,6 +173,9 @@ int main(int argc, char** argv) {
   lowbit_row<lo::AdamW>("lowbit AdamW C8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::C8), F, 2, 1.0625, false, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW BF16", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), F, 2, 2, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW FP32", lo::AdamWOptions(1e-3).state_format(StateFormat::FP32), F, 2, 4, true, T, R, C);
+  // bf16 parameters rounded to nearest, as ATen's bf16 row stores them: 10 bytes per parameter (12 with the check).
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), BF, 2, 1, false, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params SR", lo::AdamWOptions(1e-3).bf16_stochastic_round(true).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
   lowbit_row<lo::AdamW>("lowbit AdamW BF16, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), BF, 2, 2, true, T, R, C);
   // Master weights (bf16 params + correction): 12 bytes per parameter with Q8 state, check off.

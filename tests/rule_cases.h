@@ -50,4 +50,20 @@ inline std::vector<RuleCase> rule_cases() {
   };
 }
 
+// Sets master_weight_bits on every group of an optimizer made by rule_cases().
+inline void set_master_bits(lo::LowbitOptimizer& opt, int64_t bits) {
+  for (auto& g : opt.param_groups()) {
+    auto* o = &g.options();
+    if (auto* x = dynamic_cast<lo::AdamOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::AdamWOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::SGDOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::LionOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::RMSpropOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::AdagradOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::AdEMAMixOptions*>(o)) x->master_weight_bits(bits);
+    else if (auto* x = dynamic_cast<lo::LAMBOptions*>(o)) x->master_weight_bits(bits);
+    else TORCH_CHECK(false, "set_master_bits: unknown options type");
+  }
+}
+
 }  // namespace lowbit_test

@@ -19,22 +19,6 @@ using namespace lowbit_test;
 namespace lk = lowbit::kernels;
 namespace lo = lowbit::optim;
 
-// Sets master_weight_bits on every group of an optimizer made by rule_cases().
-void set_master_bits(lo::LowbitOptimizer& opt, int64_t bits) {
-  for (auto& g : opt.param_groups()) {
-    auto* o = &g.options();
-    if (auto* x = dynamic_cast<lo::AdamOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::AdamWOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::SGDOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::LionOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::RMSpropOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::AdagradOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::AdEMAMixOptions*>(o)) x->master_weight_bits(bits);
-    else if (auto* x = dynamic_cast<lo::LAMBOptions*>(o)) x->master_weight_bits(bits);
-    else FAIL() << "unknown options type";
-  }
-}
-
 uint32_t bits_of(float x) { return lk::f32_bits(x); }
 
 // Random fp32 bit patterns of every kind: normals of all exponents, subnormals, zeros, the top of

@@ -44,8 +44,10 @@ std::vector<at::Tensor> to_cuda(const std::vector<at::Tensor>& v) {
 
 // Steps a CPU and a CUDA optimizer made by `make` with the same gradients; returns a description of
 // the first difference in parameters or state ("" if none).
+// grad_dtypes: the gradients' dtypes, parameter by parameter (the parameters' own where left out).
 template <typename Make>
-std::string compare_cpu_cuda(Make make, std::vector<at::Tensor> pc, int steps, bool reference_too = false) {
+std::string compare_cpu_cuda(Make make, std::vector<at::Tensor> pc, int steps, bool reference_too = false,
+                             const std::vector<at::ScalarType>& grad_dtypes = {}) {
   std::vector<at::Tensor> pg = to_cuda(pc), pr = to_cuda(pc);
   auto a = make(pc);
   auto b = make(pg);
@@ -53,7 +55,8 @@ std::string compare_cpu_cuda(Make make, std::vector<at::Tensor> pc, int steps, b
   if (reference_too) lo::StepTesting::use_reference_step(*r, true);
   for (int s = 0; s < steps; ++s) {
     for (size_t i = 0; i < pc.size(); ++i) {
-      const at::Tensor g = (at::randn(pc[i].sizes()) * 0.1).to(pc[i].scalar_type());
+      const at::Tensor g =
+          (at::randn(pc[i].sizes()) * 0.1).to(i < grad_dtypes.size() ? grad_dtypes[i] : pc[i].scalar_type());
       pc[i].mutable_grad() = g;
       pg[i].mutable_grad() = g.cuda();
       pr[i].mutable_grad() = g.cuda();
@@ -99,6 +102,40 @@ TEST(OptimCuda, EveryRuleFormatAndDtypeEqualsTheCpuKernel) {
                        (sr ? " SR" : ""));
           const bool with_reference = dt == at::kFloat && !sr;  // the ATen reference on CUDA, once per case
           EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return rc.make(p, f, sr); }, make_params(dt), 3, with_reference), "");
+        }
+      }
+    }
+  }
+}
+
+// bf16 parameters take a kernel compiled for their gradients' dtype, master-weight correction and
+// rounding (optim_step_kernels.cuh: Companions) where every gradient of a launch is bf16, else the
+// kernel that reads those at run time. Both equal the CPU kernel bit for bit: every rule and
+// quantized family, each way to store the parameter, gradients of each dtype and of mixed dtypes
+// in one group.
+TEST(OptimCuda, BfloatParametersWithGradientsOfEveryDtypeEqualTheCpuKernel) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<at::Tensor> params = make_params(at::kBFloat16);
+  const size_t n = params.size();
+  const std::vector<std::pair<const char*, std::vector<at::ScalarType>>> grads = {
+      {"bf16", std::vector<at::ScalarType>(n, at::kBFloat16)},
+      {"fp32", std::vector<at::ScalarType>(n, at::kFloat)},
+      {"fp16", std::vector<at::ScalarType>(n, at::kHalf)},
+      {"mixed", {at::kBFloat16, at::kFloat, at::kBFloat16, at::kHalf, at::kBFloat16}}};
+  for (const auto& rc : lowbit_test::rule_cases()) {
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::C8}) {
+      for (int mode = 0; mode < 4; ++mode) {  // nearest, stochastic, 24-bit master, 32-bit master
+        for (const auto& g : grads) {
+          SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f) + " mode " + std::to_string(mode) +
+                       " grads " + g.first);
+          const auto make = [&](std::vector<at::Tensor>& p) {
+            auto opt = rc.make(p, f, mode == 1);
+            if (mode >= 2) lowbit_test::set_master_bits(*opt, mode == 2 ? 24 : 32);
+            return opt;
+          };
+          std::vector<at::Tensor> pc;
+          for (const auto& t : params) pc.push_back(t.clone());
+          EXPECT_EQ(compare_cpu_cuda(make, pc, 3, false, g.second), "");
         }
       }
     }

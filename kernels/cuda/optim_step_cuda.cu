@@ -9,14 +9,14 @@ namespace kernels {
 namespace gpu_step {
 
 // Instantiated in optim_step_<rule>.cu.
-template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
-template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adam>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdamW>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::SGD>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Lion>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
+template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
 
 #ifndef LOWBIT_STEP_NONNEG_SKIP  // 0: an A/B build that searches every unsigned block for negative values
 #define LOWBIT_STEP_NONNEG_SKIP 1
@@ -125,18 +125,30 @@ cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int warp
   return cudaErrorInvalidValue;
 }
 
+// The Companions a chunk's kernel fixes (optim_step_kernels.cuh): for bf16 parameters whose
+// gradients are all bf16, the one way the step stores them; else kAnyCompanions.
+int companions_of(const Chunk& c, const Args& a, ElemType param_type) {
+  if (param_type != ElemType::BF16) return kAnyCompanions;
+  for (int i = 0; i < c.count; ++i)
+    if (c.p[i].grad_type != ElemType::BF16) return kAnyCompanions;
+  if (a.correction_bits == 16) return kMaster32;
+  if (a.correction_bits == 8) return kMaster24;
+  return a.stochastic_round ? kStochastic : kNearest;
+}
+
 cudaError_t launch_rule(Rule r, const Chunk& c, const Args& a, ElemType t, int family, int warp, int64_t wanted,
                         cudaStream_t stream) {
   const int ns = carried_slots(r, a.used_mask);
+  const int cs = companions_of(c, a, t);
   switch (r) {
-    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, ns, wanted, stream);
-    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, ns, wanted, stream);
+    case Rule::Adam: return launch_step<Rule::Adam>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::AdamW: return launch_step<Rule::AdamW>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::SGD: return launch_step<Rule::SGD>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::Lion: return launch_step<Rule::Lion>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::RMSprop: return launch_step<Rule::RMSprop>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::Adagrad: return launch_step<Rule::Adagrad>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::AdEMAMix: return launch_step<Rule::AdEMAMix>(c, a, t, family, warp, ns, cs, wanted, stream);
+    case Rule::LAMB: return launch_step<Rule::LAMB>(c, a, t, family, warp, ns, cs, wanted, stream);
   }
   return cudaErrorInvalidValue;
 }

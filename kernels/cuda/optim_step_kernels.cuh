@@ -123,6 +123,38 @@ struct Args {
   int correction_bits;                // 16 / 8: bf16 parameters carry a master-weight correction; 0: none
 };
 
+// What a step kernel fixes at compile time about its parameters' companions: the gradient's
+// dtype, the master-weight correction's width, stochastic rounding. kAnyCompanions reads all three
+// at run time (every case, one kernel). The others are bf16 parameters with bf16 gradients, each
+// with one way to store the new value, so the kernel carries that one path: with every path in one
+// kernel nvcc spilled the bf16 kernels' registers (AdamW Q8: 64 bytes stored, 136 loaded), and the
+// fixed kernels ran faster (bench/step_kernel_probe, H100, AdamW Q8, 1.07B parameters, kernel
+// alone: stochastic rounding 5.72 -> 5.19 ms, 24-bit master 5.83 -> 5.32).
+enum Companions : int { kAnyCompanions = 0, kNearest = 1, kStochastic = 2, kMaster24 = 3, kMaster32 = 4 };
+
+// The (parameter dtype, family) pairs compiled with fixed companions besides kAnyCompanions: bf16
+// parameters with quantized state, whose kernels are bound by instruction issue (dense state is
+// bound by memory, and fp32 parameters have one way to be stored).
+template <typename T>
+LOWBIT_HD constexpr bool has_fixed_companions(int family) {
+  return std::is_same<T, bf16_t>::value && is_quant_family(family);
+}
+
+// A kernel's companions as values: constants where C fixes them.
+template <typename T, int C>
+struct Known {
+  static_assert(C == kAnyCompanions || std::is_same<T, bf16_t>::value, "fixed companions are for bf16 parameters");
+  static __device__ __forceinline__ ElemType grad_type(const GpuStepParam& P) {
+    return C == kAnyCompanions ? P.grad_type : ElemType::BF16;
+  }
+  static __device__ __forceinline__ int correction_bits(const Args& a) {
+    return C == kAnyCompanions ? a.correction_bits : (C == kMaster24 ? 8 : (C == kMaster32 ? 16 : 0));
+  }
+  static __device__ __forceinline__ bool stochastic(const Args& a) {
+    return C == kAnyCompanions ? a.stochastic_round : C == kStochastic;
+  }
+};
+
 // ---- shared-memory tables -------------------------------------------------------------------------
 
 // Shared memory holds a DeviceFormat (gpu_tables.cuh), copied from the device's.
@@ -223,9 +255,9 @@ __device__ __forceinline__ void add_corrections_of(const GpuStepParam& P, int64_
 }
 
 template <bool FULL>
-__device__ __forceinline__ void add_corrections(const GpuStepParam& P, const Args& a, int64_t i, int64_t n, bool vec,
+__device__ __forceinline__ void add_corrections(const GpuStepParam& P, int bits, int64_t i, int64_t n, bool vec,
                                                 float (&p)[8]) {
-  if (a.correction_bits == 16) add_corrections_of<16, FULL>(P, i, n, vec, p);
+  if (bits == 16) add_corrections_of<16, FULL>(P, i, n, vec, p);
   else add_corrections_of<8, FULL>(P, i, n, vec, p);
 }
 
@@ -250,14 +282,14 @@ __device__ __forceinline__ void store_corrected_of(const GpuStepParam& P, int64_
 }
 
 template <bool FULL>
-__device__ __forceinline__ void store_corrected(const GpuStepParam& P, const Args& a, int64_t i, int64_t n, bool vec,
+__device__ __forceinline__ void store_corrected(const GpuStepParam& P, int bits, int64_t i, int64_t n, bool vec,
                                                 const float (&p)[8]) {
   // One NaN test for the 8 (a max of the magnitudes' bits), not one per element.
   uint32_t most = 0;
 #pragma unroll
   for (int e = 0; e < 8; ++e) most = max(most, f32_bits(p[e]) & 0x7FFFFFFFu);
   const bool no_nan = most <= 0x7F800000u;
-  if (a.correction_bits == 16) store_corrected_of<16, FULL>(P, i, n, vec, p, no_nan);
+  if (bits == 16) store_corrected_of<16, FULL>(P, i, n, vec, p, no_nan);
   else store_corrected_of<8, FULL>(P, i, n, vec, p, no_nan);
 }
 
@@ -335,8 +367,9 @@ __device__ __forceinline__ void convert8(const uint4* w, float (&v)[8]) {
 // load in each branch (the gradient's dtype, the correction's width, each used slot) nvcc issued
 // them one after another, each waiting for the one before (ncu: a stall of a memory latency at the
 // first use of each), about five round trips per unit with bf16 parameters and a 24-bit master.
-template <typename T, int FAMILY, int NS>
+template <typename T, int FAMILY, int NS, int C = kAnyCompanions>
 struct UnitBytes {
+  using K = Known<T, C>;
   static constexpr int kSlotWords = FAMILY == kF32 ? 2 : 1;  // 16-byte words per slot
   uint4 p[sizeof(T) == 4 ? 2 : 1];
   uint4 g[2];      // fp32 gradients: both; 16-bit: g[0]
@@ -348,14 +381,14 @@ struct UnitBytes {
     const T* param = static_cast<const T*>(P.param) + i;
     p[0] = load16(param);
     if (sizeof(T) == 4) p[sizeof(T) == 4 ? 1 : 0] = load16(param + 4);
-    const bool g32 = P.grad_type == ElemType::F32;
+    const bool g32 = K::grad_type(P) == ElemType::F32;
     const char* grad = static_cast<const char*>(P.grad) + i * (g32 ? 4 : 2);
     g[0] = load16(grad);
     g[1] = g32 ? load16(grad + 16) : make_uint4(0, 0, 0, 0);
     corr = make_uint4(0, 0, 0, 0);
     if (sizeof(T) == 2) {
-      if (a.correction_bits == 16) corr = load16(static_cast<const int16_t*>(P.correction) + i);
-      if (a.correction_bits == 8) {
+      if (K::correction_bits(a) == 16) corr = load16(static_cast<const int16_t*>(P.correction) + i);
+      if (K::correction_bits(a) == 8) {
         const uint2 c = load8b(static_cast<const int8_t*>(P.correction) + i);
         corr.x = c.x;
         corr.y = c.y;
@@ -389,13 +422,13 @@ struct UnitBytes {
   __device__ __forceinline__ void param_grad(const Args& a, ElemType grad_type, float (&pv)[8], float (&gv)[8]) const {
     convert8<T>(p, pv);
     if constexpr (std::is_same<T, bf16_t>::value) {
-      if (a.correction_bits == 16) {
+      if (K::correction_bits(a) == 16) {
         const uint32_t w[4] = {corr.x, corr.y, corr.z, corr.w};
 #pragma unroll
         for (int e = 0; e < 8; ++e)
           pv[e] = master_from16(static_cast<uint16_t>(f32_bits(pv[e]) >> 16),
                                 static_cast<int16_t>((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu));
-      } else if (a.correction_bits == 8) {
+      } else if (K::correction_bits(a) == 8) {
         const uint32_t w[2] = {corr.x, corr.y};
 #pragma unroll
         for (int e = 0; e < 8; ++e)
@@ -424,8 +457,9 @@ struct UnitBytes {
 
 // 8 elements starting at element i of parameter P: load, decode, update in registers. NS slots
 // are carried (the highest used slot + 1); FULL: the 8 elements are in range and aligned.
-template <Rule R, typename T, int FAMILY, int NS>
+template <Rule R, typename T, int FAMILY, int NS, int C>
 struct Lane {
+  using K = Known<T, C>;
   // Elements past the parameter's end load as 0 (p, g and state) and update to 0: they change no
   // block's absmax and are never stored, so every loop runs all 8 without a bound.
   float p[8], s[NS][8];
@@ -467,9 +501,9 @@ struct Lane {
       const int64_t n = P.numel;
       load8(static_cast<const T*>(P.param), i, n, vec, p);
       if constexpr (std::is_same<T, bf16_t>::value) {
-        if (a.correction_bits != 0) add_corrections<false>(P, a, i, n, vec, p);
+        if (K::correction_bits(a) != 0) add_corrections<false>(P, K::correction_bits(a), i, n, vec, p);
       }
-      load_grad8(P.grad, P.grad_type, i, n, vec, g);
+      load_grad8(P.grad, K::grad_type(P), i, n, vec, g);
       load_slots(P, a, sh, i, vec);
     }
   }
@@ -477,9 +511,9 @@ struct Lane {
   // A whole, aligned unit: the raw bytes first (UnitBytes), then converted and decoded.
   __device__ __forceinline__ void load_full(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
                                             float (&g)[8]) {
-    UnitBytes<T, FAMILY, NS> b;
+    UnitBytes<T, FAMILY, NS, C> b;
     b.load(P, a, i);
-    b.param_grad(a, P.grad_type, p, g);
+    b.param_grad(a, K::grad_type(P), p, g);
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
       if (FAMILY == kF32) {
@@ -588,12 +622,12 @@ struct Lane {
       }
     }
     if constexpr (std::is_same<T, bf16_t>::value) {
-      if (a.correction_bits != 0) {
-        store_corrected<FULL>(P, a, i, n, FULL || vec, p);
+      if (K::correction_bits(a) != 0) {
+        store_corrected<FULL>(P, K::correction_bits(a), i, n, FULL || vec, p);
         return;
       }
     }
-    store_param8<FULL>(static_cast<T*>(P.param), i, n, vec, p, a.stochastic_round, seed, P.offset);
+    store_param8<FULL>(static_cast<T*>(P.param), i, n, vec, p, K::stochastic(a), seed, P.offset);
   }
 
   template <bool FULL>
@@ -638,12 +672,12 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
 }
 
 // One unit of small blocks (B <= 8 lanes' worth of a warp): each group of B/8 lanes owns a block.
-template <Rule R, typename T, int FAMILY, int NS, int WARP, bool FULL>
+template <Rule R, typename T, int FAMILY, int NS, int WARP, int C, bool FULL>
 __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
                                                  uint64_t seed, const SharedFormat* sh, int64_t i, bool vec,
                                                  int lane, int group) {
   constexpr bool kQuant = is_quant_family(FAMILY);
-  Lane<R, T, FAMILY, NS> L;
+  Lane<R, T, FAMILY, NS, C> L;
   L.template load_update<FULL>(P, a, h, grad_mult, sh, i, vec);
   // The parameter (and dense state) first: its registers are free during the reductions and the
   // encode, where the kernel's register pressure peaks.
@@ -679,7 +713,7 @@ __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Ar
 #else
 #define LOWBIT_STEP_MIN_BLOCKS_OF(family, slots) ((family) == kF32 || (slots) >= 3 ? 2 : 3)
 #endif
-template <Rule R, typename T, int FAMILY, int NS, int WARP>
+template <Rule R, typename T, int FAMILY, int NS, int WARP, int C>
 __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS)) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = is_quant_family(FAMILY);
   constexpr bool kCopyDescriptor = FAMILY == kF32;
@@ -720,9 +754,9 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS
       for (; u < end; ++u) {
         const int64_t i = (u - first) * a.unit + int64_t(lane) * 8;
         if (u < full_end)
-          small_block_unit<R, T, FAMILY, NS, WARP, true>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
+          small_block_unit<R, T, FAMILY, NS, WARP, C, true>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
         else
-          small_block_unit<R, T, FAMILY, NS, WARP, false>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
+          small_block_unit<R, T, FAMILY, NS, WARP, C, false>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
       }
       continue;
     }
@@ -730,7 +764,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS
       // One block per unit, the whole warp: pass 1 finds the new absmax, pass 2 recomputes and stores.
       const int64_t base = (u - first) * a.unit;
       const int64_t block = base >> a.block_shift;
-      Lane<R, T, FAMILY, NS> L;
+      Lane<R, T, FAMILY, NS, C> L;
       float amax_new[NS];
       bool bad = false;
       {
@@ -838,7 +872,7 @@ __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, 
   }
   load8(static_cast<const T*>(P.param), i, end, vec, p);
   if constexpr (std::is_same<T, bf16_t>::value) {
-    if (a.correction_bits != 0) add_corrections<false>(P, a, i, end, vec, p);
+    if (a.correction_bits != 0) add_corrections<false>(P, a.correction_bits, i, end, vec, p);
   }
   load_grad8(P.grad, P.grad_type, i, end, vec, g);
 #pragma unroll
@@ -1070,18 +1104,19 @@ int wave_grid(int64_t wanted) {
 }
 
 // Kernels of rule R for one chunk (optim_step_<rule>.cu instantiate it).
+// companions: the chunk's Companions (kernels without fixed ones take kAnyCompanions for any).
 template <Rule R>
 cudaError_t launch_step(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, int ns,
-                        int64_t wanted, cudaStream_t stream);
-template <Rule R, typename T, int FAMILY, int WARP>
-cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int64_t wanted, cudaStream_t stream) {
+                        int companions, int64_t wanted, cudaStream_t stream);
+template <Rule R, typename T, int FAMILY, int WARP, int C>
+cudaError_t launch_companions(const Chunk& chunk, const Args& a, int ns, int64_t wanted, cudaStream_t stream) {
   constexpr int kMost = RuleMaxSlots<R>::value;
   constexpr int kFewer = rule_has_variant<R>(kMost - 1) ? kMost - 1 : (rule_has_variant<R>(1) ? 1 : kMost);
   if (ns == kMost) {
-    constexpr auto kernel = step_kernel<R, T, FAMILY, kMost, WARP>;
+    constexpr auto kernel = step_kernel<R, T, FAMILY, kMost, WARP, C>;
     kernel<<<wave_grid<kernel>(wanted), kThreads, 0, stream>>>(chunk, a);
   } else if (ns == kFewer) {
-    constexpr auto kernel = step_kernel<R, T, FAMILY, kFewer, WARP>;
+    constexpr auto kernel = step_kernel<R, T, FAMILY, kFewer, WARP, C>;
     kernel<<<wave_grid<kernel>(wanted), kThreads, 0, stream>>>(chunk, a);
   } else {
     return cudaErrorInvalidValue;
@@ -1089,13 +1124,28 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int64_t want
   return cudaGetLastError();
 }
 
+template <Rule R, typename T, int FAMILY, int WARP>
+cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int companions, int64_t wanted,
+                         cudaStream_t stream) {
+  if constexpr (has_fixed_companions<T>(FAMILY)) {
+    switch (companions) {
+      case kNearest: return launch_companions<R, T, FAMILY, WARP, kNearest>(chunk, a, ns, wanted, stream);
+      case kStochastic: return launch_companions<R, T, FAMILY, WARP, kStochastic>(chunk, a, ns, wanted, stream);
+      case kMaster24: return launch_companions<R, T, FAMILY, WARP, kMaster24>(chunk, a, ns, wanted, stream);
+      case kMaster32: return launch_companions<R, T, FAMILY, WARP, kMaster32>(chunk, a, ns, wanted, stream);
+      default: break;
+    }
+  }
+  return launch_companions<R, T, FAMILY, WARP, kAnyCompanions>(chunk, a, ns, wanted, stream);
+}
+
 #define LOWBIT_STEP_LAUNCH_FAMILY(R, T, W)                                                      \
   switch (family) {                                                                             \
-    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, ns, wanted, stream);                      \
-    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, wanted, stream);                    \
-    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, wanted, stream);                \
-    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, wanted, stream);                \
-    case kPow8: return launch_typed<R, T, kPow8, W>(chunk, a, ns, wanted, stream);                    \
+    case kF32: return launch_typed<R, T, kF32, W>(chunk, a, ns, companions, wanted, stream);                      \
+    case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, companions, wanted, stream);                    \
+    case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, companions, wanted, stream);                \
+    case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, companions, wanted, stream);                \
+    case kPow8: return launch_typed<R, T, kPow8, W>(chunk, a, ns, companions, wanted, stream);                    \
   }                                                                                             \
   return cudaErrorInvalidValue;
 
@@ -1111,7 +1161,7 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int64_t want
 #define LOWBIT_INSTANTIATE_STEP(RULE)                                                           \
   template <>                                                                                   \
   cudaError_t launch_step<RULE>(const Chunk& chunk, const Args& a, ElemType param_type, int family, int warp, \
-                                int ns, int64_t wanted, cudaStream_t stream) {                  \
+                                int ns, int companions, int64_t wanted, cudaStream_t stream) {  \
     constexpr Rule R = RULE;                                                                    \
     LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_STEP_LAUNCH_WARP)                                          \
     return cudaErrorInvalidValue;                                                               \

@@ -51,6 +51,15 @@ constexpr bool kSpeculates = R == Rule::AdEMAMix;
 constexpr bool kLambSumsSpeculate = false;
 #endif
 
+// Whether a rule's 8 elements per lane go through it together, as one f32x8 with BatchArith
+// (speculative_arith.cuh), rather than one float at a time with nvcc's division and square root.
+// -DLOWBIT_STEP_BATCH=0 builds the one-at-a-time update for an A/B run.
+#ifndef LOWBIT_STEP_BATCH
+#define LOWBIT_STEP_BATCH 1
+#endif
+template <Rule R>
+constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R>;
+
 constexpr int kThreads = 256;
 constexpr int kChunk = kDescriptorsPerLaunch;
 
@@ -489,7 +498,8 @@ struct Lane {
       asm volatile("" ::: "memory");
       load<FULL>(P, a, sh, i, vec, g);
     }
-    update(h, grad_mult, g, ExactArith{});
+    if constexpr (kBatches<R>) update_batch(h, grad_mult, g);
+    else update(h, grad_mult, g, ExactArith{});
   }
 
   template <bool FULL>
@@ -593,6 +603,26 @@ struct Lane {
       p[e] = pe;
 #pragma unroll
       for (int k = 0; k < NS; ++k) s[k][e] = st[k];
+    }
+  }
+
+  // The same update on the 8 elements as one f32x8 value (kBatches).
+  __device__ __forceinline__ void update_batch(const Hyper& h, float grad_mult, const float (&g)[8]) {
+    constexpr int kSlots = RuleMaxSlots<R>::value;
+    f32x8 ge, pe, st[kSlots];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      ge.v[e] = g[e] * grad_mult;  // as in update
+      pe.v[e] = p[e];
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) st[k].v[e] = k < NS ? s[k < NS ? k : 0][e] : 0.0f;
+    }
+    apply_rule<R, f32x8, (NS >= 3)>(h, ge, pe, st, BatchArith{});
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      p[e] = pe.v[e];
+#pragma unroll
+      for (int k = 0; k < NS; ++k) s[k][e] = st[k].v[e];
     }
   }
 

@@ -26,38 +26,153 @@
 #include <cstdint>
 
 #include "../common/host_device.h"
+#include "../common/optim_rules.h"
 
 namespace lowbit {
 namespace kernels {
 namespace gpu_step {
+
+// The short sequences and the ranges where they are exact (above), one operation each.
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC__)
+__device__ __forceinline__ bool short_sqrt_exact(float x) { return __float_as_uint(x) + 0xF3000000u <= 0x727FFFFFu; }
+
+__device__ __forceinline__ float short_sqrt(float x) {
+  float r;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  const float y = __fmul_rn(x, r);
+  const float half_r = __fmul_rn(r, 0.5f);
+  const float e = __fmaf_rn(-y, y, x);
+  return __fmaf_rn(e, half_r, y);
+}
+
+__device__ __forceinline__ bool short_div_exact(float a, float b) {
+  const uint32_t abs_a = __float_as_uint(a) & 0x7FFFFFFFu;
+  return __float_as_uint(b) - 0x20800000u <= 0x3E000000u && (abs_a - 0x20800000u <= 0x3E000000u || abs_a == 0u);
+}
+
+__device__ __forceinline__ float short_div(float a, float b) {
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
+  const float r1 = __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
+  const float q0 = __fmul_rn(a, r1);
+  return __fmaf_rn(-r1, __fmaf_rn(b, q0, -a), q0);
+}
+#endif
 
 struct SpeculativeArith {
   bool ok = true;
 
 #if defined(__CUDA_ARCH__) && !defined(__HIPCC__)
   __device__ __forceinline__ float sqrt(float x) {
-    ok &= __float_as_uint(x) + 0xF3000000u <= 0x727FFFFFu;
-    float r;
-    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    const float y = __fmul_rn(x, r);
-    const float half_r = __fmul_rn(r, 0.5f);
-    const float e = __fmaf_rn(-y, y, x);
-    return __fmaf_rn(e, half_r, y);
+    ok &= short_sqrt_exact(x);
+    return short_sqrt(x);
   }
 
   __device__ __forceinline__ float div(float a, float b) {
-    const uint32_t abs_a = __float_as_uint(a) & 0x7FFFFFFFu;
-    ok &= __float_as_uint(b) - 0x20800000u <= 0x3E000000u;
-    ok &= abs_a - 0x20800000u <= 0x3E000000u || abs_a == 0u;
-    float r0;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
-    const float r1 = __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
-    const float q0 = __fmul_rn(a, r1);
-    return __fmaf_rn(-r1, __fmaf_rn(b, q0, -a), q0);
+    ok &= short_div_exact(a, b);
+    return short_div(a, b);
   }
 #else
   __device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }
   __device__ __forceinline__ float div(float a, float b) { return a / b; }
+#endif
+};
+
+// Eight elements as one value of a rule (optim_rules.h: the rules are templates over the float
+// type, as the CPU's AVX-512 loop runs them on 16): each operator is the float operation on each
+// element, so the bits are the same, and a lane's 8 elements go through the rule together.
+struct f32x8 {
+  float v[8];
+};
+
+#define LOWBIT_F32X8_BINARY(OP)                                                                       \
+  __device__ __forceinline__ f32x8 operator OP(const f32x8& a, const f32x8& b) {                   \
+    f32x8 r;                                                                                        \
+    _Pragma("unroll") for (int e = 0; e < 8; ++e) r.v[e] = a.v[e] OP b.v[e];                        \
+    return r;                                                                                       \
+  }                                                                                                 \
+  __device__ __forceinline__ f32x8 operator OP(const f32x8& a, float b) {                          \
+    f32x8 r;                                                                                        \
+    _Pragma("unroll") for (int e = 0; e < 8; ++e) r.v[e] = a.v[e] OP b;                             \
+    return r;                                                                                       \
+  }                                                                                                 \
+  __device__ __forceinline__ f32x8 operator OP(float a, const f32x8& b) {                          \
+    f32x8 r;                                                                                        \
+    _Pragma("unroll") for (int e = 0; e < 8; ++e) r.v[e] = a OP b.v[e];                             \
+    return r;                                                                                       \
+  }
+LOWBIT_F32X8_BINARY(+)
+LOWBIT_F32X8_BINARY(-)
+LOWBIT_F32X8_BINARY(*)
+#undef LOWBIT_F32X8_BINARY
+
+__device__ __forceinline__ f32x8 operator-(const f32x8& a) {
+  f32x8 r;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) r.v[e] = -a.v[e];
+  return r;
+}
+
+__device__ __forceinline__ f32x8 vmax(const f32x8& a, const f32x8& b) {
+  f32x8 r;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) r.v[e] = kernels::vmax(a.v[e], b.v[e]);
+  return r;
+}
+
+__device__ __forceinline__ f32x8 sign_of(const f32x8& a) {
+  f32x8 r;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) r.v[e] = kernels::sign_of(a.v[e]);
+  return r;
+}
+
+// Division and square root of 8 elements at once: one test of all 8 operands, then the short
+// sequences for all 8, or, where one is outside their range, the IEEE operations for all 8. nvcc's
+// own division and square root test and branch per element, and its scheduler does not move the
+// next element's work across those branches, so a lane's 8 elements ran one after another.
+struct BatchArith {
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC__)
+  __device__ __forceinline__ f32x8 sqrt(const f32x8& x) const {
+    bool ok = true;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ok &= short_sqrt_exact(x.v[e]);
+    f32x8 r;
+    if (ok) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r.v[e] = short_sqrt(x.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r.v[e] = sqrtf(x.v[e]);
+    }
+    return r;
+  }
+
+  __device__ __forceinline__ f32x8 div(const f32x8& a, const f32x8& b) const {
+    bool ok = true;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ok &= short_div_exact(a.v[e], b.v[e]);
+    f32x8 r;
+    if (ok) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r.v[e] = short_div(a.v[e], b.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r.v[e] = a.v[e] / b.v[e];
+    }
+    return r;
+  }
+#else
+  __device__ __forceinline__ f32x8 sqrt(const f32x8& x) const {
+    f32x8 r;
+    for (int e = 0; e < 8; ++e) r.v[e] = sqrtf(x.v[e]);
+    return r;
+  }
+  __device__ __forceinline__ f32x8 div(const f32x8& a, const f32x8& b) const {
+    f32x8 r;
+    for (int e = 0; e < 8; ++e) r.v[e] = a.v[e] / b.v[e];
+    return r;
+  }
 #endif
 };
 

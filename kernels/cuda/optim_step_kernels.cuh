@@ -51,15 +51,6 @@ constexpr bool kSpeculates = R == Rule::AdEMAMix;
 constexpr bool kLambSumsSpeculate = false;
 #endif
 
-// Whether a rule's 8 elements per lane go through it together, as one f32x8 with BatchArith
-// (speculative_arith.cuh), rather than one float at a time with nvcc's division and square root.
-// -DLOWBIT_STEP_BATCH=0 builds the one-at-a-time update for an A/B run.
-#ifndef LOWBIT_STEP_BATCH
-#define LOWBIT_STEP_BATCH 1
-#endif
-template <Rule R>
-constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R>;
-
 constexpr int kThreads = 256;
 constexpr int kChunk = kDescriptorsPerLaunch;
 
@@ -163,6 +154,23 @@ struct Known {
     return C == kAnyCompanions ? a.stochastic_round : C == kStochastic;
   }
 };
+
+// Whether a kernel's rule takes a lane's 8 elements together, as one f32x8 with BatchArith
+// (speculative_arith.cuh), rather than one float at a time with nvcc's division and square root.
+// Measured with bench/step_kernel_probe (H100, AdamW, 1.07B parameters, kernel alone, one at a
+// time -> together): faster for the kernels with fixed companions and table-coded state (Q8 with
+// bf16 parameters and stochastic rounding 5.18 -> 5.11 ms, with a 24-bit master 5.28 -> 5.16, Q4
+// with a 24-bit master 5.39 -> 5.23); slower where the kernel holds more (kAnyCompanions: fp32
+// parameters with Q8 state 6.44 -> 6.86, Q4 6.03 -> 6.38, their registers spilled) and with C8's
+// arithmetic codes (bf16 + 24-bit master 6.96 -> 7.22). So those only; -DLOWBIT_STEP_BATCH=0 or 1
+// sets every kernel for an A/B build (AdEMAMix's speculating kernels aside).
+#ifdef LOWBIT_STEP_BATCH
+template <Rule R, int FAMILY, int C>
+constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R>;
+#else
+template <Rule R, int FAMILY, int C>
+constexpr bool kBatches = !kSpeculates<R> && C != kAnyCompanions && has_tables(FAMILY);
+#endif
 
 // ---- shared-memory tables -------------------------------------------------------------------------
 
@@ -498,7 +506,7 @@ struct Lane {
       asm volatile("" ::: "memory");
       load<FULL>(P, a, sh, i, vec, g);
     }
-    if constexpr (kBatches<R>) update_batch(h, grad_mult, g);
+    if constexpr (kBatches<R, FAMILY, C>) update_batch(h, grad_mult, g);
     else update(h, grad_mult, g, ExactArith{});
   }
 

@@ -13,8 +13,9 @@
 // absmax by shuffles within the group (no atomics, no second kernel), encode, store. Blocks larger
 // than 8 lanes' worth of a warp are owned by the whole warp, in two passes (the second recomputes
 // the update: bit for bit the same). Dense (FP32 / BF16) state has no blocks. The arithmetic is the
-// CPU kernel's, operation for operation (no contraction: --fmad=false; IEEE division and sqrt), so
-// the bits are the CPU's.
+// CPU kernel's, operation for operation (no contraction: --fmad=false; IEEE division and sqrt, or
+// the short sequences of speculative_arith.cuh where they give the same bits), so the bits are the
+// CPU's.
 #pragma once
 
 #include <algorithm>

@@ -103,13 +103,15 @@ int main(int argc, char** argv) {
     std::printf("  %-44s %10.1f us  (%6.3f us/tensor)\n", name, us, us / n);
   };
   const int inner = dev.is_cuda() ? 8 : 3;
-  // For a profiler: one layer alone, 25 x `inner` calls (LOWBIT_STEP_HOST_ONLY=step, check or op).
+  // For a profiler: one layer alone, reps x `inner` calls (LOWBIT_STEP_HOST_ONLY=step, check or op;
+  // LOWBIT_STEP_HOST_REPS=reps, 25 if unset).
   if (const char* only = std::getenv("LOWBIT_STEP_HOST_ONLY")) {
     const std::string o = only;
     const std::function<void()> fn = o == "step"    ? std::function<void()>([&] { opt.step(); })
                                      : o == "check" ? std::function<void()>([&] { lowbit::ops::check_step_call(a, "lowbit::optim_step_"); })
                                                     : std::function<void()>([&] { lowbit::ops::optim_step(a); });
-    for (int r = 0; r < 25; ++r) {
+    const char* reps = std::getenv("LOWBIT_STEP_HOST_REPS");
+    for (int r = 0, n_reps = reps ? std::atoi(reps) : 25; r < n_reps; ++r) {
       for (int i = 0; i < inner; ++i) fn();
       sync(dev);
     }

@@ -327,7 +327,8 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     std::vector<CallBucket> buckets;
     for (size_t i = 0; i < group.params().size(); ++i) {
       at::Tensor& p = group.params()[i];
-      if (!p.grad().defined() || skip(p)) continue;
+      const at::Tensor& grad = p.grad();  // once: each grad() asks autograd whether p is a leaf
+      if (!grad.defined() || skip(p)) continue;
       ParamState& st = ensure_state(p, options, gi, i);
       stepped_cpu |= p.is_cpu();
       // Its bucket: compared slot by slot, no list built per parameter (thousands of small
@@ -357,10 +358,17 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
           a.max_grad_norm = c.max_grad_norm;
         }
         a.scalar_loop = path_ == StepPath::ScalarLoop;
+        // The group's size bounds the bucket's: the lists never grow by reallocation.
+        const size_t n = group.params().size();
+        a.params.reserve(n);
+        a.grads.reserve(n);
+        a.counters.reserve(n);
+        a.rng_keys.reserve(n);
+        a.state.reserve(n * 2 * st.slots.size());
       }
       ops::StepArgs& a = b->args;
       a.params.push_back(p);
-      a.grads.push_back(p.grad());
+      a.grads.push_back(grad);
       a.counters.push_back(st.counters);
       a.rng_keys.push_back(rng_key(gi, i));
       for (const StateSlot& s : st.slots) {

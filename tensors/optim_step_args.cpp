@@ -226,33 +226,40 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
   OutputRanges outputs(std::string(op) != "lowbit::optim_lamb_norms", a.params.size() * 2 + a.state.size(), op);
   for (int64_t i = 0; i < n; ++i) {
     StepParam& p = c.params[i];
-    p.param = a.params[i];
-    p.grad = a.grads[i];
-    p.counters = a.counters[i];
-    const int64_t numel = p.param.numel();
-    TORCH_CHECK(p.param.device() == device, op, ": parameter ", i, " is on ", p.param.device(), ", parameter 0 on ",
+    const at::Tensor& param = a.params[i];
+    const at::Tensor& grad = a.grads[i];
+    const at::Tensor& counters = a.counters[i];
+    p.param = &param;
+    p.grad = &grad;
+    p.counters = &counters;
+    const int64_t numel = param.numel();
+    p.numel = numel;
+    p.param_type = param.scalar_type();
+    p.grad_type = grad.scalar_type();
+    p.param_contiguous = param.is_contiguous();
+    TORCH_CHECK(param.device() == device, op, ": parameter ", i, " is on ", param.device(), ", parameter 0 on ",
                 device, "; one call steps parameters of one device");
-    TORCH_CHECK(p.param.layout() == at::kStrided && p.grad.layout() == at::kStrided, op, ": parameter ", i,
-                " has layout ", p.param.layout(), " and its gradient ", p.grad.layout(),
+    TORCH_CHECK(param.layout() == at::kStrided && grad.layout() == at::kStrided, op, ": parameter ", i,
+                " has layout ", param.layout(), " and its gradient ", grad.layout(),
                 "; the step needs dense (strided) tensors");
-    TORCH_CHECK(is_float_type(p.param.scalar_type()), op, ": parameter ", i, " has dtype ", p.param.scalar_type(),
+    TORCH_CHECK(is_float_type(p.param_type), op, ": parameter ", i, " has dtype ", p.param_type,
                 "; supported: float32, bfloat16, float16");
-    TORCH_CHECK(is_float_type(p.grad.scalar_type()), op, ": the gradient of parameter ", i, " has dtype ",
-                p.grad.scalar_type(), "; supported: float32, bfloat16, float16");
-    TORCH_CHECK(p.grad.sizes() == p.param.sizes(), op, ": parameter ", i, " has shape ", p.param.sizes(),
-                " but its gradient ", p.grad.sizes());
-    TORCH_CHECK(p.grad.device() == device, op, ": parameter ", i, " is on ", device, " but its gradient on ",
-                p.grad.device());
-    TORCH_CHECK(p.counters.scalar_type() == at::kLong && p.counters.numel() == 2 && p.counters.is_contiguous(), op,
+    TORCH_CHECK(is_float_type(p.grad_type), op, ": the gradient of parameter ", i, " has dtype ", p.grad_type,
+                "; supported: float32, bfloat16, float16");
+    TORCH_CHECK(grad.sizes() == param.sizes(), op, ": parameter ", i, " has shape ", param.sizes(),
+                " but its gradient ", grad.sizes());
+    TORCH_CHECK(grad.device() == device, op, ": parameter ", i, " is on ", device, " but its gradient on ",
+                grad.device());
+    TORCH_CHECK(counters.scalar_type() == at::kLong && counters.numel() == 2 && counters.is_contiguous(), op,
                 ": counters[", i, "] must be a contiguous int64 tensor of 2 elements (steps, overflowed blocks), got ",
-                p.counters.scalar_type(), " ", p.counters.sizes());
-    TORCH_CHECK(p.counters.device() == device, op, ": counters[", i, "] is on ", p.counters.device(),
+                counters.scalar_type(), " ", counters.sizes());
+    TORCH_CHECK(counters.device() == device, op, ": counters[", i, "] is on ", counters.device(),
                 " but the parameter on ", device);
-    p.param_data = outputs.address(p.param);
-    p.counters_data = static_cast<int64_t*>(outputs.address(p.counters));
-    if (!p.grad.is_meta() && p.grad.numel() > 0 && p.grad.is_contiguous()) p.grad_data = p.grad.const_data_ptr();
-    outputs.add(p.param, p.param_data, OutputRanges::kParam, static_cast<int>(i));
-    outputs.add(p.counters, p.counters_data, OutputRanges::kCounters, static_cast<int>(i));
+    p.param_data = outputs.address(param);
+    p.counters_data = static_cast<int64_t*>(outputs.address(counters));
+    if (!grad.is_meta() && numel > 0 && grad.is_contiguous()) p.grad_data = grad.const_data_ptr();
+    outputs.add(param, p.param_data, OutputRanges::kParam, static_cast<int>(i));
+    outputs.add(counters, p.counters_data, OutputRanges::kCounters, static_cast<int>(i));
     p.offset = a.offsets.empty() ? 0 : a.offsets[i];
     p.rng_key = a.rng_keys.empty() ? 0 : a.rng_keys[i];
     TORCH_CHECK(p.offset >= 0, op, ": offsets[", i, "] is ", p.offset, "; must be >= 0");
@@ -261,7 +268,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     for (int s = 0; s < c.num_slots; ++s) {
       const kernels::SlotType& t = c.slots[s];
       if (t.storage == kernels::SlotStorage::None) continue;
-      const auto take = [&](const char* what, OutputRanges::Kind kind, void** data) {
+      const auto take = [&](const char* what, OutputRanges::Kind kind, void** data) -> const at::Tensor* {
         const at::Tensor& x = a.state[next++];
         TORCH_CHECK(x.device() == device, op, ": the ", what, " of slot ", s, " of parameter ", i, " is on ",
                     x.device(), " but the parameter on ", device);
@@ -270,39 +277,41 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         TORCH_CHECK(x.is_contiguous(), op, ": the ", what, " of slot ", s, " of parameter ", i, " is not contiguous");
         *data = outputs.address(x);
         outputs.add(x, *data, kind, static_cast<int>(i), s);
-        return x;
+        return &x;
       };
       if (kernels::is_correction(t.storage)) {
         p.values[s] = take("correction", OutputRanges::kValues, &p.state_data[s]);
         const at::ScalarType want = t.storage == kernels::SlotStorage::Int16 ? at::kShort : at::kChar;
-        TORCH_CHECK(p.param.scalar_type() == at::kBFloat16, op, ": parameter ", i, " has dtype ",
-                    p.param.scalar_type(), "; a master-weight correction (", slot_type_name(t),
-                    ") needs bfloat16 parameters");
-        TORCH_CHECK(p.values[s].scalar_type() == want && p.values[s].numel() == numel, op, ": the correction of parameter ",
-                    i, " (", slot_type_name(t), ") must be ", want, " with ", numel, " elements, got ",
-                    p.values[s].scalar_type(), " with ", p.values[s].numel());
+        TORCH_CHECK(p.param_type == at::kBFloat16, op, ": parameter ", i, " has dtype ", p.param_type,
+                    "; a master-weight correction (", slot_type_name(t), ") needs bfloat16 parameters");
+        const at::Tensor& v = *p.values[s];
+        TORCH_CHECK(v.scalar_type() == want && v.numel() == numel, op, ": the correction of parameter ", i, " (",
+                    slot_type_name(t), ") must be ", want, " with ", numel, " elements, got ", v.scalar_type(),
+                    " with ", v.numel());
         continue;
       }
       if (t.storage != kernels::SlotStorage::Quant) {
         p.values[s] = take("values", OutputRanges::kValues, &p.state_data[s]);
         const at::ScalarType want = t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16;
-        TORCH_CHECK(p.values[s].scalar_type() == want && p.values[s].numel() == numel, op, ": slot ", s,
-                    " of parameter ", i, " (", slot_type_name(t), ") must be ", want, " with ", numel,
-                    " elements, got ", p.values[s].scalar_type(), " with ", p.values[s].numel());
+        const at::Tensor& v = *p.values[s];
+        TORCH_CHECK(v.scalar_type() == want && v.numel() == numel, op, ": slot ", s, " of parameter ", i, " (",
+                    slot_type_name(t), ") must be ", want, " with ", numel, " elements, got ", v.scalar_type(),
+                    " with ", v.numel());
         continue;
       }
       p.codes[s] = take("codes", OutputRanges::kCodes, &p.state_data[s]);
       void* absmax = nullptr;
       p.absmax[s] = take("absmax", OutputRanges::kAbsmax, &absmax);
       p.absmax_data[s] = static_cast<float*>(absmax);
-      TORCH_CHECK(p.codes[s].scalar_type() == at::kByte && p.codes[s].numel() == code_bytes(t.format, numel), op,
-                  ": slot ", s, " of parameter ", i, " (", format_name(t.format), ") needs ",
-                  code_bytes(t.format, numel), " uint8 codes, got ", p.codes[s].numel(), " of ",
-                  p.codes[s].scalar_type());
-      TORCH_CHECK(p.absmax[s].scalar_type() == at::kFloat && p.absmax[s].numel() == num_blocks(numel, c.block_size),
-                  op, ": slot ", s, " of parameter ", i, " needs ", num_blocks(numel, c.block_size),
-                  " float32 absmax values (block ", c.block_size, "), got ", p.absmax[s].numel(), " of ",
-                  p.absmax[s].scalar_type());
+      const at::Tensor& codes = *p.codes[s];
+      const at::Tensor& scales = *p.absmax[s];
+      TORCH_CHECK(codes.scalar_type() == at::kByte && codes.numel() == code_bytes(t.format, numel), op, ": slot ", s,
+                  " of parameter ", i, " (", format_name(t.format), ") needs ", code_bytes(t.format, numel),
+                  " uint8 codes, got ", codes.numel(), " of ", codes.scalar_type());
+      TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == num_blocks(numel, c.block_size), op,
+                  ": slot ", s, " of parameter ", i, " needs ", num_blocks(numel, c.block_size),
+                  " float32 absmax values (block ", c.block_size, "), got ", scales.numel(), " of ",
+                  scales.scalar_type());
     }
   }
   outputs.check();

@@ -29,14 +29,14 @@ kernels::ParamTask make_task(const StepCall& c, const StepParam& p, void* param,
                              double lr) {
   kernels::ParamTask task;
   task.param = param;
-  task.param_type = elem_type(p.param.scalar_type());
+  task.param_type = elem_type(p.param_type);
   task.grad = grad;
-  task.grad_type = elem_type(p.grad.scalar_type());
-  task.numel = p.param.numel();
+  task.grad_type = elem_type(p.grad_type);
+  task.numel = p.numel;
   task.offset = p.offset;
   task.block_size = c.block_size;
   task.hyper = kernels::derive_hyper(c.config, t, lr);
-  task.stochastic_round = c.stochastic_round && p.param.scalar_type() == at::kBFloat16;
+  task.stochastic_round = c.stochastic_round && p.param_type == at::kBFloat16;
   task.seed = kernels::step_seed(c.seed, t, p.rng_key);
   task.num_slots = std::min(c.num_slots, kernels::kMomentSlots);
   for (int k = 0; k < c.num_slots; ++k) {
@@ -71,10 +71,10 @@ void prepare(CpuCall& cc, bool for_norms) {
   const double lr = call_lr(c);
   for (size_t i = 0; i < c.params.size(); ++i) {
     StepParam& p = c.params[i];
-    check_cpu(p.param, "value", i);
+    check_cpu(*p.param, "value", i);
     const int64_t t = p.counters_data[0] + 1;
     cc.steps.push_back(t);
-    const bool contiguous = p.param.is_contiguous();
+    const bool contiguous = p.param_contiguous;
     if (!contiguous && !for_norms) {
       cc.strided.push_back(i);
       continue;
@@ -86,8 +86,8 @@ void prepare(CpuCall& cc, bool for_norms) {
       cc.copies.push_back(t.contiguous());
       return cc.copies.back().data_ptr();
     };
-    void* param = contiguous ? p.param_data : data(p.param, nullptr);
-    const void* grad = data(p.grad, p.grad_data);
+    void* param = contiguous ? p.param_data : data(*p.param, nullptr);
+    const void* grad = data(*p.grad, p.grad_data);
     cc.tasks.push_back(make_task(c, p, param, grad, t, lr));
     cc.task_param.push_back(i);
   }
@@ -134,7 +134,7 @@ void step_cpu(const StepArgs& args) {
       }
     }
     const int64_t bad = reference_param_step(c, p, t, cc.grad_mult, trust);
-    int64_t* counters = p.counters.data_ptr<int64_t>();
+    int64_t* counters = p.counters->data_ptr<int64_t>();
     counters[0] = t;
     counters[1] += bad;
   }

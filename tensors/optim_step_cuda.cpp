@@ -53,9 +53,9 @@ kernels::GpuStepParam gpu_param(const StepCall& c, const StepParam& p, const at:
   kernels::GpuStepParam g;
   g.param = p.param_data;
   g.grad = grad.defined() ? grad.const_data_ptr() : p.grad_data;
-  g.grad_type = elem_type(p.grad.scalar_type());
+  g.grad_type = elem_type(p.grad_type);
   g.counters = p.counters_data;
-  g.numel = p.param.numel();
+  g.numel = p.numel;
   g.offset = p.offset;
   g.rng_key = p.rng_key;
   bool aligned = aligned16(g.param) && aligned16(g.grad);
@@ -79,12 +79,12 @@ void prepare(GpuCall& gc) {
   gc.grads.resize(c.params.size());
   for (size_t i = 0; i < c.params.size(); ++i) {
     const StepParam& p = c.params[i];
-    if (!p.param.is_contiguous()) {
+    if (!p.param_contiguous) {
       gc.strided.push_back(i);
       continue;
     }
-    if (!p.grad_data && p.grad.numel() > 0) gc.grads[i] = p.grad.contiguous();
-    const at::ScalarType t = p.param.scalar_type();
+    if (!p.grad_data && p.numel > 0) gc.grads[i] = p.grad->contiguous();
+    const at::ScalarType t = p.param_type;
     size_t d = 0;
     while (d < gc.dtypes.size() && gc.dtypes[d] != t) ++d;
     if (d == gc.dtypes.size()) {
@@ -102,6 +102,7 @@ void each_group(GpuCall& gc, Fn fn) {
   for (size_t d = 0; d < gc.groups.size(); ++d) {
     const std::vector<size_t>& idx = gc.groups[d];
     std::vector<kernels::GpuStepParam> params;
+    params.reserve(idx.size());
     for (size_t i : idx) params.push_back(gpu_param(c, c.params[i], gc.grads[i]));
     kernels::GpuStep s = base_step(c);
     s.param_type = elem_type(gc.dtypes[d]);
@@ -116,7 +117,7 @@ void each_group(GpuCall& gc, Fn fn) {
       s.lamb_norms = norms.data_ptr<double>();
     }
     const at::Tensor scratch = at::empty({static_cast<int64_t>(kernels::gpu_step_scratch_bytes(s))},
-                                         c.params[0].param.options().dtype(at::kByte));
+                                         c.params[0].param->options().dtype(at::kByte));
     s.scratch = scratch.data_ptr();
     fn(s, idx);
   }
@@ -128,7 +129,7 @@ void step_cuda(const StepArgs& args) {
   gc.call = check_step_call(args, op);
   StepCall& c = gc.call;
   if (c.params.empty()) return;
-  const GpuGuard guard(c.params[0].param.device());
+  const GpuGuard guard(c.params[0].param->device());
   prepare(gc);
   each_group(gc, [&](const kernels::GpuStep& s, const std::vector<size_t>&) {
     check(kernels::optim_step_gpu(s, current_gpu_stream()), op);
@@ -137,7 +138,7 @@ void step_cuda(const StepArgs& args) {
   const float mult = call_grad_multiplier(c);
   for (size_t i : gc.strided) {
     StepParam& p = c.params[i];
-    const int64_t t = p.counters[0].item<int64_t>() + 1;
+    const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
     float trust = 1.0f;
     if (c.config.rule == kernels::Rule::LAMB) {
       const auto sums = c.lamb_norms ? std::array<double, 2>{(*c.lamb_norms)[i][0].item<double>(),
@@ -146,8 +147,8 @@ void step_cuda(const StepArgs& args) {
       trust = kernels::lamb_trust(sums[0], sums[1]);
     }
     const int64_t bad = reference_param_step(c, p, t, mult, trust);
-    p.counters.select(0, 0).fill_(t);
-    p.counters.select(0, 1).add_(bad);
+    p.counters->select(0, 0).fill_(t);
+    p.counters->select(0, 1).add_(bad);
   }
 }
 
@@ -158,8 +159,8 @@ at::Tensor lamb_norms_cuda(const StepArgs& args) {
   StepCall& c = gc.call;
   const int64_t n = static_cast<int64_t>(c.params.size());
   if (n == 0) return at::zeros({0, 2}, at::kDouble);
-  const GpuGuard guard(c.params[0].param.device());
-  at::Tensor out = at::zeros({n, 2}, c.params[0].param.options().dtype(at::kDouble));
+  const GpuGuard guard(c.params[0].param->device());
+  at::Tensor out = at::zeros({n, 2}, c.params[0].param->options().dtype(at::kDouble));
   prepare(gc);
   TORCH_CHECK(gc.strided.empty(), op, ": parameters must be contiguous on the GPU");
   c.lamb_norms.reset();

@@ -115,9 +115,9 @@ Loaded load(const StepCall& c, const StepParam& sp, float grad_mult) {
   Loaded x;
   const bool corrected = c.num_slots > kernels::kCorrectionSlot &&
                          kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage);
-  x.p = corrected ? master_values(sp.param.detach().reshape(-1), sp.values[kernels::kCorrectionSlot].reshape(-1))
-                  : sp.param.detach().reshape(-1).to(at::kFloat);
-  x.g = sp.grad.detach().reshape(-1).to(at::kFloat);
+  x.p = corrected ? master_values(sp.param->detach().reshape(-1), sp.values[kernels::kCorrectionSlot]->reshape(-1))
+                  : sp.param->detach().reshape(-1).to(at::kFloat);
+  x.g = sp.grad->detach().reshape(-1).to(at::kFloat);
   if (grad_mult != 1.0f) x.g = at::mul(x.g, static_cast<double>(grad_mult));
   const int64_t n = x.p.numel();
   for (int k = 0; k < kernels::kMomentSlots; ++k) {
@@ -125,9 +125,9 @@ Loaded load(const StepCall& c, const StepParam& sp, float grad_mult) {
     if (k >= c.num_slots || t.storage == kernels::SlotStorage::None) {
       x.s[k].t = at::zeros_like(x.p);
     } else if (t.storage == kernels::SlotStorage::Quant) {
-      x.s[k].t = dequantize_reference(sp.codes[k], sp.absmax[k], format_name(t.format), c.block_size, {n}, at::kFloat);
+      x.s[k].t = dequantize_reference(*sp.codes[k], *sp.absmax[k], format_name(t.format), c.block_size, {n}, at::kFloat);
     } else {
-      x.s[k].t = sp.values[k].reshape(-1).to(at::kFloat);
+      x.s[k].t = sp.values[k]->reshape(-1).to(at::kFloat);
     }
   }
   return x;
@@ -194,16 +194,16 @@ int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float 
     if (type.storage == kernels::SlotStorage::None || kernels::is_correction(type.storage)) continue;
     if (type.storage == kernels::SlotStorage::Quant) {
       auto [codes, absmax] = quantize_reference_flagged(x.s[k].t, format_name(type.format), c.block_size);
-      sp.codes[k].copy_(codes);
-      sp.absmax[k].copy_(absmax);
+      sp.codes[k]->copy_(codes);
+      sp.absmax[k]->copy_(absmax);
       nonfinite += at::logical_not(at::ge(absmax, 0.0)).sum().item<int64_t>();
     } else {
-      sp.values[k].copy_(to_storage(x.s[k].t, sp.values[k].scalar_type()).view(sp.values[k].sizes()));
+      sp.values[k]->copy_(to_storage(x.s[k].t, sp.values[k]->scalar_type()).view(sp.values[k]->sizes()));
     }
   }
-  at::Tensor out = sp.param.detach();
+  at::Tensor out = sp.param->detach();
   if (c.num_slots > kernels::kCorrectionSlot && kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage)) {
-    store_master(p.t, out, sp.values[kernels::kCorrectionSlot]);
+    store_master(p.t, out, *sp.values[kernels::kCorrectionSlot]);
   } else if (c.stochastic_round && out.scalar_type() == at::kBFloat16) {
     out.copy_(bf16_stochastic(p.t, kernels::step_seed(c.seed, t, sp.rng_key), sp.offset).view(out.sizes()));
   } else {
@@ -220,7 +220,7 @@ void step_reference(const StepArgs& args) {
   const float mult = call_grad_multiplier(c);
   for (size_t i = 0; i < c.params.size(); ++i) {
     StepParam& p = c.params[i];
-    const int64_t t = p.counters[0].item<int64_t>() + 1;
+    const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
     float trust = 1.0f;
     if (c.config.rule == kernels::Rule::LAMB) {
       if (c.lamb_norms) {
@@ -232,8 +232,8 @@ void step_reference(const StepArgs& args) {
       }
     }
     const int64_t bad = reference_param_step(c, p, t, mult, trust);
-    p.counters.select(0, 0).fill_(t);
-    p.counters.select(0, 1).add_(bad);
+    p.counters->select(0, 0).fill_(t);
+    p.counters->select(0, 1).add_(bad);
   }
 }
 
@@ -244,11 +244,11 @@ Tensor lamb_norms_reference(const StepArgs& args) {
   if (n == 0) return out;
   const float mult = call_grad_multiplier(c);
   for (int64_t i = 0; i < n; ++i) {
-    const auto sums = reference_lamb_sums(c, c.params[i], c.params[i].counters[0].item<int64_t>() + 1, mult);
+    const auto sums = reference_lamb_sums(c, c.params[i], (*c.params[i].counters)[0].item<int64_t>() + 1, mult);
     out[i][0] = sums[0];
     out[i][1] = sums[1];
   }
-  return out.to(c.params[0].param.device());
+  return out.to(c.params[0].param->device());
 }
 
 std::tuple<Tensor, Tensor> grad_check_reference(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,

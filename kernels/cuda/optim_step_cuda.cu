@@ -36,17 +36,30 @@ struct Scalars {
   bool write_counters;
 };
 
+// The prologue's view of a run of parameters: only what it reads of each. The driver copies a
+// launch's parameters at every launch; the step's whole descriptors (a Chunk, 25 KB for 200
+// parameters) made the prologues half of a step's launch bytes, and with 16 bytes a parameter one
+// launch covers five chunks' parameters.
+constexpr int kPrologueParams = 5 * kChunk;
+struct PrologueChunk {
+  int64_t* counters[kPrologueParams];
+  int64_t rng_key[kPrologueParams];
+  int64_t first_param;  // index of counters[0]'s parameter in the launch group (scratch)
+  int count;
+};
+static_assert(sizeof(PrologueChunk) <= sizeof(Chunk), "a prologue's parameters fit where a step's do");
+
 // One thread per parameter: step t = counters[0] + 1 and what derives from it.
-__global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Scalars s,
+__global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT PrologueChunk chunk, const LOWBIT_GRID_CONSTANT Scalars s,
                                 const float* found_inf, ParamScalars* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= chunk.count || (found_inf && *found_inf != 0.0f)) return;
-  const GpuStepParam& P = chunk.p[i];
-  const int64_t t = P.counters[0] + 1;
+  int64_t* const counters = chunk.counters[i];
+  const int64_t t = counters[0] + 1;
   const double lr = s.lr_is_double ? *static_cast<const double*>(s.lr) : static_cast<double>(*static_cast<const float*>(s.lr));
   ParamScalars ps;
   ps.hyper = derive_hyper(s.config, t, lr);
-  ps.seed = step_seed(s.seed, t, P.rng_key);
+  ps.seed = step_seed(s.seed, t, chunk.rng_key[i]);
   ps.grad_mult = grad_multiplier(s.grad_sumsq ? s.max_grad_norm : 0.0, s.grad_sumsq ? *s.grad_sumsq : 0.0,
                                  s.grad_scale ? static_cast<double>(*s.grad_scale) : 1.0);
   // maximize's sign flip joins the multiplier (-(g * m) == g * -m exactly), so the kernels do one
@@ -57,7 +70,7 @@ __global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LO
   const int64_t g = chunk.first_param + i;
   if (s.lamb_norms) ps.hyper.trust = lamb_trust(s.lamb_norms[2 * g], s.lamb_norms[2 * g + 1]);
   out[g] = ps;
-  if (s.write_counters) P.counters[0] = t;
+  if (s.write_counters) counters[0] = t;
 }
 
 // 32 lanes per parameter: its norm blocks' sums added in block order, into the trust ratio or
@@ -236,6 +249,20 @@ void fill_chunk(const GpuStep& s, const Plan& plan, int64_t first, Chunk* c) {
 // Blocks a launch has work for (wave_grid caps them at one wave).
 int64_t blocks_for(int64_t work, int per_block) { return (work + per_block - 1) / per_block; }
 
+// Fills a prologue's chunk from parameters [first, first + count) and launches it.
+cudaError_t launch_prologue(const GpuStep& s, int64_t first, int64_t count, const Scalars& sc, const Args& a,
+                            cudaStream_t stream) {
+  PrologueChunk c;
+  c.first_param = first;
+  c.count = static_cast<int>(count);
+  for (int i = 0; i < c.count; ++i) {
+    c.counters[i] = s.params[first + i].counters;
+    c.rng_key[i] = s.params[first + i].rng_key;
+  }
+  prologue_kernel<<<(c.count + 127) / 128, 128, 0, stream>>>(c, sc, s.found_inf, a.scalars);
+  return cudaGetLastError();
+}
+
 const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
   if (s.n == 0) return nullptr;
   Plan plan;
@@ -250,10 +277,8 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
   // kernels then run back to back: a small prologue between two large launches costs a drain
   // and a refill of the device per chunk. LAMB's chunks share their norm scratch: one at a time.
   if (!lamb_pass) {
-    for (int64_t first = 0; first < s.n; first += kChunk) {
-      fill_chunk(s, plan, first, &chunk);
-      prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
-      const cudaError_t e = cudaGetLastError();
+    for (int64_t first = 0; first < s.n; first += kPrologueParams) {
+      const cudaError_t e = launch_prologue(s, first, std::min<int64_t>(kPrologueParams, s.n - first), sc, a, stream);
       if (e != cudaSuccess) return cudaGetErrorString(e);
     }
   }
@@ -261,8 +286,7 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
     fill_chunk(s, plan, first, &chunk);
     cudaError_t e = cudaSuccess;
     if (lamb_pass) {
-      prologue_kernel<<<(chunk.count + 127) / 128, 128, 0, stream>>>(chunk, sc, s.found_inf, a.scalars);
-      e = cudaGetLastError();
+      e = launch_prologue(s, first, chunk.count, sc, a, stream);
       if (e != cudaSuccess) return cudaGetErrorString(e);
       const int64_t wanted = blocks_for(chunk.first_block[chunk.count], kThreads / plan.warp);
       switch (s.param_type) {

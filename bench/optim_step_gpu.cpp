@@ -111,7 +111,22 @@ void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int sl
   r.host_ms = median(host);
   report(r, numel);
   if (overlapped) {
+    // Back to back with the optimizer's own step graphs (the default), then with them off (every
+    // step enqueued anew: the host's pass over every tensor), then one step captured by the caller.
     report({name + ", back to back", back_to_back_ms([&] { opt.step(); }), r.bytes_per_param, r.state_bytes_per_param}, numel);
+    std::printf("  (step graph replays so far: %lld)\n", static_cast<long long>(opt.step_graph_replays()));
+    opt.set_step_graphs(false);
+    std::vector<double> eager_host;
+    for (int i = 0; i < 5; ++i) {
+      torch::cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      opt.step();
+      eager_host.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    Row off{name + ", back to back, graphs off", back_to_back_ms([&] { opt.step(); }), r.bytes_per_param,
+            r.state_bytes_per_param};
+    off.host_ms = median(eager_host);
+    report(off, numel);
     report({name + ", CUDA graph", graph_replay_ms([&] { opt.step(); }), r.bytes_per_param, r.state_bytes_per_param}, numel);
   }
 }

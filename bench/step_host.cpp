@@ -1,6 +1,7 @@
 // bench/step_host: where the host's time of one optimizer step over many small tensors goes, split
-// by layer: the whole opt.step(), the gradient pre-pass op, the step op's argument checks, the step
-// op through the dispatcher (checks + launch preparation + kernel launches), and the raw cost of
+// by layer: the whole opt.step() (replaying its step graph, then with step graphs off), the
+// gradient pre-pass op, the step op's argument checks, the step op through the dispatcher (checks
+// + launch preparation + kernel launches), and the raw cost of
 // touching every tensor once. Host time = enqueueing only (no device wait), the median of several
 // runs of `inner` calls each. On the CPU the op times include the kernel itself.
 //   step_host [cpu|cuda] [tensors=4096] [numel=4096] [state=Q8|FP32|...] [bf16_master24]
@@ -118,6 +119,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   row("opt.step()", host_us([&] { opt.step(); }, dev, inner));
+  std::printf("  (step graph replays so far: %lld)\n", static_cast<long long>(opt.step_graph_replays()));
+  opt.set_step_graphs(false);
+  row("opt.step(), step graphs off", host_us([&] { opt.step(); }, dev, inner));
+  opt.set_step_graphs(true);
   row("grad_check op (pre-pass)", host_us([&] { lowbit::ops::grad_check(a.grads, groups, 1, false); }, dev, inner));
   row("check_step_call (argument checks)",
       host_us([&] { lowbit::ops::check_step_call(a, "lowbit::optim_step_"); }, dev, inner));

@@ -150,6 +150,7 @@ void LowbitOptimizer::load_torch_adam(torch::serialize::InputArchive& a) {
     }
   }
   states_ = std::move(states);
+  state_changed();
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options().set_lr(lrs[gi]);
 }
 
@@ -250,6 +251,7 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
   }
   // Commit.
   states_ = std::move(states);
+  state_changed();
   seed_ = static_cast<uint64_t>(c.seed);
   skipped_loaded_ = c.skipped_steps;
   skipped_ = at::Tensor();

@@ -31,7 +31,10 @@ struct FragmentAccess {
   }
 
   static uint64_t seed(const O& o) { return o.seed_; }
-  static void set_seed(O& o, uint64_t seed) { o.seed_ = seed; }
+  static void set_seed(O& o, uint64_t seed) {
+    o.seed_ = seed;
+    o.state_changed();
+  }
   static int64_t rng_key(size_t group, size_t index) { return O::rng_key(group, index); }
   static at::Tensor lr_tensor(O& o, size_t group, at::Device device) { return o.lr_tensor(group, device); }
   static bool reference_path(const O& o) { return o.path_ == O::StepPath::Reference; }
@@ -39,12 +42,19 @@ struct FragmentAccess {
 
   // The optimizer's own state of `p` (nullptr before its first step), and replacing it (checkpoints).
   static const ParamState* state(const O& o, const at::Tensor& p) { return o.state_of(p); }
-  static void set_state(O& o, const at::Tensor& p, ParamState st) { o.states_[p.unsafeGetTensorImpl()] = std::move(st); }
-  static void clear_state(O& o, const at::Tensor& p) { o.states_.erase(p.unsafeGetTensorImpl()); }
+  static void set_state(O& o, const at::Tensor& p, ParamState st) {
+    o.states_[p.unsafeGetTensorImpl()] = std::move(st);
+    o.state_changed();
+  }
+  static void clear_state(O& o, const at::Tensor& p) {
+    o.states_.erase(p.unsafeGetTensorImpl());
+    o.state_changed();
+  }
   static int64_t skipped(const O& o) { return o.skipped_steps(); }
   static void set_skipped(O& o, int64_t n) {
     o.skipped_ = at::Tensor();
     o.skipped_loaded_ = n;
+    o.state_changed();
   }
 };
 

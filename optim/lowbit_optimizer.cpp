@@ -7,8 +7,10 @@
 #include <unordered_set>
 
 #include <lowbit/tensors/optim_ops.h>
+#include <lowbit/tensors/step_recording.h>
 
 #include "state_layout.h"
+#include "step_graph.h"
 
 namespace lowbit {
 namespace optim {
@@ -40,7 +42,9 @@ int64_t ParamState::step() const { return counters.defined() ? counters[0].item<
 
 LowbitOptimizer::LowbitOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                  std::unique_ptr<torch::optim::OptimizerOptions> defaults)
-    : torch::optim::Optimizer(std::move(groups), std::move(defaults)) {}
+    : torch::optim::Optimizer(std::move(groups), std::move(defaults)), step_graph_(std::make_unique<StepGraph>()) {}
+
+LowbitOptimizer::~LowbitOptimizer() = default;
 
 void LowbitOptimizer::override_state_format(const at::Tensor& param, StateFormat format) {
   TORCH_CHECK(states_.find(param.unsafeGetTensorImpl()) == states_.end(), name(),
@@ -212,6 +216,7 @@ ParamState& LowbitOptimizer::ensure_state(const at::Tensor& p, const torch::opti
                 " but its optimizer state is on ", d, "; move the parameter back or recreate the optimizer");
     return it->second;
   }
+  state_changed();
   return states_.emplace(p.unsafeGetTensorImpl(), make_state(p, options, {})).first->second;
 }
 
@@ -254,16 +259,75 @@ void LowbitOptimizer::step_parameters(const std::vector<at::Tensor>& params) {
   step_only(&only);
 }
 
+// A device's gradients, for the pre-pass (the skip decision and the norms for clipping).
+struct LowbitOptimizer::DeviceGrads {
+  at::Device device;
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> groups;
+  at::Tensor found_inf, sumsq;
+};
+
+StepInputs LowbitOptimizer::step_inputs() const {
+  StepInputs in;
+  in.state_epoch = state_epoch_;
+  in.recordable = true;
+  bool any_grad = false;
+  for (const auto& group : param_groups_) {
+    in.groups.push_back({config(group.options()), common(group.options())});
+    for (const at::Tensor& p : group.params()) {
+      StepInputs::Param x;
+      x.param = p.unsafeGetTensorImpl();
+      x.numel = p.numel();
+      x.dtype = static_cast<int8_t>(p.scalar_type());
+      const at::Tensor& g = p.grad();
+      if (g.defined()) {
+        if (!any_grad) {
+          any_grad = true;
+          in.device = p.device();
+          if (!ops::can_record(*in.device)) {  // the CPU: nothing to record, nothing more to look at
+            in.recordable = false;
+            return in;
+          }
+        }
+        // Anything the step would refuse or take another path for is not recorded: the full
+        // step then checks it as always.
+        const bool ok = p.layout() == at::kStrided && g.layout() == at::kStrided && p.device() == *in.device &&
+                        g.device() == *in.device && p.is_contiguous() && g.is_contiguous() &&
+                        g.sizes().equals(p.sizes());
+        if (!ok) {
+          in.recordable = false;
+          return in;
+        }
+        // The step writes the parameter through its mutable address (a copy-on-write tensor is
+        // materialized there, as the step would).
+        x.data = p.mutable_data_ptr();
+        x.grad = g.const_data_ptr();
+        x.grad_dtype = static_cast<int8_t>(g.scalar_type());
+      }
+      in.params.push_back(x);
+    }
+  }
+  in.recordable = any_grad;
+  return in;
+}
+
 void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only) {
   torch::NoGradGuard no_grad;
+  // ---- a recorded step whose inputs these are: replay it.
+  const bool graphs = only == nullptr && path_ == StepPath::Fused && step_graph_->enabled();
+  StepInputs inputs;
+  if (graphs) {
+    inputs = step_inputs();
+    if (inputs.recordable && step_graph_->matches(inputs)) {
+      refresh_lr();
+      step_graph_->replay();
+      ++steps_called_;
+      if (overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0) check_overflow_on(false);
+      return;
+    }
+  }
   const auto skip = [&](const at::Tensor& p) { return only && only->count(p.unsafeGetTensorImpl()) == 0; };
   // ---- check: every parameter with a gradient, grouped by device for the pre-pass.
-  struct DeviceGrads {
-    at::Device device;
-    std::vector<at::Tensor> grads;
-    std::vector<int64_t> groups;
-    at::Tensor found_inf, sumsq;
-  };
   std::vector<DeviceGrads> devices;
   bool want_sumsq = false, any_grad = false;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
@@ -286,6 +350,35 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   if (!any_grad) return;
   ++steps_called_;
 
+  // ---- the step: recorded (then replayed once) where its inputs repeat the last step's, else as it comes.
+  bool stepped_cpu = false;
+  std::unique_ptr<ops::Recording> recording;
+  if (graphs && inputs.recordable && step_graph_->repeats(inputs)) {
+    refresh_lr();  // lr is written outside the recording: the replays read whatever it is then
+    try {
+      recording = ops::record(*inputs.device, [&] { enqueue_step(devices, want_sumsq, only, &stepped_cpu); });
+    } catch (const std::exception& e) {
+      TORCH_WARN("lowbit: ", name(), ": recording a step as a CUDA graph failed, so steps run as they come: ", e.what());
+      step_graph_->give_up();
+    }
+  }
+  if (recording) {
+    recording->replay();
+    step_graph_->keep(std::move(recording), std::move(inputs));
+  } else {
+    enqueue_step(devices, want_sumsq, only, &stepped_cpu);
+    if (graphs) step_graph_->remember(std::move(inputs));
+  }
+
+  // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked. A step of
+  // GPU parameters alone skips the pass (over thousands of tensors it is a cache miss or two each).
+  const bool interval_due = overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0;
+  if (interval_due || stepped_cpu) check_overflow_on(!interval_due);
+}
+
+void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq,
+                                   const std::unordered_set<c10::TensorImpl*>* only, bool* stepped_cpu) {
+  const auto skip = [&](const at::Tensor& p) { return only && only->count(p.unsafeGetTensorImpl()) == 0; };
   // ---- pre-pass: one read of every gradient, on its device: is anything non-finite (then the
   // step is skipped for every group that skips), and each group's squared norm for clipping.
   const int64_t ngroups = static_cast<int64_t>(param_groups_.size());
@@ -317,7 +410,6 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   }
 
   // ---- build the calls: per group, one per (device, state layout).
-  bool stepped_cpu = false;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     auto& group = param_groups_[gi];
     const auto& options = group.options();
@@ -330,7 +422,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
       const at::Tensor& grad = p.grad();  // once: each grad() asks autograd whether p is a leaf
       if (!grad.defined() || skip(p)) continue;
       ParamState& st = ensure_state(p, options, gi, i);
-      stepped_cpu |= p.is_cpu();
+      *stepped_cpu |= p.is_cpu();
       // Its bucket: compared slot by slot, no list built per parameter (thousands of small
       // parameters make this loop the host's cost of a step).
       auto b = std::find_if(buckets.begin(), buckets.end(), [&](const CallBucket& x) {
@@ -382,12 +474,16 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     }
     for (CallBucket& b : buckets) ops::optim_step(std::move(b.args), path_ == StepPath::Reference);
   }
-
-  // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked. A step of
-  // GPU parameters alone skips the pass (over thousands of tensors it is a cache miss or two each).
-  const bool interval_due = overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0;
-  if (interval_due || stepped_cpu) check_overflow_on(!interval_due);
 }
+
+void LowbitOptimizer::state_changed() {
+  ++state_epoch_;
+  step_graph_->forget();
+}
+
+void LowbitOptimizer::set_step_graphs(bool on) { step_graph_->set_enabled(on); }
+
+int64_t LowbitOptimizer::step_graph_replays() const { return step_graph_->replays(); }
 
 }  // namespace optim
 }  // namespace lowbit

@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -46,6 +47,8 @@ struct ParamState {
 
 struct StepTesting;     // optim/step_testing.h: the tests' switches (reference path, scalar loop)
 struct FragmentAccess;  // optim/fragment_access.h: what distributed/ needs to step a range of a parameter
+class StepGraph;        // optim/step_graph.h: steps recorded once and replayed
+struct StepInputs;
 
 class LowbitOptimizer : public torch::optim::Optimizer {
  public:
@@ -80,6 +83,18 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // Writes each group's current lr (what a scheduler set) to the device tensor the step reads.
   // step() does this itself; call it before replaying a CUDA graph that captured step().
   void refresh_lr();
+
+  // Step graphs (on by default): once step() sees the same inputs twice in a row on a CUDA device
+  // (the same parameters, gradient addresses, options and state), it records its device work as a
+  // CUDA graph and replays that while they stay the same, so a step over thousands of small
+  // tensors costs the host one look at each parameter and gradient and one launch. The results
+  // are those of steps run as they come, bit for bit. Off: every step enqueues its kernels anew.
+  // A step inside a user's own graph capture always runs as it comes (and is captured there).
+  void set_step_graphs(bool on);
+  // Steps run by a recorded graph (0 on the CPU and with step graphs off).
+  int64_t step_graph_replays() const;
+
+  ~LowbitOptimizer() override;
 
   // Keeps `param`'s state in `format` whatever its group says (e.g. FP32 for embeddings). Must be
   // set before the parameter's first step.
@@ -137,6 +152,15 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // changed (a scheduler's set_lr): the op reads lr there.
   at::Tensor lr_tensor(size_t group, at::Device device);
   void check_overflow_on(bool cpu_only) const;
+  // What this step sees of its inputs (step_graph.h), for a step of every parameter.
+  StepInputs step_inputs() const;
+  // The pre-pass and the step ops of one step (run as it comes, or recorded): the gradients' checks
+  // are done; `devices` holds the devices' gradients, `stepped_cpu` is set where a CPU parameter steps.
+  struct DeviceGrads;
+  void enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq,
+                    const std::unordered_set<c10::TensorImpl*>* only, bool* stepped_cpu);
+  // The state changed (created, loaded, replaced): a recorded step that points to it is dropped.
+  void state_changed();
 
   struct LrTensor {
     at::Tensor value;
@@ -150,6 +174,8 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   int64_t steps_called_ = 0;
   int64_t overflow_check_interval_ = 0;
   StepPath path_ = StepPath::Fused;
+  int64_t state_epoch_ = 0;  // bumped by state_changed()
+  std::unique_ptr<StepGraph> step_graph_;
   uint64_t seed_ = 0x6C6F77626974ull;  // "lowbit": stochastic rounding seed, saved in checkpoints
 };
 

@@ -66,6 +66,7 @@ std::string usage() {
          "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
          "            --state-format FP32|BF16|Q8|Q4|FP8 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
+         "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
@@ -122,6 +123,7 @@ Flags parse_flags(int argc, char** argv) {
       if (f.master_weight_bits != 0 && f.master_weight_bits != 24 && f.master_weight_bits != 32) bad(a, "'" + v + "'", "0, 24 or 32");
     } else if (a == "--stochastic-round") f.stochastic_round = true;
     else if (a == "--gradient-release") f.gradient_release = true;
+    else if (a == "--no-step-graphs") f.step_graphs = false;
     else if (a == "--seed") f.seed = static_cast<uint64_t>(to_int(a, next(), 0, kMax));
     else if (a == "--device") {
       f.device = next();

@@ -27,6 +27,7 @@ struct Flags {
   int64_t block_size = 0, master_weight_bits = 0;
   bool stochastic_round = false;
   bool gradient_release = false;    // lowbit::optim::GradientRelease: step in backward, free each gradient
+  bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)
   uint64_t seed = 1;
   std::string device = "cpu";
   int threads = 0;                  // 0: libtorch's default

@@ -51,6 +51,7 @@ class Lowbit : public TrainOptimizer {
   }
   int64_t state_bytes() const override { return opt_->state_bytes(); }
   std::string memory_report() const override { return opt_->memory_report().to_string(); }
+  int64_t step_graph_replays() const override { return opt_->step_graph_replays(); }
   void save(const std::string& path) override { torch::save(*opt_, path); }
   void load(const std::string& path) override { lo::load_checkpoint(*opt_, path); }
   std::string describe() const override { return what_; }
@@ -87,7 +88,10 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   if (f.stochastic_round) s << ", bf16 stochastic rounding";
   if (f.master_weight_bits) s << ", " << f.master_weight_bits << "-bit master weights";
   if (f.gradient_release) s << ", gradient release";
-  return std::make_unique<Lowbit>(std::make_unique<Opt>(params, o), s.str(), f.gradient_release);
+  auto opt = std::make_unique<Opt>(params, o);
+  opt->set_step_graphs(f.step_graphs);
+  if (!f.step_graphs) s << ", no step graphs";
+  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release);
 }
 
 // ---- ATen's fused AdamW ---------------------------------------------------------------------------

@@ -20,6 +20,8 @@ class TrainOptimizer {
   virtual int64_t state_bytes() const = 0;
   // lowbit's per-kind report (LowbitOptimizer::memory_report); "" for ATen's optimizer.
   virtual std::string memory_report() const { return ""; }
+  // Steps run by a recorded CUDA graph (LowbitOptimizer::step_graph_replays); 0 for ATen's optimizer.
+  virtual int64_t step_graph_replays() const { return 0; }
   virtual void save(const std::string& path) = 0;
   // --save-moments: each parameter's first and second moments decoded to fp32 (lowbit optimizers
   // with an exp_avg / exp_avg_sq state), for bench_state_error's error tables on GPT state.

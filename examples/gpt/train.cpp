@@ -280,6 +280,8 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     std::printf("%s\n", memory_breakdown(dev, bytes_of(params, false), bytes_of(params, true), opt->state_bytes()).c_str());
     std::printf("steps %lld..%lld in %.1f s; parameter digest %016llx\n", (long long)start + 1, (long long)r.last_step,
                 r.seconds, (unsigned long long)r.digest);
+    if (const int64_t replays = opt->step_graph_replays())
+      std::printf("optimizer steps replayed from a recorded CUDA graph: %lld\n", static_cast<long long>(replays));
     if (r.last_step == f.steps) std::printf("final validation loss %.4f\n", r.final_val);
     if (f.sample > 0) std::printf("sample: %s\n", sample(model, f, c, dev).c_str());
     if (r.last_step == f.steps) plot(f);

@@ -710,33 +710,6 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
   return j;
 }
 
-// A warp's next units, asked into L2 ahead of their loads (-DLOWBIT_STEP_PREFETCH=N: N units
-// ahead; 0, the default: none). An experiment: a warp issues a unit's loads only after the unit
-// before it is stored, so each unit waits a DRAM round trip.
-#ifndef LOWBIT_STEP_PREFETCH
-#define LOWBIT_STEP_PREFETCH 0
-#endif
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__) && !defined(__HIPCC__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-template <typename T, int FAMILY, int NS, int C>
-__device__ __forceinline__ void prefetch_unit(const GpuStepParam& P, const Args& a, int64_t i) {
-  using K = Known<T, C>;
-  prefetch_l2(static_cast<const T*>(P.param) + i);
-  prefetch_l2(static_cast<const char*>(P.grad) + i * (K::grad_type(P) == ElemType::F32 ? 4 : 2));
-  if (sizeof(T) == 2 && K::correction_bits(a) != 0)
-    prefetch_l2(static_cast<const char*>(P.correction) + i * (K::correction_bits(a) / 8));
-#pragma unroll
-  for (int k = 0; k < NS; ++k) {
-    if (!(a.used_mask & (1 << k))) continue;
-    if (FAMILY == kF32) prefetch_l2(static_cast<const float*>(P.slot[k]) + i);
-    else if (FAMILY == kBF16) prefetch_l2(static_cast<const bf16_t*>(P.slot[k]) + i);
-    else prefetch_l2(static_cast<const uint8_t*>(P.slot[k]) + i * code_bits(FAMILY) / 8);
-  }
-}
-
 // One unit of small blocks (B <= 8 lanes' worth of a warp): each group of B/8 lanes owns a block.
 template <Rule R, typename T, int FAMILY, int NS, int WARP, int C, bool FULL>
 __device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
@@ -819,8 +792,6 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS
       const int64_t full_end = vec ? first + P.numel / a.unit : first;
       for (; u < end; ++u) {
         const int64_t i = (u - first) * a.unit + int64_t(lane) * 8;
-        if (LOWBIT_STEP_PREFETCH > 0 && u + LOWBIT_STEP_PREFETCH < full_end)
-          prefetch_unit<T, FAMILY, NS, C>(P, a, i + LOWBIT_STEP_PREFETCH * a.unit);
         if (u < full_end)
           small_block_unit<R, T, FAMILY, NS, WARP, C, true>(P, a, h, grad_mult, seed, sh, i, vec, lane, group);
         else

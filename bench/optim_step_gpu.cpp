@@ -86,15 +86,9 @@ double graph_replay_ms(Fn fn) {
   return time_ms([&] { graph.replay(); }, static_cast<int>(g_reps));
 }
 
-template <typename Opt, typename Options>
-void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int slots, double slot_bytes, bool check,
-                int64_t tensors, int64_t rows, int64_t cols, bool overlapped = false, double correction_bytes = 0,
-                double extra_read_bytes = 0) {
-  std::vector<at::Tensor> p = make(tensors, rows, cols, pt, 1.0);
-  for (auto& t : p) t.mutable_grad() = (at::randn_like(t, at::kFloat) * 1e-2).to(pt);
-  Opt opt(p, opts);
-  const double ms = time_ms([&] { opt.step(); }, static_cast<int>(g_reps));
-  // Host time to enqueue a step: what small tensors cost when the GPU outruns the host.
+// Host time to enqueue one step from an idle device (median of 5): what small tensors cost when the
+// GPU outruns the host.
+double enqueue_ms(lowbit::optim::LowbitOptimizer& opt) {
   std::vector<double> host;
   for (int i = 0; i < 5; ++i) {
     torch::cuda::synchronize();
@@ -103,12 +97,24 @@ void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int sl
     host.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   torch::cuda::synchronize();
+  return median(host);
+}
+
+template <typename Opt, typename Options>
+void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int slots, double slot_bytes, bool check,
+                int64_t tensors, int64_t rows, int64_t cols, bool overlapped = false, double correction_bytes = 0,
+                double extra_read_bytes = 0) {
+  std::vector<at::Tensor> p = make(tensors, rows, cols, pt, 1.0);
+  for (auto& t : p) t.mutable_grad() = (at::randn_like(t, at::kFloat) * 1e-2).to(pt);
+  Opt opt(p, opts);
+  const double ms = time_ms([&] { opt.step(); }, static_cast<int>(g_reps));
+  const double host_ms = enqueue_ms(opt);
   const int64_t numel = tensors * rows * cols;
   // A master-weight correction is read and written like the parameter; a rule with a pass before
   // its update (LAMB's norms) reads extra_read_bytes more.
   Row r{name, ms, step_bytes(pt, slots, slot_bytes, check) + 2 * correction_bytes + extra_read_bytes,
         double(opt.state_bytes()) / numel};
-  r.host_ms = median(host);
+  r.host_ms = host_ms;
   report(r, numel);
   if (overlapped) {
     // Back to back with the optimizer's own step graphs (the default), then with them off (every
@@ -116,16 +122,9 @@ void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int sl
     report({name + ", back to back", back_to_back_ms([&] { opt.step(); }), r.bytes_per_param, r.state_bytes_per_param}, numel);
     std::printf("  (step graph replays so far: %lld)\n", static_cast<long long>(opt.step_graph_replays()));
     opt.set_step_graphs(false);
-    std::vector<double> eager_host;
-    for (int i = 0; i < 5; ++i) {
-      torch::cuda::synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      opt.step();
-      eager_host.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
     Row off{name + ", back to back, graphs off", back_to_back_ms([&] { opt.step(); }), r.bytes_per_param,
             r.state_bytes_per_param};
-    off.host_ms = median(eager_host);
+    off.host_ms = enqueue_ms(opt);
     report(off, numel);
     report({name + ", CUDA graph", graph_replay_ms([&] { opt.step(); }), r.bytes_per_param, r.state_bytes_per_param}, numel);
   }

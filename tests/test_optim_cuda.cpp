@@ -16,6 +16,7 @@
 #include <lowbit/kernels/cuda/optim_step_cuda.h>
 #endif
 
+#include "gpu_step_params.h"
 #include "rule_cases.h"
 #include "sync_debug.h"
 #include "test_util.h"
@@ -30,17 +31,8 @@ namespace {
 
 const auto& kAllFormats = lowbit::kAllStateFormats;
 
-// Sizes: below min_quant_numel (FP32 state), empty, a few blocks and a ragged end, 2-D.
-std::vector<at::Tensor> make_params(at::ScalarType dt) {
-  return {at::randn({3000}).to(dt), at::randn({0}).to(dt), at::randn({70001}).to(dt), at::randn({129, 65}).to(dt),
-          at::randn({4097}).to(dt)};
-}
-
-std::vector<at::Tensor> to_cuda(const std::vector<at::Tensor>& v) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : v) out.push_back(t.cuda());
-  return out;
-}
+using lowbit_test::make_params;
+using lowbit_test::to_cuda;
 
 // Steps a CPU and a CUDA optimizer made by `make` with the same gradients; returns a description of
 // the first difference in parameters or state ("" if none).

@@ -13,6 +13,7 @@
 
 #include <lowbit/lowbit.h>
 
+#include "gpu_step_params.h"
 #include "test_util.h"
 
 using lowbit::StateFormat;
@@ -23,17 +24,8 @@ namespace {
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
-// Sizes: below min_quant_numel, empty, ragged blocks, 2-D.
-std::vector<at::Tensor> make_params(at::ScalarType dt) {
-  return {at::randn({3000}).to(dt), at::randn({0}).to(dt), at::randn({70001}).to(dt), at::randn({129, 65}).to(dt),
-          at::randn({4097}).to(dt)};
-}
-
-std::vector<at::Tensor> on_cuda(const std::vector<at::Tensor>& v) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : v) out.push_back(t.cuda());
-  return out;
-}
+using lowbit_test::make_params;
+using lowbit_test::to_cuda;
 
 // The first difference between two optimizers' parameters and state ("" if none).
 std::string differences(const lo::LowbitOptimizer& a, const std::vector<at::Tensor>& pa, const lo::LowbitOptimizer& b,
@@ -68,7 +60,7 @@ struct Pair {
   std::unique_ptr<Opt> graphed, eager;
 
   template <typename Options>
-  Pair(const std::vector<at::Tensor>& init, const Options& o) : pg(on_cuda(init)), pe(on_cuda(init)) {
+  Pair(const std::vector<at::Tensor>& init, const Options& o) : pg(to_cuda(init)), pe(to_cuda(init)) {
     for (size_t i = 0; i < init.size(); ++i) {
       gg.push_back(at::zeros_like(pg[i]));
       ge.push_back(at::zeros_like(pe[i]));

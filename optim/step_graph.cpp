@@ -88,6 +88,9 @@ void StepGraph::give_up() {
   forget();
 }
 
+// Dropping a recording whose last replay may still be running on the device is safe: CUDA frees
+// an executable graph in flight when it completes (cuGraphExecDestroy), and ATen gives the graph's
+// private memory pool back only with cudaFree, which waits for the device.
 void StepGraph::forget() {
   recording_.reset();
   has_last_ = false;

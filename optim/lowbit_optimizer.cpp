@@ -259,6 +259,13 @@ void LowbitOptimizer::step_parameters(const std::vector<at::Tensor>& params) {
   step_only(&only);
 }
 
+namespace {
+// Whether a step of only these parameters (null: every one) leaves p out.
+bool left_out(const std::unordered_set<c10::TensorImpl*>* only, const at::Tensor& p) {
+  return only && only->count(p.unsafeGetTensorImpl()) == 0;
+}
+}  // namespace
+
 // A device's gradients, for the pre-pass (the skip decision and the norms for clipping).
 struct LowbitOptimizer::DeviceGrads {
   at::Device device;
@@ -326,7 +333,6 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
       return;
     }
   }
-  const auto skip = [&](const at::Tensor& p) { return only && only->count(p.unsafeGetTensorImpl()) == 0; };
   // ---- check: every parameter with a gradient, grouped by device for the pre-pass.
   std::vector<DeviceGrads> devices;
   bool want_sumsq = false, any_grad = false;
@@ -337,7 +343,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     const auto& params = param_groups_[gi].params();
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& g = params[i].grad();
-      if (!g.defined() || skip(params[i])) continue;
+      if (!g.defined() || left_out(only, params[i])) continue;
       check_grad(params[i], g, gi, i);
       any_grad = true;
       if (!prepass) continue;
@@ -378,7 +384,6 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
 
 void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq,
                                    const std::unordered_set<c10::TensorImpl*>* only, bool* stepped_cpu) {
-  const auto skip = [&](const at::Tensor& p) { return only && only->count(p.unsafeGetTensorImpl()) == 0; };
   // ---- pre-pass: one read of every gradient, on its device: is anything non-finite (then the
   // step is skipped for every group that skips), and each group's squared norm for clipping.
   const int64_t ngroups = static_cast<int64_t>(param_groups_.size());
@@ -420,7 +425,7 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
     for (size_t i = 0; i < group.params().size(); ++i) {
       at::Tensor& p = group.params()[i];
       const at::Tensor& grad = p.grad();  // once: each grad() asks autograd whether p is a leaf
-      if (!grad.defined() || skip(p)) continue;
+      if (!grad.defined() || left_out(only, p)) continue;
       ParamState& st = ensure_state(p, options, gi, i);
       *stepped_cpu |= p.is_cpu();
       // Its bucket: compared slot by slot, no list built per parameter (thousands of small

@@ -6,6 +6,7 @@
 // full op's numbers come from bench/optim_step_gpu). PROBE_BLOCK=N: another quantization block.
 //   step_kernel_probe <state: q8|c8|q4|fp8|f32|bf16> <param: f32|bf16|bf16m24> [tensors=64] [numel=16777216] [reps=20]
 //                     [rule: adamw|lamb|ademamix]  (LAMB: both passes; bytes counted for one)
+// param: bf16 rounds stochastically, bf16n to nearest, bf16m24 keeps an 8-bit correction (24-bit masters).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,9 +91,9 @@ int main(int argc, char** argv) {
   const int64_t numel = argc > 4 ? std::atoll(argv[4]) : 16777216;
   const int reps = argc > 5 ? std::atoi(argv[5]) : 20;
   // bf16m24: bf16 parameters with an 8-bit master-weight correction (24-bit master weights), no
-  // stochastic rounding; bf16: stochastic rounding alone.
+  // stochastic rounding; bf16: stochastic rounding alone; bf16n: rounded to nearest.
   const bool master24 = ptype == "bf16m24";
-  const bool bf16_params = ptype == "bf16" || master24;
+  const bool bf16_params = ptype == "bf16" || ptype == "bf16n" || master24;
   const std::string rule = argc > 6 ? argv[6] : "adamw";
 
   GpuStep s;
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
   }
   const bool four_bit = state == "q4";
   s.param_type = bf16_params ? ElemType::BF16 : ElemType::F32;
-  s.stochastic_round = bf16_params && !master24;
+  s.stochastic_round = ptype == "bf16";
   if (master24) {
     for (int k = slots; k < kCorrectionSlot; ++k) s.slots[k] = SlotType{};
     s.slots[kCorrectionSlot] = {SlotStorage::Int8, QuantFormat::Dyn8Signed};

@@ -73,29 +73,51 @@ __global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT PrologueChunk chunk, 
   if (s.write_counters) counters[0] = t;
 }
 
-// 32 lanes per parameter: its norm blocks' sums added in block order, into the trust ratio or
-// out. The order is one chain of adds (kernels/cpu's), so the lanes only load: 32 consecutive
-// sums at a time, coalesced, handed to the chain by shuffles. (One thread looping over a large
-// parameter's 65536 blocks waited on each load in turn: 13 ms of a 26 ms LAMB step.)
-constexpr int kTrustLanes = 32, kTrustThreads = 128;
+// One warp per parameter: its norm blocks' sums added in block order, into the trust ratio or out.
+// The order is one chain of adds (kernels/cpu's), so its time is the chain's: one add's latency per
+// block. The warp stages kTrustTile blocks' sums at a time in shared memory (coalesced 16-byte
+// loads, the next tile's in flight) and lane 0 runs the chain through the staged tile; the two
+// sums are two independent chains. (Each block handed to the chain by shuffles, 32 at a time:
+// 55 cycles a block, 4.1 ms for the 131072 blocks of a 2^24-element parameter with Q4's block of
+// 128; one thread loading each sum in turn before that: 13 ms of a 26 ms LAMB step. H100.)
+constexpr int kTrustThreads = 128, kTrustPerLane = 8;
+template <int WARP>
 __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                                    const double* block_sums, const float* found_inf,
                                                                    ParamScalars* scalars, double* out) {
-  const int i = (blockIdx.x * blockDim.x + threadIdx.x) / kTrustLanes;
-  const int lane = threadIdx.x % kTrustLanes;
-  if (i >= chunk.count || (found_inf && *found_inf != 0.0f)) return;
-  double sp = 0.0, sr = 0.0;
+  constexpr int kWarps = kTrustThreads / WARP, kTile = kTrustPerLane * WARP;
+  __shared__ double2 tiles[kWarps][2][kTile];  // two buffers: lane 0 reads one while the warp fills the other
+  const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int i = blockIdx.x * kWarps + w;
+  if (i >= chunk.count || (found_inf && *found_inf != 0.0f)) return;  // the same for the whole warp
   const int64_t first = chunk.first_block[i], last = chunk.first_block[i + 1];
-  for (int64_t b = first; b < last; b += kTrustLanes) {
-    const int64_t mine = b + lane;
-    const double vp = mine < last ? block_sums[2 * mine] : 0.0;
-    const double vr = mine < last ? block_sums[2 * mine + 1] : 0.0;
-    const int n = last - b < kTrustLanes ? static_cast<int>(last - b) : kTrustLanes;
-    for (int q = 0; q < kTrustLanes; ++q) {
-      const double xp = LOWBIT_SHFL(vp, q, kTrustLanes), xr = LOWBIT_SHFL(vr, q, kTrustLanes);
-      if (q < n) {
-        sp += xp;
-        sr += xr;
+  const double2* sums = reinterpret_cast<const double2*>(block_sums);  // block b: (sum of p^2, sum of r^2)
+  double2 staged[kTrustPerLane];
+  const auto load_tile = [&](int64_t b) {
+#pragma unroll
+    for (int k = 0; k < kTrustPerLane; ++k) {
+      const int64_t mine = b + k * WARP + lane;
+      staged[k] = mine < last ? sums[mine] : make_double2(0.0, 0.0);
+    }
+  };
+  double sp = 0.0, sr = 0.0;
+  load_tile(first);
+  int buf = 0;
+  for (int64_t b = first; b < last; b += kTile, buf ^= 1) {
+#pragma unroll
+    for (int k = 0; k < kTrustPerLane; ++k) tiles[w][buf][k * WARP + lane] = staged[k];
+    // The tile is whole; and lane 0 is done with the other buffer (read two tiles ago), which the
+    // next iteration fills.
+    LOWBIT_SYNCWARP();
+    if (b + kTile < last) load_tile(b + kTile);
+    if (lane == 0) {
+      const int n = last - b < kTile ? static_cast<int>(last - b) : kTile;
+      const double2* t = tiles[w][buf];
+#pragma unroll 8
+      for (int q = 0; q < n; ++q) {
+        const double2 x = t[q];
+        sp += x.x;
+        sr += x.y;
       }
     }
   }
@@ -107,6 +129,24 @@ __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_
   } else {
     scalars[g].hyper.trust = lamb_trust(sp, sr);
   }
+}
+
+template <int WARP>
+cudaError_t launch_lamb_trust_warp(const Chunk& c, const Args& a, const float* found_inf, double* out,
+                                   cudaStream_t stream) {
+  constexpr int kWarps = kTrustThreads / WARP;
+  lamb_trust_kernel<WARP><<<(c.count + kWarps - 1) / kWarps, kTrustThreads, 0, stream>>>(c, a.block_sums, found_inf,
+                                                                                        a.scalars, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_lamb_trust(const Chunk& c, const Args& a, int warp, const float* found_inf, double* out,
+                              cudaStream_t stream) {
+#define LOWBIT_LAMB_TRUST_WARP(W) \
+  if (warp == W) return launch_lamb_trust_warp<W>(c, a, found_inf, out, stream);
+  LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_LAMB_TRUST_WARP)
+#undef LOWBIT_LAMB_TRUST_WARP
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, int FAMILY, int WARP>
@@ -121,9 +161,7 @@ cudaError_t launch_lamb_sums_warp(const Chunk& c, const Args& a, int family, int
   switch (family) {
     case kF32: return launch_lamb_sums_typed<T, kF32, WARP>(c, a, wanted, stream);
     case kBF16: return launch_lamb_sums_typed<T, kBF16, WARP>(c, a, wanted, stream);
-    case kCodes8:
-    case kPow8:  // decodes through the codebook (== pow8_decode): one read pass, not worth a variant
-      return launch_lamb_sums_typed<T, kCodes8, WARP>(c, a, wanted, stream);
+    case kCodes8: return launch_lamb_sums_typed<T, kCodes8, WARP>(c, a, wanted, stream);
     case kCodes4: return launch_lamb_sums_typed<T, kCodes4, WARP>(c, a, wanted, stream);
   }
   return cudaErrorInvalidValue;
@@ -197,7 +235,6 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     if (t.storage == SlotStorage::None) continue;
     const int f = t.storage == SlotStorage::F32    ? kF32
                   : t.storage == SlotStorage::BF16 ? kBF16
-                  : is_arithmetic_format(t.format)  ? kPow8
                   : format_bits(t.format) == 8      ? kCodes8
                                                     : kCodes4;
     if (family >= 0 && f != family) return "every slot of a GPU step must be stored the same way";
@@ -205,8 +242,6 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
     a.used_mask |= 1 << k;
     if (t.storage != SlotStorage::Quant) continue;
     if (format_is_signed(t.format)) a.slot_signed_mask |= 1 << k;
-    if (f == kPow8 && format_is_signed(t.format) != slot_is_signed(s.config.rule, k))
-      return "a companded format's sign must be its slot's (Pow8Signed for signed moments, Pow8Unsigned for the others)";
     // The format's staged table: one already staged, or one more (at most two per layout).
     const DeviceFormat* df = nullptr;
     e = device_format(t.format, stream, &df);
@@ -295,10 +330,7 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
         case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, plan.warp, wanted, stream); break;
       }
       if (e != cudaSuccess) return cudaGetErrorString(e);
-      const int trust_blocks = (chunk.count * kTrustLanes + kTrustThreads - 1) / kTrustThreads;
-      lamb_trust_kernel<<<trust_blocks, kTrustThreads, 0, stream>>>(chunk, a.block_sums, s.found_inf, a.scalars,
-                                                                    lamb_out);
-      e = cudaGetLastError();
+      e = launch_lamb_trust(chunk, a, plan.warp, s.found_inf, lamb_out, stream);
       if (e != cudaSuccess) return cudaGetErrorString(e);
     }
     if (lamb_out) continue;

@@ -22,7 +22,6 @@
 #include <atomic>
 #include <type_traits>
 
-#include "../common/compand.h"
 #include "../common/encode.h"
 #include "../common/master_weight.h"
 #include "../common/optim_rules.h"
@@ -55,12 +54,14 @@ constexpr bool kLambSumsSpeculate = false;
 constexpr int kThreads = 256;
 constexpr int kChunk = kDescriptorsPerLaunch;
 
-// How a launch's state is stored: every used slot the same way. kCodes8 / kCodes4: codes of
-// table-driven formats (shared-memory tables); kPow8: 8-bit codes of the companded formats,
-// encoded and decoded by arithmetic (compand.h), no tables.
-enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3, kPow8 = 4 };
+// How a launch's state is stored: every used slot the same way. kCodes8 / kCodes4: 8-bit and 4-bit
+// codes, encoded and decoded through shared-memory tables. The companded formats (compand.h) are
+// 8-bit codes too: their tables give the bits of their arithmetic (code_tables.h), and ran faster
+// than it (bench/step_kernel_probe, H100, 1.07B parameters, kernels alone, arithmetic -> tables:
+// AdEMAMix C8 10.36 -> 8.70 ms, AdamW C8 6.82 -> 6.61, with bf16 + 24-bit master 7.00 -> 5.53).
+enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
 
-LOWBIT_HD constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4 || f == kPow8; }
+LOWBIT_HD constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4; }
 LOWBIT_HD constexpr bool has_tables(int f) { return f == kCodes8 || f == kCodes4; }
 LOWBIT_HD constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
 
@@ -162,9 +163,9 @@ struct Known {
 // time -> together): faster for the kernels with fixed companions and table-coded state (Q8 with
 // bf16 parameters and stochastic rounding 5.18 -> 5.11 ms, with a 24-bit master 5.28 -> 5.16, Q4
 // with a 24-bit master 5.39 -> 5.23); slower where the kernel holds more (kAnyCompanions: fp32
-// parameters with Q8 state 6.44 -> 6.86, Q4 6.03 -> 6.38, their registers spilled) and with C8's
-// arithmetic codes (bf16 + 24-bit master 6.96 -> 7.22). So those only; -DLOWBIT_STEP_BATCH=0 or 1
-// sets every kernel for an A/B build (AdEMAMix's speculating kernels aside).
+// parameters with Q8 state 6.44 -> 6.86, Q4 6.03 -> 6.38, their registers spilled). So those only
+// (Q8 with bf16 parameters rounded to nearest, without: 4.86 -> 4.93 ms, session 19);
+// -DLOWBIT_STEP_BATCH=0 or 1 sets every kernel for an A/B build (AdEMAMix's speculating kernels aside).
 #ifdef LOWBIT_STEP_BATCH
 template <Rule R, int FAMILY, int C>
 constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R>;
@@ -326,8 +327,7 @@ __device__ __forceinline__ void merge(BitScan& a, const BitScan& b) {
 // shuffles, unrolled with a uniform test per level, or with REDUX (sm_80+: one instruction, the
 // group's lanes as its mask). Which is faster depends on the family (bench/step_kernel_probe,
 // H100, AdamW): REDUX for table-coded 8-bit state (Q8 7.51 against 7.89 ms; with bf16 parameters
-// and a 24-bit master 8.37 against 8.87), shuffles for the arithmetic and 4-bit codes (C8 7.99
-// against 8.46, with bf16 + 24-bit master 9.35 against 11.0; Q4 8.39 against 8.51).
+// and a 24-bit master 8.37 against 8.87), shuffles for 4-bit codes (Q4 8.39 against 8.51).
 template <int WARP, bool REDUX>
 __device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIPCC__)
@@ -553,17 +553,9 @@ struct Lane {
   // 8 values of slot k from their codes and the block's scale.
   __device__ __forceinline__ void decode8(const SharedFormat* sh, const Args& a, int k, const uint8_t (&c)[8],
                                           float amax, float (&out)[8]) const {
-    if (FAMILY == kPow8) {
-      // codebook[c] == pow8_decode(c) exactly, so the product is the table path's. The sign is
-      // the rule's (make_plan checks the formats agree), a constant once k is unrolled.
-      const bool sgn = slot_is_signed(R, k);
+    const float* cb = sh[a.format_of_slot[k]].codebook;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = pow8_decode(c[e], sgn) * amax;
-    } else {
-      const float* cb = sh[a.format_of_slot[k]].codebook;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = decode_value(cb, c[e], amax);
-    }
+    for (int e = 0; e < 8; ++e) out[e] = decode_value(cb, c[e], amax);
   }
 
   // The bounded path's state: element by element past the end (0 there, and for unused slots).
@@ -677,28 +669,17 @@ struct Lane {
     // pre == 1 (absmax within 2^-64..2^64: every block in practice): (x * 1) * inv is x * inv, one
     // multiply. The test is the same for the lanes of a block, so the branch rarely diverges.
     const bool one_multiply = nz.pre == 1.0f;
-    if (FAMILY == kPow8) {
-      const bool sgn = slot_is_signed(R, k);
-      if (one_multiply) {
+    const SharedFormat& f = sh[a.format_of_slot[k]];
+    if (!(amax >= 0.0f)) {
+      // A block flagged NaN or negative (encode.h: block_absmax): encode_value's clamps.
 #pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = pow8_encode(s[k][e] * nz.inv, sgn);
-      } else {
+      for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]));
+    } else if (one_multiply) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = pow8_encode(normalize(nz, s[k][e]), sgn);
-      }
+      for (int e = 0; e < 8; ++e) c[e] = encode_valid(f, s[k][e] * nz.inv);
     } else {
-      const SharedFormat& f = sh[a.format_of_slot[k]];
-      if (!(amax >= 0.0f)) {
-        // A block flagged NaN or negative (encode.h: block_absmax): encode_value's clamps.
 #pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = encode_value(f, normalize(nz, s[k][e]));
-      } else if (one_multiply) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = encode_valid(f, s[k][e] * nz.inv);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = encode_valid(f, normalize(nz, s[k][e]));
-      }
+      for (int e = 0; e < 8; ++e) c[e] = encode_valid(f, normalize(nz, s[k][e]));
     }
     store_codes8<code_bits(FAMILY), FULL>(static_cast<uint8_t*>(P.slot[k]), i, P.numel, vec, c);
   }
@@ -932,6 +913,12 @@ __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, 
   }
 }
 
+// Whether the first pass's blocks of 64 and 128 (C8's, Q4's) add their rows with the segment
+// length as a constant (0: at run time, for an A/B build).
+#ifndef LOWBIT_LAMB_SEG_UNROLL
+#define LOWBIT_LAMB_SEG_UNROLL 1
+#endif
+
 // Blocks per SM LAMB's first pass asks the register allocation for: 3 (80 registers). With grids
 // of 8 blocks per SM, 4 (64 registers, some spilled) ran quantized state faster (H100, both LAMB
 // passes over 1.07B parameters, Q8: bf16 + 24-bit master 13.65 -> 12.86 ms); with one-wave grids
@@ -1008,43 +995,59 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) l
     // segment's first place (only that lane reads its row); then lane t < nb adds block t's 16 p
     // partials in order, lane nb + t its r partials. (One block per warp, as for larger blocks, left
     // most lanes without elements, and added the partials once per block by shuffles.)
-    const int seg = static_cast<int>(B / 16);
-    for (int64_t item = b0; item < b1;) {
-      while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
-      const GpuStepParam& P = chunk.p[j];
-      const ParamScalars& ps = a.scalars[chunk.first_param + j];
-      const int64_t b = item - chunk.first_block[j], begin = b * B;
-      const int64_t param_last = chunk.first_block[j + 1] < b1 ? chunk.first_block[j + 1] : b1;
-      const int nb = static_cast<int>(kChunkElems / B < param_last - item ? kChunkElems / B : param_last - item);
-      const int64_t end = P.numel - begin < nb * B ? P.numel : begin + nb * B;
-      const bool vec = P.aligned != 0;
-      const int64_t i = begin + int64_t(lane) * 8;
-      float p[8], g[8], s[2][8];
-      if (vec && begin + kChunkElems <= end) {
-        lamb_load<true, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
-        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, 8, Squares{});
-      } else {
-        lamb_load<false, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
-        square_into_rows(ps.hyper, ps.grad_mult, p, g, s, end - i, Squares{});
-      }
-      LOWBIT_SYNCWARP();
-      if (lane < 32) {
-        double* row = &rows[w][lane / 16][Rows::start(lane % 16)];
-        for (int t = 0; t < nb; ++t) {
-          double part = 0.0;
-          for (int k = 0; k < seg; ++k) part += row[t * seg + k];
-          row[t * seg] = part;
+    // SEG (B / 16, a power of two: block sizes are) as a constant unrolls the adds of the rows;
+    // 0 takes it at run time.
+    const auto small_blocks = [&](auto seg_constant) {
+      constexpr int SEG = decltype(seg_constant)::value;
+      const int seg = SEG != 0 ? SEG : static_cast<int>(B / 16);
+      constexpr int kMostBlocks = SEG != 0 ? Rows::kPerPartial / SEG : Rows::kPerPartial;  // per chunk
+      for (int64_t item = b0; item < b1;) {
+        while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
+        const GpuStepParam& P = chunk.p[j];
+        const ParamScalars& ps = a.scalars[chunk.first_param + j];
+        const int64_t b = item - chunk.first_block[j], begin = b * B;
+        const int64_t param_last = chunk.first_block[j + 1] < b1 ? chunk.first_block[j + 1] : b1;
+        const int nb = static_cast<int>(kChunkElems / B < param_last - item ? kChunkElems / B : param_last - item);
+        const int64_t end = P.numel - begin < nb * B ? P.numel : begin + nb * B;
+        const bool vec = P.aligned != 0;
+        const int64_t i = begin + int64_t(lane) * 8;
+        float p[8], g[8], s[2][8];
+        if (vec && begin + kChunkElems <= end) {
+          lamb_load<true, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
+          square_into_rows(ps.hyper, ps.grad_mult, p, g, s, 8, Squares{});
+        } else {
+          lamb_load<false, T, FAMILY>(P, a, codebooks, i, end, vec, p, g, s);
+          square_into_rows(ps.hyper, ps.grad_mult, p, g, s, end - i, Squares{});
         }
+        LOWBIT_SYNCWARP();
+        if (lane < 32) {
+          double* row = &rows[w][lane / 16][Rows::start(lane % 16)];
+#pragma unroll
+          for (int t = 0; t < kMostBlocks; ++t) {
+            if (t < nb) {
+              double part = 0.0;
+#pragma unroll
+              for (int k = 0; k < (SEG != 0 ? SEG : seg); ++k) part += row[t * seg + k];
+              row[t * seg] = part;
+            }
+          }
+        }
+        LOWBIT_SYNCWARP();
+        if (lane < 2 * nb) {
+          const int which = lane < nb ? 0 : 1, t = lane - which * nb;
+          double sum = 0.0;
+#pragma unroll
+          for (int c = 0; c < 16; ++c) sum += rows[w][which][Rows::start(c) + t * seg];
+          a.block_sums[2 * (item + t) + which] = sum;
+        }
+        LOWBIT_SYNCWARP();
+        item += nb;
       }
-      LOWBIT_SYNCWARP();
-      if (lane < 2 * nb) {
-        const int which = lane < nb ? 0 : 1, t = lane - which * nb;
-        double sum = 0.0;
-        for (int c = 0; c < 16; ++c) sum += rows[w][which][Rows::start(c) + t * seg];
-        a.block_sums[2 * (item + t) + which] = sum;
-      }
-      LOWBIT_SYNCWARP();
-      item += nb;
+    };
+    switch (LOWBIT_LAMB_SEG_UNROLL ? B / 16 : 0) {
+      case 4: small_blocks(std::integral_constant<int, 4>{}); break;
+      case 8: small_blocks(std::integral_constant<int, 8>{}); break;
+      default: small_blocks(std::integral_constant<int, 0>{}); break;
     }
     return;
   }
@@ -1184,7 +1187,6 @@ cudaError_t launch_typed(const Chunk& chunk, const Args& a, int ns, int companio
     case kBF16: return launch_typed<R, T, kBF16, W>(chunk, a, ns, companions, wanted, stream);                    \
     case kCodes8: return launch_typed<R, T, kCodes8, W>(chunk, a, ns, companions, wanted, stream);                \
     case kCodes4: return launch_typed<R, T, kCodes4, W>(chunk, a, ns, companions, wanted, stream);                \
-    case kPow8: return launch_typed<R, T, kPow8, W>(chunk, a, ns, companions, wanted, stream);                    \
   }                                                                                             \
   return cudaErrorInvalidValue;
 

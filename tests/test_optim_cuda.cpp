@@ -158,6 +158,36 @@ TEST(OptimCuda, BlockSizesFromSmallToLargerThanAWarpHolds) {
   }
 }
 
+// bf16 values rounded to nearest on the GPU (vector_io.cuh: pack_bf16x8, one instruction per pair
+// where no value is NaN) equal the CPU's from_f32: ties, subnormals, values that overflow to Inf,
+// NaN among the 8 values of a lane and alone (the CPU's 0x7FC0), parameters and bf16 state.
+TEST(OptimCuda, BfloatRoundingOfExtremeValuesEqualsTheCpuKernel) {
+  SKIP_WITHOUT_CUDA();
+  // Normal values, subnormal ones, ones near bf16's largest, ties (1 + k 2^-8 in steps of 2^-8),
+  // and the specials; 1031 of them, so lanes hold a NaN with other values and a last odd lane.
+  const int64_t n = 1031;
+  at::Tensor v = at::randn({n});
+  v.narrow(0, 100, 200).mul_(1e-39);   // subnormal
+  v.narrow(0, 300, 200).mul_(1e38);    // near the largest; SGD's huge lr takes some past it
+  v.narrow(0, 500, 256).copy_(at::arange(256, at::kFloat).mul(0x1p-8).add(1.0));
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-45f, 0x1.FEp127f, -0x1.FEp127f};
+  for (int k = 0; k < 9; ++k) v[800 + 3 * k] = specials[k];  // 0x1.FEp127: bf16's largest
+  v[1030] = NAN;
+  const at::Tensor params = v.to(at::kBFloat16);
+  const auto one = [&] { return std::vector<at::Tensor>{params.clone(), params.narrow(0, 1, n - 1).clone()}; };
+  for (double lr : {1.0 / 3, 1e-38, 1e37}) {
+    SCOPED_TRACE("SGD lr " + std::to_string(lr));
+    EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::SGD>(p, lo::SGDOptions(lr)); }, one(), 2), "");
+  }
+  for (StateFormat f : {StateFormat::Q8, StateFormat::BF16}) {
+    for (double lr : {1e-2, 1e-38}) {
+      SCOPED_TRACE(std::string("AdamW ") + lowbit::state_format_name(f) + " lr " + std::to_string(lr));
+      EXPECT_EQ(compare_cpu_cuda([&](auto& p) { return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(lr).state_format(f)); },
+                                 one(), 2), "");
+    }
+  }
+}
+
 TEST(OptimCuda, ThousandsOfTinyTensorsInOneGroup) {
   SKIP_WITHOUT_CUDA();
   std::vector<at::Tensor> params;

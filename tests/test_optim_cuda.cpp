@@ -414,13 +414,14 @@ TEST(OptimCuda, GradientCheckFindsEveryNonFiniteValue) {
 // ranges' edges and zeros included); and the range is where the step's values live.
 namespace {
 struct SpeculativeResults {
-  at::Tensor quotient, root, ok;
+  at::Tensor quotient, root, reciprocal, ok;
 };
 SpeculativeResults speculate(const at::Tensor& a, const at::Tensor& b) {
-  SpeculativeResults r{at::empty_like(a), at::empty_like(a), at::empty(a.sizes(), a.options().dtype(at::kByte))};
+  SpeculativeResults r{at::empty_like(a), at::empty_like(a), at::empty_like(a),
+                       at::empty(a.sizes(), a.options().dtype(at::kByte))};
   const char* err = lowbit::kernels::speculative_arith_gpu(a.data_ptr<float>(), b.data_ptr<float>(), a.numel(),
                                                            r.quotient.data_ptr<float>(), r.root.data_ptr<float>(),
-                                                           r.ok.data_ptr<uint8_t>(),
+                                                           r.reciprocal.data_ptr<float>(), r.ok.data_ptr<uint8_t>(),
                                                            c10::cuda::getCurrentCUDAStream().stream());
   EXPECT_EQ(err, nullptr) << err;
   return r;
@@ -450,6 +451,26 @@ TEST(OptimCuda, SpeculativeSqrtIsTheIeeeSqrtOverItsWholeRange) {
   // Outside: zeros, subnormals, negatives, Inf, NaN are reported out of range.
   const at::Tensor odd = at::tensor({0.0f, -0.0f, 1e-40f, -1.0f, INFINITY, NAN, 0x1p-102f}, dev.dtype(at::kFloat));
   EXPECT_EQ(speculate(odd, at::ones_like(odd)).ok.bitwise_and(2).sum().item<int64_t>(), 0);
+}
+
+// The reciprocal of the step's block scales (optim_step_kernels.cuh: step_normalizer) over every
+// float of its range, biased exponents 1 .. 252 (they use 42 .. 191), against 1 / x.
+TEST(OptimCuda, ShortReciprocalIsTheIeeeReciprocalOverItsWholeRange) {
+  SKIP_WITHOUT_CUDA();
+  const auto dev = at::TensorOptions().device(at::kCUDA);
+  const int64_t first = 0x00800000, last = 0x7E7FFFFF, chunk = int64_t(1) << 26;
+  int64_t checked = 0, bad = 0;
+  for (int64_t lo = first - 16; lo <= last + 16; lo += chunk) {
+    const int64_t hi = std::min(lo + chunk, last + 17);
+    const at::Tensor x = floats_of_bits(at::arange(lo, hi, dev.dtype(at::kLong)));
+    const SpeculativeResults r = speculate(x, at::ones_like(x));
+    bad += mismatches(r.reciprocal, at::ones_like(x) / x, r.ok, 4);
+    checked += r.ok.bitwise_and(4).ne(0).sum().item<int64_t>();
+  }
+  EXPECT_EQ(checked, last - first + 1);  // the range is all of it, and only it
+  EXPECT_EQ(bad, 0);
+  const at::Tensor odd = at::tensor({0.0f, -1.0f, 1e-40f, 0x1p126f, INFINITY, NAN}, dev.dtype(at::kFloat));
+  EXPECT_EQ(speculate(odd, at::ones_like(odd)).ok.bitwise_and(4).sum().item<int64_t>(), 0);
 }
 
 TEST(OptimCuda, SpeculativeDivisionIsTheIeeeDivisionInItsRange) {

@@ -371,22 +371,30 @@ const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream) {
 namespace gpu_step {
 namespace {
 __global__ void speculative_arith_kernel(const float* a, const float* b, int64_t n, float* quotient, float* root,
-                                         uint8_t* ok) {
+                                         float* reciprocal, uint8_t* ok) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     SpeculativeArith d, r;
     quotient[i] = d.div(a[i], b[i]);
     root[i] = r.sqrt(a[i]);
-    ok[i] = static_cast<uint8_t>((d.ok ? 1 : 0) | (r.ok ? 2 : 0));
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC__)
+    reciprocal[i] = short_rcp(a[i]);
+    const bool rcp_ok = short_rcp_exact(a[i]);
+#else
+    reciprocal[i] = 1.0f / a[i];
+    const bool rcp_ok = true;
+#endif
+    ok[i] = static_cast<uint8_t>((d.ok ? 1 : 0) | (r.ok ? 2 : 0) | (rcp_ok ? 4 : 0));
   }
 }
 }  // namespace
 }  // namespace gpu_step
 
-const char* speculative_arith_gpu(const float* a, const float* b, int64_t n, float* quotient, float* root, uint8_t* ok,
-                                  void* stream) {
+const char* speculative_arith_gpu(const float* a, const float* b, int64_t n, float* quotient, float* root,
+                                  float* reciprocal, uint8_t* ok, void* stream) {
   if (n <= 0) return nullptr;
   const int grid = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65536));
-  gpu_step::speculative_arith_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(a, b, n, quotient, root, ok);
+  gpu_step::speculative_arith_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(a, b, n, quotient, root,
+                                                                                          reciprocal, ok);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

@@ -56,11 +56,12 @@ size_t gpu_step_scratch_bytes(const GpuStep& s);
 const char* optim_step_gpu(const GpuStep& s, void* stream);
 // LAMB's sums of p^2 and r^2 per parameter (kernels/cpu/optim_step_cpu.h's order) into out [n][2].
 const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream);
-// For tests: the step kernels' division a / b and square root of a (speculative_arith.cuh) for n
-// pairs, and per element whether each was in the short sequences' range (bit 0: the quotient,
-// bit 1: the root). Where it was, the result must be the IEEE operation's.
-const char* speculative_arith_gpu(const float* a, const float* b, int64_t n, float* quotient, float* root, uint8_t* ok,
-                                  void* stream);
+// For tests: the step kernels' division a / b, square root of a and reciprocal of a
+// (speculative_arith.cuh) for n pairs, and per element whether each was in the short sequences'
+// range (bit 0: the quotient, bit 1: the root, bit 2: the reciprocal). Where it was, the result
+// must be the IEEE operation's.
+const char* speculative_arith_gpu(const float* a, const float* b, int64_t n, float* quotient, float* root,
+                                  float* reciprocal, uint8_t* ok, void* stream);
 
 // The gradient pre-pass (tensors/optim_ops.h: grad_check): found_inf (zeroed by the caller) set to
 // 1 when an element is Inf or NaN; with want_sumsq, sumsq[group] (zeroed) += each gradient's sum of

@@ -213,6 +213,25 @@ __device__ __forceinline__ uint8_t encode_valid(const SharedFormat& sh, float x)
   return static_cast<uint8_t>(__byte_perm(e.y, 0u, __float_as_uint(__uint_as_float(e.x) - x) >> 31));
 }
 
+// make_normalizer (encode.h) without its branches, the same values: a valid absmax is finite, so
+// absmax * pre lies in [2^-85, 2^64], where short_rcp is 1.0f / x (speculative_arith.cuh); NaN,
+// negative and zero absmax take make_normalizer's {1, 0} by selects. (nvcc's branches for the
+// absmax test and for its reciprocal's long routine, with their reconvergence points, were 10 of
+// the 21 instructions per slot and block; H100, AdamW Q8 with bf16 parameters.)
+#ifndef LOWBIT_STEP_SHORT_NORMALIZER  // 0: make_normalizer's branches, for an A/B build
+#define LOWBIT_STEP_SHORT_NORMALIZER 1
+#endif
+__device__ __forceinline__ Normalizer step_normalizer(float amax) {
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC__) && LOWBIT_STEP_SHORT_NORMALIZER
+  const float pre = amax < 0x1p-64f ? 0x1p64f : (amax > 0x1p64f ? 0x1p-64f : 1.0f);
+  const float inv = short_rcp(amax * pre);
+  const bool positive = amax > 0.0f;
+  return {positive ? pre : 1.0f, positive ? inv : 0.0f};
+#else
+  return make_normalizer(amax);
+#endif
+}
+
 // ---- element access -----------------------------------------------------------------------------
 
 __device__ __forceinline__ void load_grad8(const void* g, ElemType t, int64_t i, int64_t n, bool vec, float (&v)[8]) {
@@ -664,7 +683,7 @@ struct Lane {
   template <bool FULL>
   __device__ __forceinline__ void encode_slot(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int k,
                                               float amax, int64_t i, bool vec) const {
-    const Normalizer nz = make_normalizer(amax);
+    const Normalizer nz = step_normalizer(amax);
     uint8_t c[8];
     // pre == 1 (absmax within 2^-64..2^64: every block in practice): (x * 1) * inv is x * inv, one
     // multiply. The test is the same for the lanes of a block, so the branch rarely diverges.

@@ -16,6 +16,8 @@
 //   sqrt: x in [2^-101, FLT_MAX], nvcc's own test (bits 0x0D000000..0x7F7FFFFF).
 //   div:  b in [2^-62, 2^62] (positive), and a = ±0 or |a| in [2^-62, 2^62]. The quotient is then
 //         normal, and a - b q exact for q within an ulp of a / b, as the refinement needs.
+//   rcp:  1 / x for x > 0 with a biased exponent in [1, 252]: nvcc's own reciprocal (1.0f / x)
+//         is this sequence there, and branches to its long routine only outside.
 // The quotient's last step is written as q0 - r1 (b q0 - a), the negation of nvcc's
 // q0 + r1 (a - b q0): the same value for every a != 0 (rounding to nearest is symmetric), and the
 // IEEE signed zero for a = ±0 (nvcc's form gives +0 for -0 / b, which is why its test sends zeros
@@ -48,6 +50,16 @@ __device__ __forceinline__ float short_sqrt(float x) {
 __device__ __forceinline__ bool short_div_exact(float a, float b) {
   const uint32_t abs_a = __float_as_uint(a) & 0x7FFFFFFFu;
   return __float_as_uint(b) - 0x20800000u <= 0x3E000000u && (abs_a - 0x20800000u <= 0x3E000000u || abs_a == 0u);
+}
+
+__device__ __forceinline__ bool short_rcp_exact(float x) {
+  return __float_as_uint(x) - 0x00800000u < 0x7E000000u;  // 2^-126 <= x < 2^126
+}
+
+__device__ __forceinline__ float short_rcp(float x) {
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(x));
+  return __fmaf_rn(r0, -__fmaf_rn(x, r0, -1.0f), r0);
 }
 
 __device__ __forceinline__ float short_div(float a, float b) {

@@ -4,9 +4,10 @@
 // Prints ms per step (median of CUDA-event timings) and % of a device copy of the bytes the step
 // moves (p read + written, g read, each state slot read + written; no gradient pre-pass here: the
 // full op's numbers come from bench/optim_step_gpu). PROBE_BLOCK=N: another quantization block.
-//   step_kernel_probe <state: q8|c8|q4|fp8|f32|bf16> <param: f32|bf16|bf16m24> [tensors=64] [numel=16777216] [reps=20]
+//   step_kernel_probe <state: q8|c8|q4|fp8|f32|bf16> <param: f32|bf16|bf16n|bf16m24|bf16m32> [tensors=64] [numel=16777216] [reps=20]
 //                     [rule: adamw|lamb|ademamix]  (LAMB: both passes; bytes counted for one)
-// param: bf16 rounds stochastically, bf16n to nearest, bf16m24 keeps an 8-bit correction (24-bit masters).
+// param: bf16 rounds stochastically, bf16n to nearest, bf16m24 / bf16m32 keep an 8-bit / 16-bit
+// correction (24-bit / 32-bit master weights).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,8 +93,8 @@ int main(int argc, char** argv) {
   const int reps = argc > 5 ? std::atoi(argv[5]) : 20;
   // bf16m24: bf16 parameters with an 8-bit master-weight correction (24-bit master weights), no
   // stochastic rounding; bf16: stochastic rounding alone; bf16n: rounded to nearest.
-  const bool master24 = ptype == "bf16m24";
-  const bool bf16_params = ptype == "bf16" || ptype == "bf16n" || master24;
+  const bool master24 = ptype == "bf16m24", master32 = ptype == "bf16m32";
+  const bool bf16_params = ptype == "bf16" || ptype == "bf16n" || master24 || master32;
   const std::string rule = argc > 6 ? argv[6] : "adamw";
 
   GpuStep s;
@@ -141,9 +142,9 @@ int main(int argc, char** argv) {
   const bool four_bit = state == "q4";
   s.param_type = bf16_params ? ElemType::BF16 : ElemType::F32;
   s.stochastic_round = ptype == "bf16";
-  if (master24) {
+  if (master24 || master32) {
     for (int k = slots; k < kCorrectionSlot; ++k) s.slots[k] = SlotType{};
-    s.slots[kCorrectionSlot] = {SlotStorage::Int8, QuantFormat::Dyn8Signed};
+    s.slots[kCorrectionSlot] = {master32 ? SlotStorage::Int16 : SlotStorage::Int8, QuantFormat::Dyn8Signed};
     s.num_slots = kCorrectionSlot + 1;  // slots between the moments and the correction stay None
   }
   s.seed = 1234;
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
         P.slot[k] = dev_alloc(numel * (state == "bf16" ? 2 : 4));
       }
     }
-    if (master24) P.correction = dev_alloc(numel);
+    if (master24 || master32) P.correction = dev_alloc(numel * (master32 ? 2 : 1));
     P.counters = static_cast<int64_t*>(dev_alloc(16));
     P.rng_key = t;
     P.aligned = 1;
@@ -193,7 +194,7 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   }, reps);
-  const double bytes_per_param = 3.0 * pbytes + 2 * slots * slot_bytes + (master24 ? 2 : 0);
+  const double bytes_per_param = 3.0 * pbytes + 2 * slots * slot_bytes + (master24 ? 2 : 0) + (master32 ? 4 : 0);
   const double total = bytes_per_param * numel * tensors;
   // A device copy of the same bytes (half read, half written).
   void* a = dev_alloc(static_cast<size_t>(total / 2));

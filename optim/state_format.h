@@ -34,7 +34,7 @@ inline bool is_quantized(StateFormat f) {
 // The QuantFormat of a quantized state: first moments (signed) and second moments (unsigned) get
 // the maps of DESIGN.md. FP8 stores signed states as E4M3 and unsigned ones in `fp8_unsigned`
 // (E4M3 by default, E5M2 selectable; see optim/options.h). C8 is square-root companded 8-bit
-// (kernels/common/compand.h): arithmetic encode and decode, block 64.
+// (kernels/common/compand.h), block 64.
 inline QuantFormat quant_format_for(StateFormat f, bool is_signed,
                                     QuantFormat fp8_unsigned = QuantFormat::FP8E4M3) {
   switch (f) {

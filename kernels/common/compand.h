@@ -3,8 +3,9 @@
 //   signed    value(b) = sign(c) (c / 127)^2,      c = b - 127 in -127..127 (byte 127 is 0; 255 reads as 254)
 // i.e. the square root of |x| / absmax quantized linearly: square-root companding, as FlashOptim
 // does for Adam's second moment (arXiv 2602.23349), here for both moments. Against the dynamic
-// tree map: the same 8 bits, no table. Encode and decode are a few arithmetic operations, so the
-// GPU step needs no shared-memory lookups (the table walks bounded the Dyn8 step: bench/RESULTS.md).
+// tree map: the same 8 bits, and a rule simple enough to encode and decode by arithmetic (the GPU
+// quantize kernels do). The GPU step kernels use the tables built from it (code_tables.h): with
+// the window-bucket encode (encode.h) they ran faster there (optim_step_kernels.cuh: Family).
 //
 // Encode rounds in the companded domain: |y| gets the grid step c whose square-root interval holds
 // it, the boundary between steps c and c+1 being the threshold

@@ -432,22 +432,31 @@ int64_t mismatches(const at::Tensor& got, const at::Tensor& want, const at::Tens
   return (got.view(at::kInt).ne(want.view(at::kInt)) & in_range).sum().item<int64_t>();
 }
 at::Tensor floats_of_bits(const at::Tensor& bits) { return bits.to(at::kInt).view(at::kFloat); }
-}  // namespace
 
-TEST(OptimCuda, SpeculativeSqrtIsTheIeeeSqrtOverItsWholeRange) {
-  SKIP_WITHOUT_CUDA();
+// Every float whose bits lie in [first, last], and 16 past each end, through the short sequences:
+// bit `bit` of their `ok` must mark exactly that range, and `result` there must be `ieee`'s bits.
+template <typename Result, typename Ieee>
+void expect_exact_over_range(int64_t first, int64_t last, int bit, Result result, Ieee ieee) {
   const auto dev = at::TensorOptions().device(at::kCUDA);
-  const int64_t first = 0x0D000000, last = 0x7F7FFFFF, chunk = int64_t(1) << 27;
+  const int64_t chunk = int64_t(1) << 26;
   int64_t checked = 0, bad = 0;
   for (int64_t lo = first - 16; lo <= last + 16; lo += chunk) {
     const int64_t hi = std::min(lo + chunk, last + 17);
     const at::Tensor x = floats_of_bits(at::arange(lo, hi, dev.dtype(at::kLong)));
     const SpeculativeResults r = speculate(x, at::ones_like(x));
-    bad += mismatches(r.root, x.sqrt(), r.ok, 2);
-    checked += r.ok.bitwise_and(2).ne(0).sum().item<int64_t>();
+    bad += mismatches(result(r), ieee(x), r.ok, bit);
+    checked += r.ok.bitwise_and(bit).ne(0).sum().item<int64_t>();
   }
   EXPECT_EQ(checked, last - first + 1);  // the range is all of it, and only it
   EXPECT_EQ(bad, 0);
+}
+}  // namespace
+
+TEST(OptimCuda, SpeculativeSqrtIsTheIeeeSqrtOverItsWholeRange) {
+  SKIP_WITHOUT_CUDA();
+  const auto dev = at::TensorOptions().device(at::kCUDA);
+  expect_exact_over_range(0x0D000000, 0x7F7FFFFF, 2, [](const SpeculativeResults& r) { return r.root; },
+                          [](const at::Tensor& x) { return x.sqrt(); });
   // Outside: zeros, subnormals, negatives, Inf, NaN are reported out of range.
   const at::Tensor odd = at::tensor({0.0f, -0.0f, 1e-40f, -1.0f, INFINITY, NAN, 0x1p-102f}, dev.dtype(at::kFloat));
   EXPECT_EQ(speculate(odd, at::ones_like(odd)).ok.bitwise_and(2).sum().item<int64_t>(), 0);
@@ -458,17 +467,8 @@ TEST(OptimCuda, SpeculativeSqrtIsTheIeeeSqrtOverItsWholeRange) {
 TEST(OptimCuda, ShortReciprocalIsTheIeeeReciprocalOverItsWholeRange) {
   SKIP_WITHOUT_CUDA();
   const auto dev = at::TensorOptions().device(at::kCUDA);
-  const int64_t first = 0x00800000, last = 0x7E7FFFFF, chunk = int64_t(1) << 26;
-  int64_t checked = 0, bad = 0;
-  for (int64_t lo = first - 16; lo <= last + 16; lo += chunk) {
-    const int64_t hi = std::min(lo + chunk, last + 17);
-    const at::Tensor x = floats_of_bits(at::arange(lo, hi, dev.dtype(at::kLong)));
-    const SpeculativeResults r = speculate(x, at::ones_like(x));
-    bad += mismatches(r.reciprocal, at::ones_like(x) / x, r.ok, 4);
-    checked += r.ok.bitwise_and(4).ne(0).sum().item<int64_t>();
-  }
-  EXPECT_EQ(checked, last - first + 1);  // the range is all of it, and only it
-  EXPECT_EQ(bad, 0);
+  expect_exact_over_range(0x00800000, 0x7E7FFFFF, 4, [](const SpeculativeResults& r) { return r.reciprocal; },
+                          [](const at::Tensor& x) { return at::ones_like(x) / x; });
   const at::Tensor odd = at::tensor({0.0f, -1.0f, 1e-40f, 0x1p126f, INFINITY, NAN}, dev.dtype(at::kFloat));
   EXPECT_EQ(speculate(odd, at::ones_like(odd)).ok.bitwise_and(4).sum().item<int64_t>(), 0);
 }

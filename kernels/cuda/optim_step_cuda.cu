@@ -75,7 +75,7 @@ __global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT PrologueChunk chunk, 
 
 // One warp per parameter: its norm blocks' sums added in block order, into the trust ratio or out.
 // The order is one chain of adds (kernels/cpu's), so its time is the chain's: one add's latency per
-// block. The warp stages kTrustTile blocks' sums at a time in shared memory (coalesced 16-byte
+// block. The warp stages kTrustPerLane * WARP blocks' sums at a time in shared memory (coalesced 16-byte
 // loads, the next tile's in flight) and lane 0 runs the chain through the staged tile; the two
 // sums are two independent chains. (Each block handed to the chain by shuffles, 32 at a time:
 // 55 cycles a block, 4.1 ms for the 131072 blocks of a 2^24-element parameter with Q4's block of

@@ -61,8 +61,8 @@ constexpr int kChunk = kDescriptorsPerLaunch;
 // AdEMAMix C8 10.36 -> 8.70 ms, AdamW C8 6.82 -> 6.61, with bf16 + 24-bit master 7.00 -> 5.53).
 enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
 
+// Quantized state; every quantized family is table-coded (its formats staged in shared memory).
 LOWBIT_HD constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4; }
-LOWBIT_HD constexpr bool has_tables(int f) { return f == kCodes8 || f == kCodes4; }
 LOWBIT_HD constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
 
 // Slots a rule's update reads and writes with every option on.
@@ -171,7 +171,7 @@ template <Rule R, int FAMILY, int C>
 constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R>;
 #else
 template <Rule R, int FAMILY, int C>
-constexpr bool kBatches = !kSpeculates<R> && C != kAnyCompanions && has_tables(FAMILY);
+constexpr bool kBatches = !kSpeculates<R> && C != kAnyCompanions && is_quant_family(FAMILY);
 #endif
 
 // ---- shared-memory tables -------------------------------------------------------------------------
@@ -764,8 +764,8 @@ template <Rule R, typename T, int FAMILY, int NS, int WARP, int C>
 __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS_OF(FAMILY, NS)) step_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk, const LOWBIT_GRID_CONSTANT Args a) {
   constexpr bool kQuant = is_quant_family(FAMILY);
   constexpr bool kCopyDescriptor = FAMILY == kF32;
-  __shared__ __align__(16) SharedFormat sh[has_tables(FAMILY) ? 2 : 1];  // unused (and dropped) without tables
-  if (has_tables(FAMILY)) stage_formats(sh, a);
+  __shared__ __align__(16) SharedFormat sh[kQuant ? 2 : 1];  // unused (and dropped) without tables
+  if (kQuant) stage_formats(sh, a);
   if (a.found_inf && *a.found_inf != 0.0f) return;
   const int lane = threadIdx.x % WARP;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / WARP);
@@ -960,7 +960,7 @@ __device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, 
 template <typename T, int FAMILY, int WARP>
 __global__ void __launch_bounds__(kThreads, LOWBIT_LAMB_MIN_BLOCKS_OF(FAMILY)) lamb_sums_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                              const LOWBIT_GRID_CONSTANT Args a) {
-  constexpr bool kQuant = FAMILY == kCodes8 || FAMILY == kCodes4;
+  constexpr bool kQuant = is_quant_family(FAMILY);
   constexpr int kWarps = kThreads / WARP, kChunkElems = 8 * WARP;
   using Rows = LambRows<WARP>;
   using FloatRows = LambFloatRows<WARP>;

@@ -6,6 +6,7 @@
 // memcpy of the run; "pairs" is the median of each step's ratio to the memcpy just before it (on a
 // shared host the bandwidth drifts; the two show how much that moves the ratio).
 //   optim_step [numel=2^26] [reps=10]   (default: past the last-level cache of a server CPU)
+//   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
 
 #include <chrono>
@@ -16,6 +17,9 @@
 #include <lowbit/lowbit.h>
 
 #include "timing.h"
+#ifdef LOWBIT_BENCH_HAS_GPU_STEP
+#include "optim_step_gpu.h"
+#endif
 
 namespace lo = lowbit::optim;
 using lowbit::StateFormat;
@@ -47,6 +51,24 @@ struct AtenFusedAdamW {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--device") {
+    const std::string device = argc > 2 ? argv[2] : "";
+    if (device == "cuda") {
+#ifdef LOWBIT_BENCH_HAS_GPU_STEP
+      argv[2] = argv[0];  // the GPU bench reads its arguments after its own name
+      return lowbit_bench::optim_step_gpu_main(argc - 2, argv + 2);
+#else
+      std::fprintf(stderr, "optim_step --device cuda: this build has no CUDA (configure with -DLOWBIT_CUDA=ON)\n");
+      return 2;
+#endif
+    }
+    if (device != "cpu") {
+      std::fprintf(stderr, "optim_step --device: expected cpu or cuda, got '%s'\n", device.c_str());
+      return 2;
+    }
+    argv += 2;
+    argc -= 2;
+  }
   const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
   const int reps = argc > 2 ? std::stoi(argv[2]) : 10;
   std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n),

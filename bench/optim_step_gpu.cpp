@@ -1,10 +1,14 @@
 // bench/optim_step_gpu: one optimizer step on the GPU, ms per step (median of CUDA-event timings),
-// for every lowbit rule and state format, ATen's fused AdamW (at::_fused_adamw_: fp32 state; bf16
+// for every lowbit rule x state format, ATen's fused AdamW (at::_fused_adamw_: fp32 state; bf16
 // params with bf16 state), and a device copy of the bytes the Q8 AdamW step moves, in one run.
-// "GB/s" and "% copy" count the bytes a row must move (each input read once, each output written
-// once; the non-finite check reads the gradient once more). "x fused" divides by ATen's fused fp32
-// AdamW of the same run.
+// "GB/s" and "% copy" count the bytes a row must move: each input read once, each output written
+// once (the parameter; every state slot, its block scales and any master-weight correction, as the
+// optimizer holds them); the non-finite check reads the gradient once more, LAMB's norm pass reads
+// the parameter, the gradient and the state once more. "x fused" divides by ATen's fused fp32
+// AdamW of the same run. The last line names the rule x format row (fp32 parameters, check on)
+// furthest from the copy.
 //   optim_step_gpu [tensors=64] [rows=4096] [cols=4096] [reps=20]
+//   (also reached as `bench_optim_step --device cuda [...]`)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <lowbit/lowbit.h>
 
+#include "optim_step_gpu.h"
 #include "timing.h"
 
 namespace lo = lowbit::optim;
@@ -54,12 +59,17 @@ std::vector<at::Tensor> make(int64_t tensors, int64_t rows, int64_t cols, at::Sc
   return v;
 }
 
-// Bytes a step moves per parameter: p read + written, g read (+ once more for the check), each
-// state slot read + written.
-double step_bytes(at::ScalarType pt, int slots, double slot_bytes, bool check) {
+// Bytes a step moves per parameter: p read and written, g read (once more for the check), every
+// state byte (codes, block scales, a master-weight correction) read and written; a norm pass before
+// the update (LAMB) reads p, g and the state once more.
+double step_bytes(at::ScalarType pt, double state_bytes, bool check, bool norm_pass) {
   const double p = pt == at::kFloat ? 4 : 2;
-  return 2 * p + p * (check ? 2 : 1) + 2 * slots * slot_bytes;
+  return 2 * p + p * (check ? 2 : 1) + 2 * state_bytes + (norm_pass ? 2 * p + state_bytes : 0);
 }
+
+// The rule x format rows (fp32 parameters, check on): their % of copy, for the closing line.
+std::vector<std::pair<std::string, double>> g_matrix;
+double percent_of_copy(const Row& r, int64_t numel) { return 100.0 * r.bytes_per_param * numel / (r.ms * 1e6) / g_copy_gbs; }
 
 // Besides one step timed from an idle device (the rows above; the host's enqueue time shows in
 // them), how a training loop sees many small tensors: steps back to back (the host enqueues step
@@ -100,22 +110,26 @@ double enqueue_ms(lowbit::optim::LowbitOptimizer& opt) {
   return median(host);
 }
 
+struct Shape {
+  int64_t tensors, rows, cols;
+};
+
+// One lowbit row; `overlapped` adds the back-to-back and CUDA-graph rows, `norm_pass` counts LAMB's
+// extra read, `matrix` enters the row in the rule x format summary.
 template <typename Opt, typename Options>
-void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int slots, double slot_bytes, bool check,
-                int64_t tensors, int64_t rows, int64_t cols, bool overlapped = false, double correction_bytes = 0,
-                double extra_read_bytes = 0) {
-  std::vector<at::Tensor> p = make(tensors, rows, cols, pt, 1.0);
+void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, Shape shape, bool overlapped = false,
+                bool norm_pass = false, bool matrix = false) {
+  std::vector<at::Tensor> p = make(shape.tensors, shape.rows, shape.cols, pt, 1.0);
   for (auto& t : p) t.mutable_grad() = (at::randn_like(t, at::kFloat) * 1e-2).to(pt);
   Opt opt(p, opts);
   const double ms = time_ms([&] { opt.step(); }, static_cast<int>(g_reps));
   const double host_ms = enqueue_ms(opt);
-  const int64_t numel = tensors * rows * cols;
-  // A master-weight correction is read and written like the parameter; a rule with a pass before
-  // its update (LAMB's norms) reads extra_read_bytes more.
-  Row r{name, ms, step_bytes(pt, slots, slot_bytes, check) + 2 * correction_bytes + extra_read_bytes,
-        double(opt.state_bytes()) / numel};
+  const int64_t numel = shape.tensors * shape.rows * shape.cols;
+  const double state = double(opt.state_bytes()) / numel;
+  Row r{name, ms, step_bytes(pt, state, opts.skip_nonfinite(), norm_pass), state};
   r.host_ms = host_ms;
   report(r, numel);
+  if (matrix) g_matrix.emplace_back(name, percent_of_copy(r, numel));
   if (overlapped) {
     // Back to back with the optimizer's own step graphs (the default), then with them off (every
     // step enqueued anew: the host's pass over every tensor), then one step captured by the caller.
@@ -128,6 +142,14 @@ void lowbit_row(const std::string& name, Options opts, at::ScalarType pt, int sl
     report(off, numel);
     report({name + ", CUDA graph", graph_replay_ms([&] { opt.step(); }), r.bytes_per_param, r.state_bytes_per_param}, numel);
   }
+}
+
+// Every state format of one rule, fp32 parameters, check on.
+template <typename Opt, typename MakeOptions>
+void rule_rows(const std::string& rule, MakeOptions make_options, Shape shape, bool norm_pass = false) {
+  for (StateFormat f : lowbit::kAllStateFormats)
+    lowbit_row<Opt>("lowbit " + rule + " " + lowbit::state_format_name(f), make_options().state_format(f),
+                    at::kFloat, shape, false, norm_pass, true);
 }
 
 // ATen's fused AdamW (what torch.optim.AdamW(fused=True) runs) over tensors of dtype: parameters
@@ -157,7 +179,11 @@ double aten_fused_row(const std::string& name, int64_t tensors, int64_t rows, in
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int lowbit_bench::optim_step_gpu_main(int argc, char** argv) {
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr, "optim_step_gpu: no CUDA device visible\n");
+    return 2;
+  }
   g_tensors = argc > 1 ? std::stoll(argv[1]) : 64;
   g_rows = argc > 2 ? std::stoll(argv[2]) : 4096;
   g_cols = argc > 3 ? std::stoll(argv[3]) : 4096;
@@ -176,53 +202,47 @@ int main(int argc, char** argv) {
   }
   g_fused_ms = aten_fused_row("ATen _fused_adamw_ fp32", g_tensors, g_rows, g_cols, at::kFloat, n);
   aten_fused_row("ATen _fused_adamw_ bf16 p+state", g_tensors, g_rows, g_cols, at::kBFloat16, n);
-  const auto T = g_tensors, R = g_rows, C = g_cols;
+  const Shape big{g_tensors, g_rows, g_cols};
   const auto F = at::kFloat, BF = at::kBFloat16;
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), F, 2, 1, false, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q4", lo::AdamWOptions(1e-3).state_format(StateFormat::Q4), F, 2, 0.5, true, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW FP8", lo::AdamWOptions(1e-3).state_format(StateFormat::FP8), F, 2, 1, true, T, R, C);
-  // Companded 8-bit state (arithmetic encode, block 64): 1 + 4/64 bytes per state element.
-  lowbit_row<lo::AdamW>("lowbit AdamW C8", lo::AdamWOptions(1e-3).state_format(StateFormat::C8), F, 2, 1.0625, true, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW C8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::C8), F, 2, 1.0625, false, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW BF16", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), F, 2, 2, true, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW FP32", lo::AdamWOptions(1e-3).state_format(StateFormat::FP32), F, 2, 4, true, T, R, C);
+  // AdamW in every format (fp32 parameters), then with the check off.
+  rule_rows<lo::AdamW>("AdamW", [] { return lo::AdamWOptions(1e-3); }, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), F, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW C8, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::C8), F, big);
   // bf16 parameters rounded to nearest, as ATen's bf16 row stores them: 10 bytes per parameter (12 with the check).
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), BF, 2, 1, false, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params SR", lo::AdamWOptions(1e-3).bf16_stochastic_round(true).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C);
-  lowbit_row<lo::AdamW>("lowbit AdamW BF16, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), BF, 2, 2, true, T, R, C);
-  // Master weights (bf16 params + correction): 12 bytes per parameter with Q8 state, check off.
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C, false, 1);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8), BF, 2, 1, false, T, R, C, false, 1);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 32-bit master", lo::AdamWOptions(1e-3).master_weight_bits(32).state_format(StateFormat::Q8), BF, 2, 1, true, T, R, C, false, 2);
-  lowbit_row<lo::AdamW>("lowbit AdamW C8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::C8), BF, 2, 1.0625, true, T, R, C, false, 1);
-  lowbit_row<lo::AdamW>("lowbit AdamW C8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::C8), BF, 2, 1.0625, false, T, R, C, false, 1);
-  lowbit_row<lo::AdamW>("lowbit AdamW Q4, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q4), BF, 2, 0.5, false, T, R, C, false, 1);
-  lowbit_row<lo::Adam>("lowbit Adam Q8", lo::AdamOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C);
-  lowbit_row<lo::SGD>("lowbit SGD momentum C8", lo::SGDOptions(1e-2).momentum(0.9).state_format(StateFormat::C8), F, 1, 1.0625, true, T, R, C);
-  lowbit_row<lo::AdEMAMix>("lowbit AdEMAMix C8", lo::AdEMAMixOptions(1e-3).state_format(StateFormat::C8), F, 3, 1.0625, true, T, R, C);
-  lowbit_row<lo::SGD>("lowbit SGD momentum Q8", lo::SGDOptions(1e-2).momentum(0.9).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
-  lowbit_row<lo::Lion>("lowbit Lion Q8", lo::LionOptions(1e-4).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
-  lowbit_row<lo::RMSprop>("lowbit RMSprop Q8", lo::RMSpropOptions(1e-3).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
-  lowbit_row<lo::Adagrad>("lowbit Adagrad Q8", lo::AdagradOptions(1e-2).state_format(StateFormat::Q8), F, 1, 1, true, T, R, C);
-  lowbit_row<lo::AdEMAMix>("lowbit AdEMAMix Q8", lo::AdEMAMixOptions(1e-3).state_format(StateFormat::Q8), F, 3, 1, true, T, R, C);
-  // LAMB reads p, g and the state once more for its norms (the one extra read issue 9 allows):
-  // 4 + 4 + 2 x 1 bytes per parameter beside the step's 20.
-  lowbit_row<lo::LAMB>("lowbit LAMB Q8 (both passes, 30 B)", lo::LAMBOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, T, R, C,
-                       false, 0, 10);
-  // Q4's blocks of 128 are smaller than the first pass's chunk of 256 (two per chunk): 4 + 4 + 2 x 0.5.
-  lowbit_row<lo::LAMB>("lowbit LAMB Q4 (both passes, 27 B)", lo::LAMBOptions(1e-3).state_format(StateFormat::Q4), F, 2, 0.5, true, T, R, C,
-                       false, 0, 9);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params, check off", lo::AdamWOptions(1e-3).skip_nonfinite(false).state_format(StateFormat::Q8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 params SR", lo::AdamWOptions(1e-3).bf16_stochastic_round(true).state_format(StateFormat::Q8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW BF16, bf16 params", lo::AdamWOptions(1e-3).state_format(StateFormat::BF16), BF, big);
+  // Master weights (bf16 params + correction, read and written like the state).
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::Q8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 32-bit master", lo::AdamWOptions(1e-3).master_weight_bits(32).state_format(StateFormat::Q8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW C8, bf16 + 24-bit master", lo::AdamWOptions(1e-3).master_weight_bits(24).state_format(StateFormat::C8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW C8, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::C8), BF, big);
+  lowbit_row<lo::AdamW>("lowbit AdamW Q4, bf16 + 24-bit master, check off", lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q4), BF, big);
+  // Every other rule in every format.
+  rule_rows<lo::Adam>("Adam", [] { return lo::AdamOptions(1e-3); }, big);
+  rule_rows<lo::SGD>("SGD momentum", [] { return lo::SGDOptions(1e-2).momentum(0.9); }, big);
+  rule_rows<lo::Lion>("Lion", [] { return lo::LionOptions(1e-4); }, big);
+  rule_rows<lo::RMSprop>("RMSprop", [] { return lo::RMSpropOptions(1e-3); }, big);
+  rule_rows<lo::Adagrad>("Adagrad", [] { return lo::AdagradOptions(1e-2); }, big);
+  rule_rows<lo::AdEMAMix>("AdEMAMix", [] { return lo::AdEMAMixOptions(1e-3); }, big);
+  rule_rows<lo::LAMB>("LAMB (with its norm pass)", [] { return lo::LAMBOptions(1e-3); }, big, true);
   // The same parameters as 4096 tensors of 256 x 1024 (when the default shape is used).
-  if (T * R * C % (256 * 1024) == 0) {
-    const int64_t many = T * R * C / (256 * 1024);
-    lowbit_row<lo::AdamW>("lowbit AdamW Q8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, 2, 1, true, many, 256, 1024, true);
-    aten_fused_row("ATen _fused_adamw_ fp32, small tensors", many, 256, 1024, at::kFloat, n, true);
-    lowbit_row<lo::AdamW>("lowbit AdamW C8, " + std::to_string(many) + " small tensors", lo::AdamWOptions(1e-3).state_format(StateFormat::C8), F, 2, 1.0625, true, many, 256, 1024, true);
-    lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off, " + std::to_string(many) + " small tensors",
+  if (n % (256 * 1024) == 0) {
+    const Shape small{n / (256 * 1024), 256, 1024};
+    const std::string many = std::to_string(small.tensors) + " small tensors";
+    lowbit_row<lo::AdamW>("lowbit AdamW Q8, " + many, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8), F, small, true);
+    aten_fused_row("ATen _fused_adamw_ fp32, small tensors", small.tensors, 256, 1024, at::kFloat, n, true);
+    lowbit_row<lo::AdamW>("lowbit AdamW C8, " + many, lo::AdamWOptions(1e-3).state_format(StateFormat::C8), F, small, true);
+    lowbit_row<lo::AdamW>("lowbit AdamW Q8, bf16 + 24-bit master, check off, " + many,
                           lo::AdamWOptions(1e-3).master_weight_bits(24).skip_nonfinite(false).state_format(StateFormat::Q8),
-                          BF, 2, 1, false, many, 256, 1024, true, 1);
+                          BF, small, true);
   }
+  const auto worst = std::min_element(g_matrix.begin(), g_matrix.end(),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (worst != g_matrix.end())
+    std::printf("rule x format rows (fp32 params, check on): %zu, the lowest %.1f %% copy (%s)\n", g_matrix.size(),
+                worst->second, worst->first.c_str());
   return 0;
 }

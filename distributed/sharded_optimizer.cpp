@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include <lowbit/kernels/common/step_config.h>
 #include <lowbit/optim/fragment_access.h>
 #include <lowbit/optim/grad_hooks.h>
 #include <lowbit/tensors/optim_ops.h>
@@ -282,13 +283,9 @@ at::Tensor ShardedOptimizer::lamb_norms(size_t group, const std::vector<size_t>&
     const auto it = std::find_if(params_.begin(), params_.end(), [&](const Param& p) { return p.fragment == static_cast<int>(frags[j]); });
     const size_t m = static_cast<size_t>(it - params_.begin());
     const int64_t bs = params_[m].layout.block_size, nb = (params_[m].param.numel() + bs - 1) / bs;
-    double pp = 0.0, rr = 0.0;
-    for (int64_t b = 0; b < nb; ++b) {
-      pp += s[2 * (base[m] + b)];
-      rr += s[2 * (base[m] + b) + 1];
-    }
-    o[2 * j] = pp;
-    o[2 * j + 1] = rr;
+    const double* blocks = s + 2 * base[m];
+    o[2 * j] = kernels::lamb_add_block_sums(nb, [blocks](int64_t b) { return blocks[2 * b]; });
+    o[2 * j + 1] = kernels::lamb_add_block_sums(nb, [blocks](int64_t b) { return blocks[2 * b + 1]; });
   }
   return out.to(device_);
 }

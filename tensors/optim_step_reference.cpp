@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <vector>
 
 #include <lowbit/kernels/common/optim_rules.h>
 
@@ -153,22 +154,22 @@ void apply(kernels::Rule rule, const kernels::Hyper& h, const Tensor& g, AtenFlo
 }
 
 // Sum of x^2 in double in the kernels' order: element i of a block into partial sum i mod 16, a
-// block's 16 partials in order, the blocks in order.
+// block's 16 partials in order, the blocks' sums as kernels::lamb_add_block_sums adds them.
 double block_order_sumsq(const Tensor& x, int64_t block) {
   const int64_t n = x.numel(), nb = (n + block - 1) / block;
   Tensor padded = at::zeros({nb * block}, x.options().dtype(at::kDouble));
   padded.narrow(0, 0, n).copy_(x);
   const Tensor sq = (padded * padded).view({nb, block}).cpu();
-  double total = 0.0;
   const double* d = sq.data_ptr<double>();
+  std::vector<double> block_sums(nb);
   for (int64_t b = 0; b < nb; ++b) {
     double lanes[16] = {};
     for (int64_t i = 0; i < block; ++i) lanes[i % 16] += d[b * block + i];
     double part = 0.0;
     for (double l : lanes) part += l;
-    total += part;
+    block_sums[b] = part;
   }
-  return total;
+  return kernels::lamb_add_block_sums(nb, [&](int64_t b) { return block_sums[b]; });
 }
 
 }  // namespace

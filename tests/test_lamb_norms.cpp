@@ -17,14 +17,14 @@ struct Param {
 };
 
 // p^2 and r^2 summed as documented: element i of a block into partial i mod 16, partials in order,
-// blocks in order.
+// the block sums of each group of 256 blocks in order, the groups' sums in order.
 std::pair<double, double> expected_sums(const Param& x, const lk::Hyper& h, float grad_scale, int64_t block) {
   const float* p = x.p.data_ptr<float>();
   const float* g = x.g.data_ptr<float>();
   const float* m = x.m.data_ptr<float>();
   const float* v = x.v.data_ptr<float>();
   const int64_t n = x.p.numel();
-  double pp = 0.0, rr = 0.0;
+  double pp = 0.0, rr = 0.0, group_p = 0.0, group_r = 0.0;
   for (int64_t b = 0; b * block < n; ++b) {
     double lp[16] = {}, lr[16] = {};
     for (int64_t i = 0; i < block && b * block + i < n; ++i) {
@@ -42,8 +42,13 @@ std::pair<double, double> expected_sums(const Param& x, const lk::Hyper& h, floa
       sp += lp[j];
       sr += lr[j];
     }
-    pp += sp;
-    rr += sr;
+    group_p += sp;
+    group_r += sr;
+    if ((b + 1) % 256 == 0 || (b + 1) * block >= n) {
+      pp += group_p;
+      rr += group_r;
+      group_p = group_r = 0.0;
+    }
   }
   return {pp, rr};
 }
@@ -64,9 +69,10 @@ TEST(LambNorms, BothLoopsAddInTheDocumentedOrder) {
   for (bool maximize : {false, true}) {
     for (float grad_scale : {1.0f, 0.37f}) {
       h.maximize = maximize;
-      // Sizes around the block and the 16 lanes: 1, a tail of 15, an odd size over many blocks.
+      // Sizes around the block and the 16 lanes: 1, a tail of 15, an odd size over many blocks (274:
+      // two groups), one over four groups of 256 blocks with a ragged last block.
       std::vector<Param> params;
-      for (int64_t n : {int64_t(1), int64_t(256 + 15), int64_t(70001)}) {
+      for (int64_t n : {int64_t(1), int64_t(256 + 15), int64_t(70001), int64_t(256 * 256 * 3 + 77)}) {
         Param x{at::randn({n}) * 3, at::randn({n}) * 1e-2, at::randn({n}) * 1e-3, at::rand({n}) * 1e-5};
         params.push_back(x);
       }

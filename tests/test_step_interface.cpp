@@ -206,7 +206,7 @@ TEST(StepInterface, BlockAlignedShardsStepLikeTheWholeParameter) {
 }
 
 // LAMB's sums of p^2 and r^2 (optim_lamb_norms) on CUDA equal the CPU's bits, in doubles: the order
-// of every addition is the documented one. The trust ratio, a float, hides most changes of the
+// of every addition is the documented one (lamb_add_block_sums). The trust ratio, a float, hides most changes of the
 // sums' last bits, so a step's result alone would not show a GPU adding in another order. Every
 // state format; fp32 parameters and bf16 ones with a 24-bit master correction; sizes from one
 // element to a ragged end after many blocks; state from a first step. Without a GPU, the CPU
@@ -226,7 +226,11 @@ TEST(StepInterface, LambNormsOnCudaEqualTheCpuBits) {
   for (const double eps : {lamb->config.eps, 0.0})
   for (StateFormat f : lowbit::kAllStateFormats) {
     for (const bool master : {false, true}) {
-      for (const int64_t n : {int64_t(1), int64_t(271), int64_t(70001), int64_t((1 << 20) + 3)}) {
+      // (1 << 22) + 5 with C8's blocks of 64: 257 groups of kLambSumGroup blocks, more than a GPU
+      // thread block adds in one round.
+      std::vector<int64_t> sizes = {1, 271, 70001, (1 << 20) + 3};
+      if (torch::cuda::is_available()) sizes.push_back((1 << 22) + 5);
+      for (const int64_t n : sizes) {
         SCOPED_TRACE(std::string(lowbit::state_format_name(f)) + (master ? " bf16 + 24-bit master" : " fp32") +
                      " n=" + std::to_string(n) + " eps=" + std::to_string(eps));
         const auto dtype = master ? at::kBFloat16 : at::kFloat;

@@ -704,7 +704,8 @@ struct StepPlan {
   }
 };
 
-// LAMB's pass 1: per parameter, the block sums added in block order (independent of threads).
+// LAMB's pass 1: per parameter, the block sums added in LAMB's order (lamb_add_block_sums:
+// independent of threads).
 void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
   std::vector<double> sums(2 * plan.items);
   const bool vector = step.vector_path && cpu_has_avx512();
@@ -726,13 +727,10 @@ void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
   }
   (void)vector;
   for (int64_t t = 0; t < step.num_tasks; ++t) {
-    double pp = 0.0, rr = 0.0;
-    for (int64_t item = plan.first_item[t]; item < plan.first_item[t + 1]; ++item) {
-      pp += sums[2 * item];
-      rr += sums[2 * item + 1];
-    }
-    out[2 * t] = pp;
-    out[2 * t + 1] = rr;
+    const double* s = &sums[2 * plan.first_item[t]];
+    const int64_t n = plan.first_item[t + 1] - plan.first_item[t];
+    out[2 * t] = lamb_add_block_sums(n, [s](int64_t b) { return s[2 * b]; });
+    out[2 * t + 1] = lamb_add_block_sums(n, [s](int64_t b) { return s[2 * b + 1]; });
   }
 }
 

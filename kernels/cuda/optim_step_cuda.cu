@@ -73,55 +73,65 @@ __global__ void prologue_kernel(const LOWBIT_GRID_CONSTANT PrologueChunk chunk, 
   if (s.write_counters) counters[0] = t;
 }
 
-// One warp per parameter: its norm blocks' sums added in block order, into the trust ratio or out.
-// The order is one chain of adds (kernels/cpu's), so its time is the chain's: one add's latency per
-// block. The warp stages kTrustPerLane * WARP blocks' sums at a time in shared memory (coalesced 16-byte
-// loads, the next tile's in flight) and lane 0 runs the chain through the staged tile; the two
-// sums are two independent chains. (Each block handed to the chain by shuffles, 32 at a time:
-// 55 cycles a block, 4.1 ms for the 131072 blocks of a 2^24-element parameter with Q4's block of
-// 128; one thread loading each sum in turn before that: 13 ms of a 26 ms LAMB step. H100.)
-constexpr int kTrustThreads = 128, kTrustPerLane = 8;
-template <int WARP>
+// One thread block per parameter: its norm blocks' sums added in LAMB's order
+// (lamb_add_block_sums), into the trust ratio or out. Each thread adds one group of kLambSumGroup
+// blocks' sums in block order (kTrustLoads loads in flight; the two sums are two chains), the
+// groups of a round of kTrustThreads go to shared memory, and thread 0 adds them in group order
+// while the next round's groups are being summed (double buffer). One chain through every block,
+// as before the groups, took one add's latency per block: 1.9 ms for the 2^18 blocks of a
+// 2^24-element parameter with blocks of 64 (H100).
+constexpr int kTrustThreads = 256, kTrustLoads = 16;
+
+__device__ __forceinline__ double2 lamb_group_sum(const double2* sums, int64_t b, int64_t end) {
+  double sp = 0.0, sr = 0.0;
+  for (; b + kTrustLoads <= end; b += kTrustLoads) {
+    double2 x[kTrustLoads];
+#pragma unroll
+    for (int k = 0; k < kTrustLoads; ++k) x[k] = sums[b + k];
+#pragma unroll
+    for (int k = 0; k < kTrustLoads; ++k) {
+      sp += x[k].x;
+      sr += x[k].y;
+    }
+  }
+  for (; b < end; ++b) {
+    const double2 x = sums[b];
+    sp += x.x;
+    sr += x.y;
+  }
+  return make_double2(sp, sr);
+}
+
 __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
                                                                    const double* block_sums, const float* found_inf,
                                                                    ParamScalars* scalars, double* out) {
-  constexpr int kWarps = kTrustThreads / WARP, kTile = kTrustPerLane * WARP;
-  __shared__ double2 tiles[kWarps][2][kTile];  // two buffers: lane 0 reads one while the warp fills the other
-  const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-  const int i = blockIdx.x * kWarps + w;
-  if (i >= chunk.count || (found_inf && *found_inf != 0.0f)) return;  // the same for the whole warp
+  __shared__ double2 groups[2][kTrustThreads];  // two buffers: thread 0 reads one while the others fill the other
+  const int i = blockIdx.x;
+  if (found_inf && *found_inf != 0.0f) return;  // the same for the whole thread block
   const int64_t first = chunk.first_block[i], last = chunk.first_block[i + 1];
+  const int64_t num_groups = (last - first + kLambSumGroup - 1) / kLambSumGroup;
   const double2* sums = reinterpret_cast<const double2*>(block_sums);  // block b: (sum of p^2, sum of r^2)
-  double2 staged[kTrustPerLane];
-  const auto load_tile = [&](int64_t b) {
-#pragma unroll
-    for (int k = 0; k < kTrustPerLane; ++k) {
-      const int64_t mine = b + k * WARP + lane;
-      staged[k] = mine < last ? sums[mine] : make_double2(0.0, 0.0);
-    }
-  };
   double sp = 0.0, sr = 0.0;
-  load_tile(first);
   int buf = 0;
-  for (int64_t b = first; b < last; b += kTile, buf ^= 1) {
-#pragma unroll
-    for (int k = 0; k < kTrustPerLane; ++k) tiles[w][buf][k * WARP + lane] = staged[k];
-    // The tile is whole; and lane 0 is done with the other buffer (read two tiles ago), which the
-    // next iteration fills.
-    LOWBIT_SYNCWARP();
-    if (b + kTile < last) load_tile(b + kTile);
-    if (lane == 0) {
-      const int n = last - b < kTile ? static_cast<int>(last - b) : kTile;
-      const double2* t = tiles[w][buf];
+  for (int64_t round = 0; round < num_groups; round += kTrustThreads, buf ^= 1) {
+    const int64_t q = round + threadIdx.x;
+    const int64_t b = first + q * kLambSumGroup;
+    groups[buf][threadIdx.x] =
+        q < num_groups ? lamb_group_sum(sums, b, b + kLambSumGroup < last ? b + kLambSumGroup : last) : make_double2(0.0, 0.0);
+    // The round is whole; and thread 0 is done with the other buffer (read a round ago, before it
+    // reached this barrier), which the next round fills.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int n = num_groups - round < kTrustThreads ? static_cast<int>(num_groups - round) : kTrustThreads;
+      const double2* t = groups[buf];
 #pragma unroll 8
-      for (int q = 0; q < n; ++q) {
-        const double2 x = t[q];
-        sp += x.x;
-        sr += x.y;
+      for (int k = 0; k < n; ++k) {
+        sp += t[k].x;
+        sr += t[k].y;
       }
     }
   }
-  if (lane != 0) return;
+  if (threadIdx.x != 0) return;
   const int64_t g = chunk.first_param + i;
   if (out) {
     out[2 * g] = sp;
@@ -131,22 +141,9 @@ __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_
   }
 }
 
-template <int WARP>
-cudaError_t launch_lamb_trust_warp(const Chunk& c, const Args& a, const float* found_inf, double* out,
-                                   cudaStream_t stream) {
-  constexpr int kWarps = kTrustThreads / WARP;
-  lamb_trust_kernel<WARP><<<(c.count + kWarps - 1) / kWarps, kTrustThreads, 0, stream>>>(c, a.block_sums, found_inf,
-                                                                                        a.scalars, out);
+cudaError_t launch_lamb_trust(const Chunk& c, const Args& a, const float* found_inf, double* out, cudaStream_t stream) {
+  lamb_trust_kernel<<<c.count, kTrustThreads, 0, stream>>>(c, a.block_sums, found_inf, a.scalars, out);
   return cudaGetLastError();
-}
-
-cudaError_t launch_lamb_trust(const Chunk& c, const Args& a, int warp, const float* found_inf, double* out,
-                              cudaStream_t stream) {
-#define LOWBIT_LAMB_TRUST_WARP(W) \
-  if (warp == W) return launch_lamb_trust_warp<W>(c, a, found_inf, out, stream);
-  LOWBIT_FOR_EACH_WARP_SIZE(LOWBIT_LAMB_TRUST_WARP)
-#undef LOWBIT_LAMB_TRUST_WARP
-  return cudaErrorInvalidValue;
 }
 
 template <typename T, int FAMILY, int WARP>
@@ -330,7 +327,7 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
         case ElemType::F16: e = launch_lamb_sums<f16_t>(chunk, a, plan.family, plan.warp, wanted, stream); break;
       }
       if (e != cudaSuccess) return cudaGetErrorString(e);
-      e = launch_lamb_trust(chunk, a, plan.warp, s.found_inf, lamb_out, stream);
+      e = launch_lamb_trust(chunk, a, s.found_inf, lamb_out, stream);
       if (e != cudaSuccess) return cudaGetErrorString(e);
     }
     if (lamb_out) continue;

@@ -35,22 +35,6 @@ namespace lowbit {
 namespace kernels {
 namespace gpu_step {
 
-// Which rules divide and take square roots by SpeculativeArith (speculative_arith.cuh) rather than
-// the IEEE operations alone. Measured with bench/step_kernel_probe (H100, 1.07B parameters, kernel
-// alone, AdamW unless named; exact -> speculative): AdEMAMix Q8 7.99 -> 7.76 ms; but AdamW Q8
-// 6.59 -> 6.71, Q4 6.16 -> 6.33, Q8 with bf16 parameters 5.72 -> 5.99, LAMB Q8 13.12 -> 13.48
-// (its extra instructions and registers cost more than nvcc's branches there). So AdEMAMix only;
-// -DLOWBIT_STEP_SPECULATE=0 or 1 sets every rule (and LAMB's first pass) for an A/B build.
-#ifdef LOWBIT_STEP_SPECULATE
-template <Rule R>
-constexpr bool kSpeculates = LOWBIT_STEP_SPECULATE != 0;
-constexpr bool kLambSumsSpeculate = LOWBIT_STEP_SPECULATE != 0;
-#else
-template <Rule R>
-constexpr bool kSpeculates = R == Rule::AdEMAMix;
-constexpr bool kLambSumsSpeculate = false;
-#endif
-
 constexpr int kThreads = 256;
 constexpr int kChunk = kDescriptorsPerLaunch;
 
@@ -64,6 +48,25 @@ enum Family : int { kF32 = 0, kBF16 = 1, kCodes8 = 2, kCodes4 = 3 };
 // Quantized state; every quantized family is table-coded (its formats staged in shared memory).
 LOWBIT_HD constexpr bool is_quant_family(int f) { return f == kCodes8 || f == kCodes4; }
 LOWBIT_HD constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
+
+// Which kernels divide and take square roots by SpeculativeArith (speculative_arith.cuh) rather
+// than the IEEE operations alone. Measured with bench/step_kernel_probe (H100, 1.07B parameters,
+// kernel alone, AdamW unless named; exact -> speculative): AdEMAMix Q8 7.99 -> 7.76 ms; but AdamW Q8
+// 6.59 -> 6.71, Q4 6.16 -> 6.33, Q8 with bf16 parameters 5.72 -> 5.99, LAMB Q8 13.12 -> 13.48
+// (its extra instructions and registers cost more than nvcc's branches there). AdEMAMix with
+// quantized state then ran faster still with BatchArith (kBatches: speculative -> batched, two
+// rounds, session 20): Q4 6.82 -> 6.66 ms, C8 8.52 -> 8.38, Q8 7.69 -> 7.58, FP8 6.64 -> 6.54. So
+// AdEMAMix with dense state only; -DLOWBIT_STEP_SPECULATE=0 or 1 sets every kernel (and LAMB's
+// first pass) for an A/B build.
+#ifdef LOWBIT_STEP_SPECULATE
+template <Rule R, int FAMILY>
+constexpr bool kSpeculates = LOWBIT_STEP_SPECULATE != 0;
+constexpr bool kLambSumsSpeculate = LOWBIT_STEP_SPECULATE != 0;
+#else
+template <Rule R, int FAMILY>
+constexpr bool kSpeculates = R == Rule::AdEMAMix && !is_quant_family(FAMILY);
+constexpr bool kLambSumsSpeculate = false;
+#endif
 
 // Slots a rule's update reads and writes with every option on.
 template <Rule R>
@@ -164,14 +167,16 @@ struct Known {
 // bf16 parameters and stochastic rounding 5.18 -> 5.11 ms, with a 24-bit master 5.28 -> 5.16, Q4
 // with a 24-bit master 5.39 -> 5.23); slower where the kernel holds more (kAnyCompanions: fp32
 // parameters with Q8 state 6.44 -> 6.86, Q4 6.03 -> 6.38, their registers spilled). So those only
-// (Q8 with bf16 parameters rounded to nearest, without: 4.86 -> 4.93 ms, session 19);
-// -DLOWBIT_STEP_BATCH=0 or 1 sets every kernel for an A/B build (AdEMAMix's speculating kernels aside).
+// (Q8 with bf16 parameters rounded to nearest, without: 4.86 -> 4.93 ms, session 19), and AdEMAMix
+// with quantized state for every parameter dtype (see kSpeculates); -DLOWBIT_STEP_BATCH=0 or 1 sets
+// every kernel for an A/B build (the speculating kernels aside).
 #ifdef LOWBIT_STEP_BATCH
 template <Rule R, int FAMILY, int C>
-constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R>;
+constexpr bool kBatches = LOWBIT_STEP_BATCH != 0 && !kSpeculates<R, FAMILY>;
 #else
 template <Rule R, int FAMILY, int C>
-constexpr bool kBatches = !kSpeculates<R> && C != kAnyCompanions && is_quant_family(FAMILY);
+constexpr bool kBatches = !kSpeculates<R, FAMILY> && is_quant_family(FAMILY) &&
+                          (C != kAnyCompanions || R == Rule::AdEMAMix);
 #endif
 
 // ---- shared-memory tables -------------------------------------------------------------------------
@@ -524,7 +529,7 @@ struct Lane {
                                               const SharedFormat* sh, int64_t i, bool vec) {
     float g[8];
     load<FULL>(P, a, sh, i, vec, g);
-    if constexpr (kSpeculates<R>) {
+    if constexpr (kSpeculates<R, FAMILY>) {
       SpeculativeArith ar;
       update(h, grad_mult, g, ar);
       if (ar.ok) return;

@@ -8,7 +8,8 @@
 // and records in `ok` whether every operand was inside a range where they are exact; a lane whose
 // `ok` is false redoes its elements with ExactArith (the caller's job, once per unit of 8
 // elements). In AdamW's Q8 kernel that took the update of a unit from 398 to 349 instructions, but
-// only AdEMAMix ran faster for it (optim_step_kernels.cuh: kSpeculates).
+// only AdEMAMix ran faster for it, and only AdEMAMix with dense state takes it now (optim_step_kernels.cuh:
+// kSpeculates).
 //
 // The ranges, inside those nvcc's own tests accept (tests/test_optim_cuda.cpp checks the results
 // against the IEEE operations over every float of the square root's range and random pairs of the

@@ -158,8 +158,8 @@ class ShardedOptimizer {
   void update(size_t group, const std::vector<size_t>& frags, const at::Tensor& found_inf, const at::Tensor& sumsq,
               const std::vector<at::Tensor>& lamb_rows);
   void ensure_states();
-  // LAMB: each piece's sums of p^2 and r^2 over its whole parameter, added block by block in the
-  // order one process adds them (per-block sums all-reduced), as float64 [pieces, 2].
+  // LAMB: each piece's sums of p^2 and r^2 over its whole parameter, the per-block sums
+  // all-reduced and added as one process adds them (kernels::lamb_add_block_sums), float64 [pieces, 2].
   at::Tensor lamb_norms(size_t group, const std::vector<size_t>& frags, const at::Tensor& found_inf,
                         const at::Tensor& sumsq);
 

@@ -44,7 +44,7 @@
 //   optim_lamb_norms(<optim_step_'s arguments>) -> Tensor
 //     LAMB's first pass alone, nothing written: float64 [N, 2], per parameter the sums of p^2 and
 //     r^2 over the elements it is given (element i of a block into partial sum i mod 16, a block's
-//     16 partials in order, the blocks in order).
+//     16 partials in order, the blocks' sums as kernels::lamb_add_block_sums adds them).
 //
 //   optim_step_reference_ / optim_lamb_norms_reference: the same, always the ATen reference.
 #pragma once

@@ -45,8 +45,9 @@ void optim_step_cpu(const OptimStep& step);
 
 // LAMB's first pass alone (the step runs it itself): out[2 t] = sum of p^2 and out[2 t + 1] = sum
 // of r^2 over parameter t, r the update direction before the trust ratio, in double. Element i of
-// a block goes to partial sum i mod 16, a block's 16 partials are added in order, and the blocks
-// in block order: the same sums on every path and thread count (the ATen reference included).
+// a block goes to partial sum i mod 16, a block's 16 partials are added in order, and the blocks'
+// sums in lamb_add_block_sums's order (groups of 256 blocks): the same sums on every path and
+// thread count (the ATen reference included).
 void lamb_norms_cpu(const OptimStep& step, double* out);
 
 }  // namespace kernels

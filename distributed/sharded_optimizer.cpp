@@ -283,9 +283,7 @@ at::Tensor ShardedOptimizer::lamb_norms(size_t group, const std::vector<size_t>&
     const auto it = std::find_if(params_.begin(), params_.end(), [&](const Param& p) { return p.fragment == static_cast<int>(frags[j]); });
     const size_t m = static_cast<size_t>(it - params_.begin());
     const int64_t bs = params_[m].layout.block_size, nb = (params_[m].param.numel() + bs - 1) / bs;
-    const double* blocks = s + 2 * base[m];
-    o[2 * j] = kernels::lamb_add_block_sums(nb, [blocks](int64_t b) { return blocks[2 * b]; });
-    o[2 * j + 1] = kernels::lamb_add_block_sums(nb, [blocks](int64_t b) { return blocks[2 * b + 1]; });
+    kernels::lamb_add_block_sum_pairs(s + 2 * base[m], nb, o + 2 * j);
   }
   return out.to(device_);
 }

@@ -160,6 +160,13 @@ LOWBIT_HD double lamb_add_block_sums(int64_t n, BlockSum block_sum) {
   return total;
 }
 
+// The same over interleaved pairs, sums[2 b] = block b's sum of p^2 and sums[2 b + 1] its sum of
+// r^2 (how the CPU kernel and the sharded optimizer hold them): out[0] and out[1].
+inline void lamb_add_block_sum_pairs(const double* sums, int64_t n, double* out) {
+  out[0] = lamb_add_block_sums(n, [sums](int64_t b) { return sums[2 * b]; });
+  out[1] = lamb_add_block_sums(n, [sums](int64_t b) { return sums[2 * b + 1]; });
+}
+
 // The stochastic-rounding seed of one parameter at step t: a hash of the optimizer's seed, the
 // step and the parameter's key (its place in the optimizer), so every step draws fresh noise and
 // a resumed run (seed and step in the checkpoint) draws the same.

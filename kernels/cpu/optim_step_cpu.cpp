@@ -727,10 +727,7 @@ void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
   }
   (void)vector;
   for (int64_t t = 0; t < step.num_tasks; ++t) {
-    const double* s = &sums[2 * plan.first_item[t]];
-    const int64_t n = plan.first_item[t + 1] - plan.first_item[t];
-    out[2 * t] = lamb_add_block_sums(n, [s](int64_t b) { return s[2 * b]; });
-    out[2 * t + 1] = lamb_add_block_sums(n, [s](int64_t b) { return s[2 * b + 1]; });
+    lamb_add_block_sum_pairs(&sums[2 * plan.first_item[t]], plan.first_item[t + 1] - plan.first_item[t], &out[2 * t]);
   }
 }
 

@@ -58,12 +58,15 @@ TEST(Codebooks, Fp8MatchesTorchFloat8) {
   }
 }
 
-// Brute force: the nearest codebook value in exact (double) arithmetic, ties to the lower code.
+// Brute force: the nearest codebook value in exact (double) arithmetic, ties to the lower code;
+// a nonzero x only among the nonzero values of its sign (where the format has any).
 static int nearest_code(const std::vector<float>& cb, float x) {
+  const auto same_side = [&](float v) { return x > 0 ? v > 0 : v < 0; };
+  const bool off_zero = x != 0 && std::any_of(cb.begin(), cb.end(), same_side);
   int best = -1;
   double best_d = INFINITY;
   for (int c = 0; c < static_cast<int>(cb.size()); ++c) {
-    if (!std::isfinite(cb[c])) continue;
+    if (!std::isfinite(cb[c]) || (off_zero && !same_side(cb[c]))) continue;
     const double d = std::fabs(static_cast<double>(x) - static_cast<double>(cb[c]));
     if (d < best_d) {
       best_d = d;
@@ -89,6 +92,10 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
     std::vector<float> probes;
     std::uniform_real_distribution<float> u(-1.05f, 1.05f);
     for (int i = 0; i < 20000; ++i) probes.push_back(u(rng));
+    // Around zero: both zeros, subnormals, and magnitudes below each format's smallest nonzero value.
+    for (float p : {0.0f, -0.0f, 1e-45f, -1e-45f, 3e-45f, -3e-45f, 1e-38f, -1e-38f, 1e-20f, -1e-20f, 1e-9f, -1e-9f,
+                    1e-7f, -1e-7f})
+      probes.push_back(p);
     // Every exact midpoint and its float neighbours: the tie and near-tie cases.
     for (int i = 0; i + 1 < tab.num_values; ++i) {
       const float a = cb[tab.sorted_codes[i]], b = cb[tab.sorted_codes[i + 1]];

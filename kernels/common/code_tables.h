@@ -1,6 +1,7 @@
 // Codebooks of every QuantFormat, generated in code, and the tables that encode against them.
 //
-// Encoding rule (DESIGN.md): a value maps to the nearest codebook value, ties to the lower code.
+// Encoding rule (DESIGN.md): a value maps to the nearest codebook value, ties to the lower code,
+// except that a nonzero value never maps to zero (keep_nonzero_off_zero).
 // We turn that rule into fp32 thresholds once, on the host, so that every backend (CPU loop, CUDA,
 // HIP, the ATen reference through torch.bucketize) computes the same thing with plain float
 // compares: code = sorted_codes[#{ i : thresholds[i] < x }]. See make_thresholds for the proof
@@ -170,6 +171,21 @@ inline void arithmetic_thresholds(QuantFormat fmt, EncodeTable& tab) {
   }
 }
 
+// A nonzero value never encodes to zero: it takes the nonzero code of its sign nearest to zero.
+// A second moment that is small but positive then never decodes to 0, which would divide its
+// update by eps alone (m / eps: tens of learning rates where gradients are sparse); a tiny first
+// moment keeps its sign. The thresholds around the zero value move to the floats next to 0:
+// -denorm_min below it (x <= -denorm_min counts it) and +0.0 above (x > 0 counts it), so both
+// zeros, and only they, encode to zero. (A value whose ratio to its block's absmax is below the
+// smallest float normalizes to 0 first and encodes to zero: normalize's one rounding.)
+inline void keep_nonzero_off_zero(const std::vector<std::pair<float, int>>& sorted_values, EncodeTable& tab) {
+  for (int i = 0; i < tab.num_values; ++i) {
+    if (sorted_values[i].first != 0.0f) continue;
+    if (i > 0) tab.thresholds[i - 1] = -std::numeric_limits<float>::denorm_min();
+    if (i + 1 < tab.num_values) tab.thresholds[i] = 0.0f;
+  }
+}
+
 inline EncodeTable make_encode_table(QuantFormat fmt) {
   EncodeTable tab;
   tab.bits = format_bits(fmt);
@@ -191,10 +207,11 @@ inline EncodeTable make_encode_table(QuantFormat fmt) {
   }
   for (int i = 0; i < tab.num_values; ++i) tab.sorted_codes[i] = static_cast<uint8_t>(uniq[i].second);
   if (format_spec(fmt).codebook == CodebookKind::Power) {
-    arithmetic_thresholds(fmt, tab);
+    arithmetic_thresholds(fmt, tab);  // pow8_encode keeps nonzero values off zero itself
   } else {
     for (int i = 0; i + 1 < tab.num_values; ++i)
       tab.thresholds[i] = make_threshold(uniq[i].first, uniq[i + 1].first, uniq[i].second, uniq[i + 1].second);
+    keep_nonzero_off_zero(uniq, tab);
   }
   // In-order walk of the perfect tree assigns the sorted keys.
   const int nkeys = (1 << tab.depth) - 1;

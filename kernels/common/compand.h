@@ -10,9 +10,9 @@
 // Encode rounds in the companded domain: |y| gets the grid step c whose square-root interval holds
 // it, the boundary between steps c and c+1 being the threshold
 //   T(c) = ((c + 1/2)^2 * fl(1/m^2))   (m = 127 or 255; (c + 1/2)^2 is exact, one rounding),
-// so code(|y|) = #{c : T(c) < |y|}, clamped to m; the unsigned format's T(0) is 0 instead: a
-// positive y never encodes to 0, so a second moment that is small but not zero never decodes to 0
-// and never divides an update by eps alone. NaN encodes to code 0 (byte 0). (The table-encoded formats
+// so code(|y|) = #{c : T(c) < |y|}, clamped to m; T(0) is 0 instead: a nonzero y never encodes to 0
+// (the rule of every format, code_tables.h: keep_nonzero_off_zero), so a second moment that is
+// small but not zero never decodes to 0 and never divides an update by eps alone. NaN encodes to code 0 (byte 0). (The table-encoded formats
 // send a positive NaN above every threshold and a negative one below: a NaN only arises in a block
 // whose absmax is already non-finite, reported as overflow, which decodes to NaN whatever its codes;
 // such a block's codes can differ between the CPU and the GPU, whose NaNs carry other signs.)
@@ -96,7 +96,8 @@ LOWBIT_HD uint8_t pow8_encode_unsigned(float y) {
 
 LOWBIT_HD uint8_t pow8_encode_signed(float y) {
   const float abs_y = y < 0.0f ? -y : y;
-  const float c = pow8_step(abs_y < 1.0f ? abs_y : 1.0f, kPow8SignedMax, kPow8SignedInvSq);
+  float c = pow8_step(abs_y < 1.0f ? abs_y : 1.0f, kPow8SignedMax, kPow8SignedInvSq);
+  c = c >= 1.0f ? c : (abs_y > 0.0f ? 1.0f : 0.0f);  // a nonzero y keeps its sign (code_tables.h)
   const float b = y < 0.0f ? 127.0f - c : 127.0f + c;
   return static_cast<uint8_t>(small_float_to_uint(y == y ? b : 0.0f));
 }

@@ -164,7 +164,9 @@ void check_range(const std::string& who, const std::string& field, int64_t v, in
 }
 
 FileHeader read_header(FileReader& r, int rank, int world_size) {
-  const at::Tensor t = r.tensor("header", at::kLong);  // version unknown yet: its digest is checked below
+  // Version unknown yet: its digest is checked below. Contiguous before its values are read by
+  // index: a file may give it any strides that stay inside its storage (stride 0 among them).
+  const at::Tensor t = r.tensor("header", at::kLong).contiguous();
   TORCH_CHECK(t.numel() == kHeaderSize && t.data_ptr<int64_t>()[0] == kMagic, r.who(),
               " is not a lowbit fragment file (no fragment header)");
   const int64_t* x = t.data_ptr<int64_t>();

@@ -1,8 +1,14 @@
 // read_checkpoint, check_checkpoint_file and the version-2 digests (checkpoint_reader.h).
 #include "checkpoint_reader.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <lowbit/tensors/qtensor.h>
 #include <lowbit/tensors/quant_format.h>
@@ -58,25 +64,236 @@ int64_t header_digest(const std::map<std::string, c10::IValue>& entries) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tensor extents
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// The bytes of its storage that `t` reaches: (offset + sum of (size - 1) * stride + 1) * itemsize,
+// 0 without elements; -1 if a size, stride or the offset is negative or the sum overflows.
+int64_t extent_bytes(const at::Tensor& t) {
+  const int64_t offset = t.storage_offset();
+  if (offset < 0) return -1;
+  int64_t last = offset;  // the last element's index in the storage
+  bool empty = false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.sizes()[d], stride = t.strides()[d];
+    if (size < 0 || stride < 0) return -1;
+    if (size == 0) empty = true;
+    int64_t reach = 0;
+    if (size > 0 && (__builtin_mul_overflow(size - 1, stride, &reach) || __builtin_add_overflow(last, reach, &last)))
+      return -1;
+  }
+  if (empty) return 0;
+  int64_t bytes = 0;
+  if (__builtin_add_overflow(last, int64_t(1), &last) || __builtin_mul_overflow(last, t.element_size(), &bytes))
+    return -1;
+  return bytes;
+}
+
+}  // namespace
+
+void check_tensor_extent(const std::string& who, const std::string& key, const at::Tensor& t) {
+  TORCH_CHECK(t.layout() == at::kStrided, who, ": checkpoint tensor '", key, "' has layout ", t.layout(),
+              "; checkpoints hold strided tensors only");
+  const int64_t need = extent_bytes(t);
+  TORCH_CHECK(need >= 0, who, ": checkpoint tensor '", key, "' has a negative or overflowing size, stride or storage ",
+              "offset (sizes ", t.sizes(), ", strides ", t.strides(), ", storage offset ", t.storage_offset(), ")");
+  const int64_t have = static_cast<int64_t>(t.storage().nbytes());
+  TORCH_CHECK(need <= have, who, ": checkpoint tensor '", key, "' needs ", need, " bytes (sizes ", t.sizes(),
+              ", strides ", t.strides(), ", storage offset ", t.storage_offset(), ") but its storage holds ", have,
+              " bytes");
+}
+
+// ---------------------------------------------------------------------------------------------
 // The file
 // ---------------------------------------------------------------------------------------------
 
-void check_checkpoint_file(const std::string& path) {
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The layout libtorch's reader (torch::jit::load) takes for granted: every record looked up
+// under the folder of the first one; its version, constants.pkl and data.pkl there. A torch.save
+// file from Python is a zip archive too, of pickled Python objects without constants.pkl, and
+// libtorch's error for it ("failed locating file constants.pkl ... internal miniz error") says
+// nothing of what it is. And tensors' records stored as they are written, never deflated: miniz
+// reads a stored record straight into the buffer a storage keeps, which is how
+// load_checkpoint_archive knows each storage's bytes (RecordReads).
+void check_archive_layout(const std::string& path, const std::vector<ZipRecord>& records) {
+  const std::string& first = records.at(0).name;
+  const size_t slash = first.find('/');
+  TORCH_CHECK(slash != std::string::npos && slash > 0, "lowbit checkpoint: '", path,
+              "' is a zip archive, but not one torch::save writes: its first record '", first, "' is in no folder");
+  const std::string folder = first.substr(0, slash + 1);
+  std::set<std::string> names;
+  for (const ZipRecord& r : records) names.insert(r.name);
+  for (const char* entry : {"version", "constants.pkl", "data.pkl"})
+    TORCH_CHECK(names.count(folder + entry), "lowbit checkpoint: '", path,
+                "' is a zip archive without a checkpoint's entries (no '", folder, entry,
+                "'): a torch.save file from Python? lowbit reads the checkpoints LowbitOptimizer::save "
+                "(torch::save) and ShardedOptimizer::save write");
+  const std::string data = lower(folder) + "data/";  // miniz looks names up regardless of case
+  for (const ZipRecord& r : records)
+    TORCH_CHECK(!r.deflated || lower(r.name).compare(0, data.size(), data) != 0, "lowbit checkpoint: '", path,
+                "' is damaged: tensor record '", r.name, "' is deflated; libtorch stores tensors' records as they are");
+}
+
+// What libtorch would run or read while it loads an archive, before any check of ours could see
+// a tensor: a TorchScript class's __setstate__ (run on the unpickled state), a custom class's
+// (torch.classes: C++ code on its state), and the pickle's quantized and sparse tensors (per-channel
+// scales are converted while unpickling, reading every byte their storage claims). lowbit's
+// writers write none of them. The jit unpickler resolves a class only from a GLOBAL opcode, whose
+// names are plain text in the pickle, and a method only by its name in the code: each is refused
+// by its name in the records' bytes.
+void check_archive_code(const std::string& path, const ArchiveFile& file, const std::vector<ZipRecord>& records) {
+  const auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (const ZipRecord& r : records) {
+    const bool pickle = ends_with(r.name, ".pkl"), code = ends_with(r.name, ".py");
+    if (!pickle && !code) continue;
+    std::string bytes;
+    const std::string error = read_zip_record(file, r, &bytes);
+    TORCH_CHECK(error.empty(), "lowbit checkpoint: '", path, "' is damaged: ", error);
+    const std::vector<std::string> names = code ? std::vector<std::string>{"__setstate__"}
+                                                : std::vector<std::string>{"_rebuild_qtensor", "_rebuild_sparse_tensor",
+                                                                           "torch.classes"};
+    for (const std::string& name : names)
+      TORCH_CHECK(bytes.find(name) == std::string::npos, "lowbit checkpoint: '", path, "' is not a checkpoint lowbit ",
+                  "writes: record '", r.name, "' names ", name, ", which libtorch would run or read while loading");
+  }
+}
+
+// Which record libtorch's reader read into which buffer. PyTorchStreamReader::getRecord allocates
+// a buffer of the size the central directory gives a record and miniz reads a stored record
+// straight into it, through the read function given to InputArchive::load_from; the unpickler then
+// makes a storage of that buffer with the size the pickle claims (numel * itemsize), unchecked.
+// A storage claiming more than its record holds reaches past its buffer.
+class RecordReads {
+ public:
+  explicit RecordReads(const std::vector<ZipRecord>& records) {
+    for (const ZipRecord& r : records)
+      if (!r.deflated && r.size > 0) stored_[r.data_offset] = r.size;
+  }
+
+  size_t read(const ArchiveFile& file, uint64_t pos, void* buf, size_t n) {
+    const size_t got = file.read_some(pos, buf, n);
+    const auto it = stored_.find(pos);
+    if (got == n && it != stored_.end() && it->second == n) buffers_[buf] = n;
+    return got;
+  }
+
+  // The bytes of the record read whole into the buffer at `p`, or -1 if none was.
+  int64_t record_bytes(const void* p) const {
+    const auto it = buffers_.find(p);
+    return it == buffers_.end() ? -1 : static_cast<int64_t>(it->second);
+  }
+
+ private:
+  std::map<uint64_t, uint64_t> stored_;                   // data offset -> bytes, of stored records
+  std::unordered_map<const void*, uint64_t> buffers_;     // buffer -> bytes of the record read into it
+};
+
+// Calls f(key, tensor) for every tensor `a` holds, at any depth (libtorch's optimizer checkpoints
+// nest archives): keys are paths ("state/0/exp_avg"). Iterative, so that deep nesting in a pickle
+// cannot exhaust the stack.
+void for_each_tensor(torch::serialize::InputArchive& a,
+                     const std::function<void(const std::string&, const at::Tensor&)>& f) {
+  std::vector<std::pair<c10::IValue, std::string>> todo;
+  for (const std::string& key : a.keys()) {
+    c10::IValue v;
+    if (a.try_read(key, v)) todo.emplace_back(std::move(v), key);
+  }
+  std::unordered_set<const void*> seen;  // each container once (a pickle may share or nest them)
+  while (!todo.empty()) {
+    const auto [v, key] = std::move(todo.back());
+    todo.pop_back();
+    if (v.isTensor()) {
+      f(key, v.toTensor());
+      continue;
+    }
+    if (!v.isPtrType() || !seen.insert(v.internalToPointer()).second) continue;
+    if (v.isObject()) {
+      const auto obj = v.toObject();
+      const auto type = obj->type();
+      for (size_t i = 0; i < obj->slots().size(); ++i)
+        todo.emplace_back(obj->getSlot(i), key + "/" + (i < type->numAttributes() ? type->getAttributeName(i)
+                                                                                   : std::to_string(i)));
+    } else if (v.isTuple()) {
+      const auto& elements = v.toTupleRef().elements();
+      for (size_t i = 0; i < elements.size(); ++i) todo.emplace_back(elements[i], key + "/" + std::to_string(i));
+    } else if (v.isList()) {
+      const auto elements = v.toListRef();
+      for (size_t i = 0; i < elements.size(); ++i) todo.emplace_back(elements[i], key + "/" + std::to_string(i));
+    } else if (v.isGenericDict()) {
+      size_t i = 0;
+      for (const auto& e : v.toGenericDict()) {
+        const std::string k = key + "/" + std::to_string(i++);
+        todo.emplace_back(e.key(), k + " (key)");
+        todo.emplace_back(e.value(), k);
+      }
+    }
+  }
+}
+
+// Every tensor of `a` inside its storage (check_tensor_extent), and its storage inside the record
+// libtorch read it from: a pickle claiming more than its record holds (a truncated record, an
+// edited size) is refused here, before anything reads a tensor's bytes.
+void check_archive_tensors(const std::string& who, torch::serialize::InputArchive& a, const RecordReads& reads) {
+  for_each_tensor(a, [&](const std::string& key, const at::Tensor& t) {
+    check_tensor_extent(who, key, t);
+    const int64_t claim = static_cast<int64_t>(t.storage().nbytes());
+    if (claim == 0) return;
+    const void* bytes = t.storage().data();
+    const int64_t have = bytes ? reads.record_bytes(bytes) : 0;  // no buffer: an empty record
+    TORCH_CHECK(have >= 0, who, ": checkpoint tensor '", key, "' needs ", claim,
+                " bytes, but its storage was not read from a record of the file");
+    TORCH_CHECK(claim <= have, who, ": checkpoint tensor '", key, "' needs ", claim,
+                " bytes, but its record in the file holds ", have,
+                " bytes (data.pkl claims more than the record has: a truncated record or an edited size)");
+  });
+}
+
+// `file` (opened from `path`) checked as check_checkpoint_file says; returns its records.
+std::vector<ZipRecord> open_checked(const std::string& path, const ArchiveFile& file) {
+  TORCH_CHECK(file.error().empty(), "lowbit checkpoint: ", file.error());
+  std::vector<ZipRecord> records;
   // Our own reading of the zip structure and every record's CRC-32 (checkpoint_zip.h): libtorch's
   // reader checks neither, and its parsers must only ever see the bytes a writer wrote.
-  const std::string error = check_zip_archive(path);
+  const std::string error = check_zip_archive(file, &records);
   TORCH_CHECK(error.empty(), "lowbit checkpoint: '", path, "' is damaged: ", error);
+  check_archive_layout(path, records);
+  check_archive_code(path, file, records);
+  return records;
+}
+
+}  // namespace
+
+void check_checkpoint_file(const std::string& path) {
+  const ArchiveFile file(path);
+  open_checked(path, file);
 }
 
 void load_checkpoint_archive(const std::string& path, torch::serialize::InputArchive& archive) {
-  check_checkpoint_file(path);
+  // Shared with the read function: libtorch need not drop its reader before load_from returns.
+  const auto file = std::make_shared<const ArchiveFile>(path);
+  const auto reads = std::make_shared<RecordReads>(open_checked(path, *file));
   try {
-    archive.load_from(path);
-  } catch (const c10::Error&) {
-    throw;
+    // On the cpu, whatever device the pickle names: the unpickler copies a storage to the device it
+    // names while loading (reading all the bytes it claims), before any check of ours could run.
+    archive.load_from([file, reads](uint64_t pos, void* buf, size_t n) { return reads->read(*file, pos, buf, n); },
+                      [file] { return static_cast<size_t>(file->size()); }, c10::Device(c10::kCPU));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "lowbit checkpoint: '", path, "' is damaged: libtorch cannot read it (",
+                e.what_without_backtrace(), ")");
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "lowbit checkpoint: '", path, "' is damaged: libtorch cannot read it (", e.what(), ")");
   }
+  check_archive_tensors("lowbit checkpoint: '" + path + "'", archive, *reads);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -85,10 +302,10 @@ void load_checkpoint_archive(const std::string& path, torch::serialize::InputArc
 
 void check_stored_tensor(const std::string& who, const std::string& key, const at::Tensor& t, at::ScalarType dtype) {
   TORCH_CHECK(t.defined(), who, ": checkpoint tensor '", key, "' is undefined");
+  check_tensor_extent(who, key, t);  // first: the checks below and the digest read the tensor's bytes
   TORCH_CHECK(t.scalar_type() == dtype, who, ": checkpoint tensor '", key, "' has dtype ", t.scalar_type(),
               ", expected ", dtype);
   TORCH_CHECK(t.device().is_cpu(), who, ": checkpoint tensor '", key, "' is on ", t.device(), ", expected cpu");
-  TORCH_CHECK(t.layout() == at::kStrided, who, ": checkpoint tensor '", key, "' has layout ", t.layout());
   // State is written flat; another shape of the same numel is not what any writer produced.
   TORCH_CHECK(t.dim() == 1, who, ": checkpoint tensor '", key, "' has shape ", t.sizes(), ", expected 1-D");
 }

@@ -75,14 +75,23 @@ struct CheckpointContents {
 // and the bad value. `who` prefixes messages (the optimizer's name, or the file).
 CheckpointContents read_checkpoint(torch::serialize::InputArchive& archive, const std::string& who);
 
-// Before libtorch reads a file: a well-formed zip archive (end record, central directory, local
-// headers, records inside the file and apart) whose every record matches its CRC-32
-// (checkpoint_zip.h). libtorch checks none of it; a damaged size field would make it allocate
-// what the field says, and a damaged pickle corrupts its heap.
+// Before libtorch reads a file: a regular file (a FIFO, directory or device is refused before
+// anything opens it: checkpoint_zip.h's ArchiveFile), a well-formed zip archive (end record,
+// central directory, local headers, records inside the file and apart) whose every record matches
+// its CRC-32 (checkpoint_zip.h), and an archive of the layout torch::save writes (a folder holding
+// version, constants.pkl and data.pkl: a torch.save file from Python is named as such), its
+// tensors' records stored, and nothing in it that libtorch would run or read while loading (a
+// __setstate__, a custom class, a quantized or sparse tensor). libtorch checks none of it; a
+// damaged size field would make it allocate what the field says, and a damaged pickle corrupts
+// its heap.
 void check_checkpoint_file(const std::string& path);
 
-// check_checkpoint_file, then libtorch's reader; whatever libtorch throws on a damaged file
-// (it raises std::out_of_range and the like from its parsers) becomes a c10::Error naming the file.
+// check_checkpoint_file, then libtorch's reader on the same open file (tensors mapped to the cpu),
+// then every tensor the archive holds against the record libtorch read its storage from: the
+// pickle sets a storage's size and a tensor's sizes, strides and offset, and libtorch checks
+// none of them against the record's bytes, so a storage can reach past the buffer that holds
+// them. Whatever libtorch throws on a damaged file (it raises std::out_of_range and the like from
+// its parsers) becomes a c10::Error naming the file.
 void load_checkpoint_archive(const std::string& path, torch::serialize::InputArchive& archive);
 
 // Digests (format version 2). A tensor's: its entry's key (so that tensors swapped with their
@@ -94,8 +103,13 @@ int64_t header_digest(const std::map<std::string, c10::IValue>& entries);
 // Checks of one stored state tensor, shared by read_checkpoint and the fragment reader
 // (distributed/sharded_checkpoint.cpp); each throws c10::Error naming `who`, the entry `key` and
 // the bad value.
-// A defined, flat (1-D), strided cpu tensor of `dtype`: how every writer stores state.
+// A defined, flat (1-D), strided cpu tensor of `dtype`: how every writer stores state; first of
+// all, the bytes its sizes, strides and storage offset reach lie inside its storage
+// (check_tensor_extent), so that no check after it reads past the storage.
 void check_stored_tensor(const std::string& who, const std::string& key, const at::Tensor& t, at::ScalarType dtype);
+// A strided tensor whose sizes, strides and storage offset are >= 0 and reach no byte past its
+// storage's size.
+void check_tensor_extent(const std::string& who, const std::string& key, const at::Tensor& t);
 // tensor_digest(key, t) is the digest the file recorded for it.
 void check_tensor_digest(const std::string& who, const std::string& key, const at::Tensor& t, int64_t recorded);
 // A block size `format` accepts as it is (a power of two in its range), as every writer stores it.

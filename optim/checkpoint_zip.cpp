@@ -3,11 +3,15 @@
 // locator, then the end record; all integers little-endian.
 #include "checkpoint_zip.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 
@@ -15,6 +19,75 @@
 
 namespace lowbit {
 namespace optim {
+
+// ---------------------------------------------------------------------------------------------
+// The file
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// What a file of type `mode` is, for an error naming it.
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string not_regular(const std::string& path, mode_t mode) {
+  const std::string kind = file_type_name(mode);
+  return "'" + path + "' is " + kind + (kind == "not a regular file" ? "" : ", not a regular file");
+}
+
+}  // namespace
+
+ArchiveFile::ArchiveFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    error_ = "cannot read '" + path + "': " + std::strerror(errno);
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    error_ = not_regular(path, st.st_mode);
+    return;
+  }
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) {
+    error_ = "cannot read '" + path + "': " + std::strerror(errno);
+    return;
+  }
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    error_ = S_ISREG(st.st_mode) ? "cannot read '" + path + "': " + std::strerror(errno) : not_regular(path, st.st_mode);
+    ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+ArchiveFile::~ArchiveFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+size_t ArchiveFile::read_some(uint64_t at, void* out, size_t n) const {
+  if (fd_ < 0 || at >= size_) return 0;
+  n = static_cast<size_t>(std::min<uint64_t>(n, size_ - at));
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd_, static_cast<char*>(out) + done, n - done, static_cast<off_t>(at + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
+
+bool ArchiveFile::read(uint64_t at, void* out, size_t n) const {
+  if (at > size_ || n > size_ - at) return false;
+  return read_some(at, out, n) == n;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The archive
@@ -30,37 +103,12 @@ uint16_t u16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | p[1] 
 uint32_t u32(const unsigned char* p) { return u16(p) | static_cast<uint32_t>(u16(p + 2)) << 16; }
 uint64_t u64(const unsigned char* p) { return u32(p) | static_cast<uint64_t>(u32(p + 4)) << 32; }
 
-class File {
- public:
-  explicit File(const std::string& path) : f_(std::fopen(path.c_str(), "rb"), &std::fclose) {
-    if (!f_) {
-      error_ = std::strerror(errno);
-      return;
-    }
-    if (fseeko(f_.get(), 0, SEEK_END) != 0) error_ = std::strerror(errno);
-    const off_t end = ftello(f_.get());
-    if (end < 0) error_ = std::strerror(errno);
-    size_ = end < 0 ? 0 : static_cast<uint64_t>(end);
-  }
-  const std::string& error() const { return error_; }
-  uint64_t size() const { return size_; }
-  // Bytes [at, at + n), all inside the file.
-  bool read(uint64_t at, void* out, size_t n) {
-    if (at > size_ || n > size_ - at) return false;
-    return fseeko(f_.get(), static_cast<off_t>(at), SEEK_SET) == 0 && std::fread(out, 1, n, f_.get()) == n;
-  }
-  bool read(uint64_t at, std::vector<unsigned char>& out, size_t n) {
-    out.resize(n);
-    return read(at, out.data(), n);
-  }
-
- private:
-  std::unique_ptr<FILE, int (*)(FILE*)> f_;
-  std::string error_;
-  uint64_t size_ = 0;
-};
-
 std::string str(uint64_t v) { return std::to_string(v); }
+
+bool read_into(const ArchiveFile& file, uint64_t at, std::vector<unsigned char>& out, size_t n) {
+  out.resize(n);
+  return file.read(at, out.data(), n);
+}
 
 // The zip64 extended information of a central directory entry (extra field 0x0001): the 64-bit
 // values of the fields that hold 0xFFFFFFFF, in APPNOTE's order.
@@ -83,18 +131,76 @@ bool read_zip64_extra(const unsigned char* extra, size_t n, uint64_t* usize, uin
   return *usize != 0xFFFFFFFFu && *csize != 0xFFFFFFFFu && *offset != 0xFFFFFFFFu;
 }
 
+// A record's bytes, inflated where deflated, handed to a sink piece by piece; never more than the
+// record declares. One per pass over an archive: it owns the buffers.
+class RecordBytes {
+ public:
+  using Sink = std::function<void(const unsigned char*, size_t)>;
+
+  // "" once all `r.size` bytes went to `sink`; otherwise what is wrong with the record.
+  std::string stream(const ArchiveFile& file, const ZipRecord& r, const Sink& sink) {
+    const std::string what = "record '" + r.name + "'";
+    uint64_t produced = 0;
+    z_stream z{};
+    if (r.deflated && inflateInit2(&z, -MAX_WBITS) != Z_OK) return "cannot inflate " + what;
+    std::unique_ptr<z_stream, int (*)(z_stream*)> guard(r.deflated ? &z : nullptr, &inflateEnd);
+    int zrc = Z_OK;
+    for (uint64_t done = 0; done < r.stored_size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(in_.size(), r.stored_size - done));
+      if (!file.read(r.data_offset + done, in_.data(), n)) return "cannot read " + what;
+      done += n;
+      if (!r.deflated) {
+        sink(in_.data(), n);
+        produced += n;
+        continue;
+      }
+      z.next_in = in_.data();
+      z.avail_in = static_cast<uInt>(n);
+      // Inflate while input is left, or while the last call filled the output (more may be pending).
+      do {
+        z.next_out = out_.data();
+        z.avail_out = static_cast<uInt>(out_.size());
+        zrc = inflate(&z, Z_NO_FLUSH);
+        if (zrc == Z_BUF_ERROR) break;  // no progress possible: it needs the next chunk
+        if (zrc != Z_OK && zrc != Z_STREAM_END)
+          return what + " is corrupt: its deflated bytes do not inflate (zlib: " + (z.msg ? z.msg : "error") + ")";
+        const size_t got = out_.size() - z.avail_out;
+        produced += got;
+        if (produced > r.size)  // never inflate past what the record declares
+          return what + " is corrupt: it inflates to more than the " + str(r.size) + " bytes it declares";
+        sink(out_.data(), got);
+      } while (zrc != Z_STREAM_END && (z.avail_in > 0 || z.avail_out == 0));
+      if (zrc == Z_STREAM_END && (z.avail_in > 0 || done < r.stored_size))
+        return what + " is corrupt: its deflated stream ends before its " + str(r.stored_size) + " stored bytes";
+    }
+    if (r.deflated && zrc != Z_STREAM_END && r.stored_size > 0)
+      return what + " is corrupt: its deflated stream is cut short";
+    if (produced != r.size)
+      return what + " is corrupt: it holds " + str(produced) + " bytes, the archive declares " + str(r.size);
+    return "";
+  }
+
+ private:
+  std::vector<unsigned char> in_ = std::vector<unsigned char>(size_t(1) << 20);
+  std::vector<unsigned char> out_ = std::vector<unsigned char>(size_t(1) << 20);
+};
+
 }  // namespace
 
 std::string check_zip_archive(const std::string& path, std::vector<ZipRecord>* records) {
-  File file(path);
-  if (!file.error().empty()) return "cannot read it: " + file.error();
+  const ArchiveFile file(path);
+  if (!file.error().empty()) return file.error();
+  return check_zip_archive(file, records);
+}
+
+std::string check_zip_archive(const ArchiveFile& file, std::vector<ZipRecord>* records) {
   const uint64_t size = file.size();
   if (size < kEndSize) return "it is " + str(size) + " bytes, too short for a zip archive (truncated?)";
 
   // ---- the end record: the last one whose comment reaches exactly to the end of the file
   const size_t tail = static_cast<size_t>(std::min<uint64_t>(size, kEndSize + 0xFFFF));
   std::vector<unsigned char> buf;
-  if (!file.read(size - tail, buf, tail)) return "cannot read its last " + str(tail) + " bytes";
+  if (!read_into(file, size - tail, buf, tail)) return "cannot read its last " + str(tail) + " bytes";
   uint64_t end = UINT64_MAX;
   for (size_t i = tail - kEndSize + 1; i-- > 0;) {
     if (u32(&buf[i]) == kEndSig && i + kEndSize + u16(&buf[i + 20]) == tail) {
@@ -147,7 +253,7 @@ std::string check_zip_archive(const std::string& path, std::vector<ZipRecord>* r
     return "its end record declares " + str(count) + " records, more than a central directory of " + str(cd_size) +
            " bytes holds";
   std::vector<unsigned char> cd;
-  if (!file.read(cd_offset, cd, static_cast<size_t>(cd_size))) return "cannot read its central directory";
+  if (!read_into(file, cd_offset, cd, static_cast<size_t>(cd_size))) return "cannot read its central directory";
 
   std::vector<ZipRecord> out;
   std::set<std::string> names;
@@ -197,7 +303,7 @@ std::string check_zip_archive(const std::string& path, std::vector<ZipRecord>* r
       return what + " declares " + str(rec.stored_size) + " bytes at offset " + str(rec.data_offset) +
              ", past the start of the central directory (offset " + str(cd_offset) + "): a damaged size field";
     std::vector<unsigned char> lname;
-    if (!file.read(offset + kLocalSize, lname, lname_len) ||
+    if (!read_into(file, offset + kLocalSize, lname, lname_len) ||
         std::string(reinterpret_cast<const char*>(lname.data()), lname.size()) != rec.name)
       return what + ": its local header names another record";
     if (u16(l + 6) != flags || u16(l + 8) != method)
@@ -224,56 +330,28 @@ std::string check_zip_archive(const std::string& path, std::vector<ZipRecord>* r
   }
 
   // ---- every record's bytes (inflated where deflated) against its size and CRC-32
-  std::vector<unsigned char> in(size_t(1) << 20), inflated(size_t(1) << 20);
+  RecordBytes bytes;
   for (const auto& r : out) {
-    const std::string what = "record '" + r.name + "'";
     uLong crc = crc32(0, nullptr, 0);
-    uint64_t produced = 0;
-    z_stream z{};
-    if (r.deflated && inflateInit2(&z, -MAX_WBITS) != Z_OK) return "cannot inflate " + what;
-    std::unique_ptr<z_stream, int (*)(z_stream*)> guard(r.deflated ? &z : nullptr, &inflateEnd);
-    int zrc = Z_OK;
-    for (uint64_t done = 0; done < r.stored_size;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(in.size(), r.stored_size - done));
-      if (!file.read(r.data_offset + done, in.data(), n)) return "cannot read " + what;
-      done += n;
-      if (!r.deflated) {
-        crc = crc32_z(crc, in.data(), n);
-        produced += n;
-        continue;
-      }
-      z.next_in = in.data();
-      z.avail_in = static_cast<uInt>(n);
-      // Inflate while input is left, or while the last call filled the output (more may be pending).
-      do {
-        z.next_out = inflated.data();
-        z.avail_out = static_cast<uInt>(inflated.size());
-        zrc = inflate(&z, Z_NO_FLUSH);
-        if (zrc == Z_BUF_ERROR) break;  // no progress possible: it needs the next chunk
-        if (zrc != Z_OK && zrc != Z_STREAM_END)
-          return what + " is corrupt: its deflated bytes do not inflate (zlib: " + (z.msg ? z.msg : "error") + ")";
-        const size_t got = inflated.size() - z.avail_out;
-        produced += got;
-        if (produced > r.size)  // never inflate past what the record declares
-          return what + " is corrupt: it inflates to more than the " + str(r.size) + " bytes it declares";
-        crc = crc32_z(crc, inflated.data(), got);
-      } while (zrc != Z_STREAM_END && (z.avail_in > 0 || z.avail_out == 0));
-      if (zrc == Z_STREAM_END && (z.avail_in > 0 || done < r.stored_size))
-        return what + " is corrupt: its deflated stream ends before its " + str(r.stored_size) + " stored bytes";
-    }
-    if (r.deflated && zrc != Z_STREAM_END && r.stored_size > 0)
-      return what + " is corrupt: its deflated stream is cut short";
-    if (produced != r.size)
-      return what + " is corrupt: it holds " + str(produced) + " bytes, the archive declares " + str(r.size);
+    const std::string error =
+        bytes.stream(file, r, [&](const unsigned char* p, size_t n) { crc = crc32_z(crc, p, n); });
+    if (!error.empty()) return error;
     if (crc != r.crc32) {
       char got[16], want[16];
       std::snprintf(got, sizeof got, "%08lx", static_cast<unsigned long>(crc));
       std::snprintf(want, sizeof want, "%08x", r.crc32);
-      return what + " is corrupt: its CRC-32 is " + got + ", the archive recorded " + want;
+      return "record '" + r.name + "' is corrupt: its CRC-32 is " + got + ", the archive recorded " + want;
     }
   }
   if (records) *records = std::move(out);
   return "";
+}
+
+std::string read_zip_record(const ArchiveFile& file, const ZipRecord& r, std::string* out) {
+  out->clear();
+  out->reserve(static_cast<size_t>(r.size));
+  RecordBytes bytes;
+  return bytes.stream(file, r, [&](const unsigned char* p, size_t n) { out->append(reinterpret_cast<const char*>(p), n); });
 }
 
 }  // namespace optim

@@ -1,14 +1,20 @@
 // Fragment checkpoints: N ranks' files load on one unsharded optimizer and back on N ranks,
 // bit-exact; resharding across runs of different sizes (the Reshard stages, chained by ctest);
-// missing, duplicated and mismatched fragments are clear errors that load nothing.
+// missing, duplicated and mismatched fragments, and damaged files (each check of the reader), are
+// clear errors that load nothing.
 #include "dist_util.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <unistd.h>
 
 #include "../../distributed/fragment_state.h"
 #include "../fuzz/fragment_edit.h"
+#include "../fuzz/pickle_claims.h"
+#include "../fuzz/zip_rewrite.h"
 
 namespace lowbit_test {
 namespace {
@@ -346,6 +352,70 @@ TEST(ShardedCheckpoint, NonFiniteCodesAreRefused) {
   const std::string err = load_error(*victim.opt, write_set("nan_code", {e}));
   EXPECT_NE(err.find("'f0.t2' holds code 127 at element 11, which is not a finite value of format FP8E4M3"),
             std::string::npos) << err;
+  EXPECT_TRUE(victim.unchanged());
+}
+
+// A tensor record shorter than data.pkl claims for it, in a zip re-sealed so that its sizes and
+// CRC-32s are right: refused naming the file, the entry and both byte counts before anything reads
+// the tensor (a 64 MB claim over a small record crashed the digest's read before). And a FIFO in
+// place of a writer's file is refused at once, without blocking.
+TEST(ShardedCheckpoint, TensorRecordsShorterThanTheirClaimsAreRefused) {
+  Saved saved(StateFormat::Q4, "short");
+  const std::vector<ZipEntry> entries = zip_entries(read_file(ld::fragment_file(saved.prefix, 0, 1)));
+  std::vector<ZipEntry> probe = entries;
+  const std::vector<TensorClaims> claims = tensor_claims(find_entry_in_folder(probe, "data.pkl")->bytes);
+  ASSERT_GT(claims.size(), 10u);
+  // The header (7 int64: 56 bytes) cut to 48 bytes; the large claim (2^24 elements, sizes too)
+  // over the smallest record.
+  size_t header = claims.size(), smallest = 0;
+  for (size_t k = 0; k < claims.size(); ++k) {
+    const size_t n = find_entry_in_folder(probe, "data/" + claims[k].key)->bytes.size();
+    if (n == 56 && header == claims.size()) header = k;
+    if (n < find_entry_in_folder(probe, "data/" + claims[smallest].key)->bytes.size()) smallest = k;
+  }
+  ASSERT_LT(header, claims.size());
+  const size_t small_bytes = find_entry_in_folder(probe, "data/" + claims[smallest].key)->bytes.size();
+  struct Case {
+    const char* name;  // also the file's
+    std::function<void(std::vector<ZipEntry>&)> edit;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"header_cut",
+       [&](std::vector<ZipEntry>& e) { find_entry_in_folder(e, "data/" + claims[header].key)->bytes.resize(48); },
+       "checkpoint tensor 'header' needs 56 bytes, but its record in the file holds 48 bytes"},
+      {"large_claim",
+       [&](std::vector<ZipEntry>& e) {
+         std::string& p = find_entry_in_folder(e, "data.pkl")->bytes;
+         const TensorClaims& t = claims[smallest];
+         ASSERT_FALSE(t.sizes.empty());
+         p = set_pickle_int(p, t.sizes[0], int64_t(1) << 24);
+         p = set_pickle_int(p, t.numel, int64_t(1) << 24);
+       },
+       " bytes, but its record in the file holds " + std::to_string(small_bytes) + " bytes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<ZipEntry> e = entries;
+    c.edit(e);
+    const std::string pre = prefix_for(std::string("short_") + c.name + "_r" + std::to_string(comm().rank()));
+    write_file(ld::fragment_file(pre, 0, 1), zip_archive(e));
+    Victim victim(StateFormat::Q4);
+    const std::string err = load_error(*victim.opt, pre);
+    EXPECT_NE(err.find(c.want), std::string::npos) << err;
+    EXPECT_NE(err.find("load fragments: lowbit checkpoint: '" + ld::fragment_file(pre, 0, 1) + "'"), std::string::npos)
+        << err;
+    EXPECT_TRUE(victim.unchanged());
+  }
+  // A FIFO as the writer's file.
+  const std::string pre = prefix_for("fifo_r" + std::to_string(comm().rank()));
+  const std::string fifo = ld::fragment_file(pre, 0, 1);
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Victim victim(StateFormat::Q4);
+  const std::string err = load_error(*victim.opt, pre);
+  std::remove(fifo.c_str());
+  EXPECT_NE(err.find("'" + fifo + "' is a FIFO (named pipe), not a regular file"), std::string::npos) << err;
   EXPECT_TRUE(victim.unchanged());
 }
 

@@ -1,9 +1,10 @@
 // lowbit_fuzz_checkpoint --cases N --seed S: a deterministic mutation fuzzer of optimizer
 // checkpoints. From real checkpoints of every optimizer x state format it makes damaged files
-// (bit flips, truncations, edited entries, damaged zip size fields), loads each into a live
-// optimizer (load_checkpoint) and into `lowbit inspect`; from the same optimizers' fragment files
-// (sharded checkpoints, as one, two and three writers) damaged files and sets of files, loaded
-// with load_fragments (fuzz_fragments.h). It counts per mutation kind how each case ended.
+// (bit flips, truncations, edited entries, damaged zip size fields, tensor records shorter than
+// data.pkl claims in a re-sealed zip), loads each into a live optimizer (load_checkpoint) and
+// into `lowbit inspect`; from the same optimizers' fragment files (sharded checkpoints, as one,
+// two and three writers) damaged files and sets of files, loaded with load_fragments
+// (fuzz_fragments.h). It counts per mutation kind how each case ended.
 // Allowed: a c10::Error with the optimizer's state and parameters bit-identical, or a load that
 // then steps exactly like the original checkpoint. Anything else fails the run.
 #include <torch/torch.h>
@@ -82,7 +83,7 @@ std::vector<Original> make_originals(const std::string& tmp) {
 
 const char* const kKinds[] = {"bitflip_data", "bitflip_pickle", "bitflip_zip", "truncate", "zip_size_field",
                               "swap_tensors", "missing_entry", "wrong_dtype", "wrong_shape", "wrong_block_size",
-                              "wrong_format_id", "wrong_version", "absurd_sizes"};
+                              "wrong_format_id", "wrong_version", "absurd_sizes", "short_record"};
 constexpr int kNumCheckpointKinds = sizeof(kKinds) / sizeof(kKinds[0]);
 #ifdef LOWBIT_FUZZ_FRAGMENTS
 const int kNumKinds = kNumCheckpointKinds + kNumFragmentKinds;
@@ -196,7 +197,8 @@ Outcome try_load(const Original& o, const std::string& path, const char* via,
   const auto before = snapshot(*live, p);
   try {
     load(*live);
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& e) {
+    last_refusal() = e.what_without_backtrace();
     if (same_bits(before, snapshot(*live, p))) return Outcome::Refused;
     ++c.silent;
     *why = std::string(via) + ": refused, but the optimizer's state or parameters changed";
@@ -430,7 +432,9 @@ int main(int argc, char** argv) {
                                 o.name.c_str(), lowbit::state_format_name(o.format));
 #endif
     }
-    if (verbose && ok) std::fprintf(stderr, "  -> %s\n", counts[kind].loaded_ok > loaded_before ? "loaded" : "refused");
+    if (verbose && ok)
+      std::fprintf(stderr, "  -> %s\n", counts[kind].loaded_ok > loaded_before ? "loaded"
+                                                                              : ("refused: " + last_refusal()).c_str());
     if (!ok) {
       ++failures;
       std::printf("FAIL case %lld (%s %s, %s %s): %s\n", (long long)n, kind_name(kind), note.c_str(), o.name.c_str(),

@@ -21,6 +21,9 @@
 
 #include <lowbit/lowbit.h>
 
+#include "pickle_claims.h"
+#include "zip_rewrite.h"
+
 namespace lowbit_fuzz {
 
 namespace lo = lowbit::optim;
@@ -118,6 +121,12 @@ enum class Outcome { Refused, LoadedOk, Bad };
 
 constexpr double kHangSeconds = 10.0;
 
+// The last refusal's message, for LOWBIT_FUZZ_VERBOSE: which check refused a case.
+inline std::string& last_refusal() {
+  static std::string message;
+  return message;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Mutations of a file's bytes
 // ---------------------------------------------------------------------------------------------
@@ -129,13 +138,93 @@ inline int64_t pick(Rng& r, int64_t n) { return static_cast<int64_t>(r() % stati
 using Spans = std::map<std::string, std::pair<size_t, size_t>>;
 
 inline bool is_byte_kind(const std::string& k) {
-  return k == "bitflip_data" || k == "bitflip_pickle" || k == "bitflip_zip" || k == "truncate" || k == "zip_size_field";
+  return k == "bitflip_data" || k == "bitflip_pickle" || k == "bitflip_zip" || k == "truncate" || k == "zip_size_field" ||
+         k == "short_record";
+}
+
+// short_record: fewer bytes in a tensor's record than data.pkl claims for it, in an archive
+// re-sealed (sizes, offsets and CRC-32s recomputed: zip_rewrite.h) so that only a check of each
+// tensor against its record can tell. The record cut short; or in data.pkl (pickle_claims.h) the
+// storage's element count, a size, the offset or a stride made larger; or the large claim, 2^24
+// elements (64 MB of floats) for both storage and size over one of the smallest records (a few
+// bytes), sometimes cut shorter still; or claims whose byte counts overflow 64 bits.
+inline std::string short_record(const std::string& file, Rng& r) {
+  using lowbit_test::PickleInt;
+  std::vector<lowbit_test::ZipEntry> entries = lowbit_test::zip_entries(file);
+  lowbit_test::ZipEntry* pkl = lowbit_test::find_entry_in_folder(entries, "data.pkl");
+  const std::vector<lowbit_test::TensorClaims> claims =
+      pkl ? lowbit_test::tensor_claims(pkl->bytes) : std::vector<lowbit_test::TensorClaims>{};
+  if (claims.empty()) return file;  // nothing to claim (no tensor in the file)
+  const int variant = static_cast<int>(pick(r, 6));
+  size_t which = pick(r, claims.size());
+  if (variant == 3) {  // one of the smallest records
+    std::vector<size_t> smallest;
+    uint64_t least = UINT64_MAX;
+    for (size_t i = 0; i < claims.size(); ++i) {
+      const auto* e = lowbit_test::find_entry_in_folder(entries, "data/" + claims[i].key);
+      const uint64_t n = e ? e->bytes.size() : 0;
+      if (n < least) smallest.clear(), least = n;
+      if (n == least) smallest.push_back(i);
+    }
+    which = smallest[pick(r, smallest.size())];
+  }
+  const lowbit_test::TensorClaims& t = claims[which];
+  lowbit_test::ZipEntry* record = lowbit_test::find_entry_in_folder(entries, "data/" + t.key);
+  std::string& p = pkl->bytes;
+  // Edits from the end of the pickle: sizes and strides come after the element count.
+  const int64_t deltas[] = {1, 2, 3, 64, 255, 256, 4096, 1 + pick(r, 1 << 20)};
+  const int64_t d = deltas[pick(r, 8)];
+  const bool has_sizes = !t.sizes.empty();
+  switch (variant) {
+    case 0: {  // the record cut short
+      if (!record || record->bytes.empty()) break;
+      const size_t n = record->bytes.size();
+      const size_t keeps[] = {0, n - 1, n / 2, static_cast<size_t>(pick(r, n))};
+      record->bytes.resize(keeps[pick(r, 4)]);
+      break;
+    }
+    case 1:  // the storage claims more elements
+      p = lowbit_test::set_pickle_int(p, t.numel, t.numel.value + d);
+      break;
+    case 2:  // a size larger than the storage holds
+      if (has_sizes) {
+        const PickleInt& s = t.sizes[pick(r, t.sizes.size())];
+        p = lowbit_test::set_pickle_int(p, s, s.value + d);
+      } else {
+        p = lowbit_test::set_pickle_int(p, t.numel, t.numel.value + d);
+      }
+      break;
+    case 3: {  // 2^24 elements over one of the smallest records
+      constexpr int64_t kLarge = int64_t(1) << 24;
+      if (has_sizes) p = lowbit_test::set_pickle_int(p, t.sizes[0], kLarge);
+      if (!has_sizes || pick(r, 4) != 0) p = lowbit_test::set_pickle_int(p, t.numel, kLarge);
+      if (record && pick(r, 3) == 0) record->bytes.resize(std::min<size_t>(record->bytes.size(), pick(r, 16)));
+      break;
+    }
+    case 4:  // the storage offset or a stride larger
+      if (has_sizes && pick(r, 2)) {
+        const PickleInt& s = t.strides[pick(r, t.strides.size())];
+        p = lowbit_test::set_pickle_int(p, s, pick(r, 2) ? s.value + 1 : s.value + d);
+      } else {
+        p = lowbit_test::set_pickle_int(p, t.offset, t.offset.value + d);
+      }
+      break;
+    default: {  // byte counts past 64 bits (times the item size), or past any memory
+      const int64_t huge[] = {int64_t(1) << 40, int64_t(1) << 61, int64_t(1) << 62, INT64_MAX, (int64_t(3) << 61) + 1};
+      const int64_t v = huge[pick(r, 5)];
+      const int which_claim = static_cast<int>(pick(r, 3));
+      if (has_sizes && which_claim != 1) p = lowbit_test::set_pickle_int(p, t.sizes[0], v);
+      if (!has_sizes || which_claim != 0) p = lowbit_test::set_pickle_int(p, t.numel, v);
+    }
+  }
+  return lowbit_test::zip_archive(std::move(entries));
 }
 
 // `file` damaged by byte-level mutation `k` (is_byte_kind): a flipped bit in a tensor's bytes
 // (data), in another record (pickle), or outside every record (zip: local headers, central
 // directory); a truncation at a record's start or end (every section) or anywhere; a central
-// directory entry's size field set to a value from a list of extremes.
+// directory entry's size field set to a value from a list of extremes; a tensor's record shorter
+// than data.pkl claims, the zip re-sealed (short_record).
 inline std::string mutate_bytes(const std::string& file, const Spans& spans, const std::string& k, Rng& r) {
   std::string f = file;
   auto flip_at = [&](size_t at) { f[at] = static_cast<char>(f[at] ^ (1 << pick(r, 8))); };
@@ -157,6 +246,7 @@ inline std::string mutate_bytes(const std::string& file, const Spans& spans, con
     flip_at(outside[pick(r, outside.size())]);
     return f;
   }
+  if (k == "short_record") return short_record(file, r);
   if (k == "truncate") {
     std::vector<size_t> cuts = {0};
     for (const auto& [name, s] : spans) {

@@ -17,7 +17,8 @@ const char* const kFragmentKinds[] = {
     "frag_bitflip_data", "frag_bitflip_pickle", "frag_bitflip_zip",      "frag_truncate",
     "frag_zip_size_field", "frag_swap_tensors", "frag_missing_entry",    "frag_extra_entry",
     "frag_wrong_dtype",  "frag_wrong_shape",    "frag_wrong_block_size", "frag_wrong_format_id",
-    "frag_wrong_version", "frag_absurd_sizes",  "frag_wrong_meta",       "frag_files"};
+    "frag_wrong_version", "frag_absurd_sizes",  "frag_wrong_meta",       "frag_files",
+    "frag_short_record"};
 const int kNumFragmentKinds = sizeof(kFragmentKinds) / sizeof(kFragmentKinds[0]);
 
 namespace {
@@ -309,7 +310,8 @@ Outcome try_load_fragments(const Make& make, StateFormat format, const std::vect
   const auto before = snapshot(*live, p);
   try {
     ld::load_fragments(*live, prefix);
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& e) {
+    last_refusal() = e.what_without_backtrace();
     if (same_bits(before, snapshot(*live, p))) return Outcome::Refused;
     ++c.silent;
     *why = "load_fragments: refused, but the optimizer's state or parameters changed";

@@ -1,14 +1,18 @@
 // lowbit_libfuzz_checkpoint: a libFuzzer harness (clang; scripts/libfuzz builds and runs it) of
 // what reads optimizer checkpoints. An input is one byte that picks the target, then a file's
-// bytes. Even target byte: the file as a single-process checkpoint, loaded with load_checkpoint
-// into a live optimizer (optimizer x state format = byte / 2 mod 48) and listed by `lowbit
-// inspect`; odd: the file as the one writer's fragment file of a sharded checkpoint, loaded with
-// load_fragments. Allowed, as in the seeded fuzzer (fuzz_checkpoint.cpp): a c10::Error with the
-// live optimizer's state and parameters bit-identical, or a consistent load: the loaded state,
-// saved again and loaded into a fresh optimizer, is bit-identical, and a step either runs or ends
-// in a c10::Error. Anything else aborts (libFuzzer keeps the input). The live optimizers hold the
-// trained state of real checkpoints; LOWBIT_LIBFUZZ_SEEDS=<dir> writes those checkpoints and
-// fragment files there as the seed corpus (96 inputs) and exits.
+// bytes. Bit 0 of the target byte: clear, the file as a single-process checkpoint, loaded with
+// load_checkpoint into a live optimizer (optimizer x state format = byte / 4 mod 48) and listed by
+// `lowbit inspect`; set, the file as the one writer's fragment file of a sharded checkpoint,
+// loaded with load_fragments. Bit 1 set: the rest is not a zip archive but its records (records
+// mode: name length, name, byte count, bytes, repeated), which the harness writes as a zip with
+// every size and CRC-32 right (tests/fuzz/zip_rewrite.h): mutations of a pickle or a tensor's
+// bytes then reach libtorch's reader and the checks behind the zip's, where a raw input's would
+// mostly end at a CRC-32. Allowed, as in the seeded fuzzer (fuzz_checkpoint.cpp): a c10::Error
+// with the live optimizer's state and parameters bit-identical, or a consistent load: the loaded
+// state, saved again and loaded into a fresh optimizer, is bit-identical, and a step either runs
+// or ends in a c10::Error. Anything else aborts (libFuzzer keeps the input). The live optimizers
+// hold the trained state of real checkpoints; LOWBIT_LIBFUZZ_SEEDS=<dir> writes those checkpoints
+// and fragment files there, raw and as records, as the seed corpus (192 inputs) and exits.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -22,6 +26,7 @@
 
 #include "../checkpoint_edit.h"
 #include "fuzz_common.h"
+#include "zip_rewrite.h"
 
 using namespace lowbit_fuzz;
 namespace ld = lowbit::distributed;
@@ -65,14 +70,55 @@ void make_targets() {
     }
 }
 
+// Records mode: a record is its name's length (1 byte), its name, its byte count (4 bytes,
+// little-endian) and its bytes, inflated. Whatever does not make a whole record at the end is left out.
+std::string records_of(const std::string& path) {
+  std::vector<lowbit::optim::ZipRecord> records;
+  const std::string error = lowbit::optim::check_zip_archive(path, &records);
+  if (!error.empty()) finding("a seed is not a well-formed archive: " + error);
+  const lowbit::optim::ArchiveFile file(path);
+  std::string out;
+  for (const auto& r : records) {
+    std::string bytes;
+    const std::string why = lowbit::optim::read_zip_record(file, r, &bytes);
+    if (!why.empty() || r.name.size() > 255) finding("a seed's record cannot be read: " + why);
+    out += static_cast<char>(r.name.size());
+    out += r.name;
+    for (int k = 0; k < 4; ++k) out += static_cast<char>((bytes.size() >> (8 * k)) & 0xFF);
+    out += bytes;
+  }
+  return out;
+}
+
+std::string zip_of_records(const std::string& in) {
+  std::vector<lowbit_test::ZipEntry> entries;
+  size_t at = 0;
+  while (at < in.size()) {
+    const size_t name_len = static_cast<unsigned char>(in[at]);
+    if (in.size() - at < 1 + name_len + 4) break;
+    lowbit_test::ZipEntry e;
+    e.name = in.substr(at + 1, name_len);
+    at += 1 + name_len;
+    uint32_t n = 0;
+    for (int k = 0; k < 4; ++k) n |= uint32_t(static_cast<unsigned char>(in[at + k])) << (8 * k);
+    at += 4;
+    if (in.size() - at < n) break;
+    e.bytes = in.substr(at, n);
+    at += n;
+    entries.push_back(std::move(e));
+  }
+  return lowbit_test::zip_archive(std::move(entries));
+}
+
 void write_seeds(const std::string& dir) {
   for (size_t k = 0; k < g_targets.size(); ++k) {
     const Target& t = g_targets[k];
-    const std::string files[2] = {lowbit_test::read_file(t.checkpoint),
-                                  lowbit_test::read_file(ld::fragment_file(t.fragments, 0, 1))};
-    for (int mode = 0; mode < 2; ++mode) {
-      const std::string bytes = std::string(1, static_cast<char>(2 * k + mode)) + files[mode];
-      lowbit_test::write_file(dir + "/seed_" + std::to_string(2 * k + mode), bytes);
+    const std::string paths[2] = {t.checkpoint, ld::fragment_file(t.fragments, 0, 1)};
+    for (int mode = 0; mode < 4; ++mode) {
+      const std::string& path = paths[mode & 1];
+      const std::string body = (mode & 2) ? records_of(path) : lowbit_test::read_file(path);
+      const int byte = static_cast<int>(4 * k) + mode;
+      lowbit_test::write_file(dir + "/seed_" + std::to_string(byte), std::string(1, static_cast<char>(byte)) + body);
     }
   }
 }
@@ -155,8 +201,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const Target& t = g_targets[(data[0] / 2) % g_targets.size()];
-  const std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
+  const Target& t = g_targets[(data[0] / 4) % g_targets.size()];
+  std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (data[0] & 2) bytes = zip_of_records(bytes);
   // The same names for every input: libtorch writes a file's name into its zip.
   if (data[0] % 2 == 0) {
     const std::string path = g_dir + "/input.pt";

@@ -32,10 +32,29 @@ at::Tensor roundtrip(const at::Tensor& x, QuantFormat f, int64_t block) {
   return lowbit::dequantize(lowbit::quantize(x, f, block));
 }
 
-at::Tensor state_as(const at::Tensor& x, StateFormat f, bool is_signed) {
-  if (f == StateFormat::FP32) return x;
-  if (f == StateFormat::BF16) return x.to(at::kBFloat16).to(at::kFloat);
-  const QuantFormat q = lowbit::quant_format_for(f, is_signed);
+// A state format as the optimizer options choose it (FP8's second moment in either variant).
+struct Row {
+  StateFormat format;
+  QuantFormat fp8_unsigned;
+  std::string name() const {
+    const std::string n = lowbit::state_format_name(format);
+    return format != StateFormat::FP8 ? n : n + (fp8_unsigned == QuantFormat::FP8E5M2 ? "/E5M2" : "/E4M3");
+  }
+};
+
+std::vector<Row> rows() {
+  std::vector<Row> out;
+  for (StateFormat f : lowbit::kAllStateFormats) {
+    if (f == StateFormat::FP32) continue;
+    out.push_back({f, QuantFormat::FP8E4M3});
+    if (f == StateFormat::FP8) out.push_back({f, QuantFormat::FP8E5M2});
+  }
+  return out;
+}
+
+at::Tensor state_as(const at::Tensor& x, const Row& r, bool is_signed) {
+  if (r.format == StateFormat::BF16) return x.to(at::kBFloat16).to(at::kFloat);
+  const QuantFormat q = lowbit::quant_format_for(r.format, is_signed, r.fp8_unsigned);
   return roundtrip(x, q, lowbit::default_block_size(q));
 }
 
@@ -51,12 +70,11 @@ std::vector<int64_t> parse_list(const std::string& s) {
 void print_rows(int64_t step, const std::vector<std::pair<at::Tensor, at::Tensor>>& moments, double b1, double b2,
                 double eps) {
   const double c1 = 1 - std::pow(b1, double(step)), c2 = 1 - std::pow(b2, double(step));
-  for (StateFormat f : lowbit::kAllStateFormats) {
-    if (f == StateFormat::FP32) continue;
+  for (const Row& r : rows()) {
     Errors e;
     for (const auto& [m, v] : moments) {
       if (m.numel() < 4096) continue;  // small tensors keep fp32 state (min_quant_numel)
-      const at::Tensor mq = state_as(m, f, true), vq = state_as(v, f, false);
+      const at::Tensor mq = state_as(m, r, true), vq = state_as(v, r, false);
       const at::Tensor u = (m / c1) / ((v / c2).sqrt() + eps), uq = (mq / c1) / ((vq / c2).sqrt() + eps);
       e.m += (mq - m).pow(2).sum().item<double>();
       e.mn += m.pow(2).sum().item<double>();
@@ -69,14 +87,14 @@ void print_rows(int64_t step, const std::vector<std::pair<at::Tensor, at::Tensor
       e.u_max = std::max(e.u_max, uq.abs().max().item<double>());
       e.u_ref_max = std::max(e.u_ref_max, u.abs().max().item<double>());
     }
-    std::printf("%-6lld %-5s %12.3e %12.3e %12.3e %13.4f%% %12.3f\n", (long long)step, lowbit::state_format_name(f),
+    std::printf("%-6lld %-8s %12.3e %12.3e %12.3e %13.4f%% %12.3f\n", (long long)step, r.name().c_str(),
                 std::sqrt(e.m / e.mn), std::sqrt(e.v / e.vn), std::sqrt(e.u / e.un),
                 100.0 * double(e.v_zeroed) / double(std::max<int64_t>(1, e.v_nonzero)), e.u_max / e.u_ref_max);
   }
 }
 
 void print_header() {
-  std::printf("%-6s %-5s %12s %12s %12s %14s %12s\n", "step", "state", "rel err m", "rel err v", "rel err u",
+  std::printf("%-6s %-8s %12s %12s %12s %14s %12s\n", "step", "state", "rel err m", "rel err v", "rel err u",
               "v>0 decoded 0", "max|u|/ref");
 }
 

@@ -63,8 +63,10 @@ std::vector<std::pair<std::string, MakeOptimizer>> rules() {
   };
 }
 
-// The MLP's parameters and the gradients of `steps` batches of 4 samples, all taken at the initial
-// weights, so that every optimizer sees the same gradients and differs only by its state.
+// The MLP's parameters and the gradients of `steps` batches of 4 samples (loss: the outputs' sum),
+// all taken at the initial weights, so that every optimizer sees the same gradients and differs
+// only by its state. (For two steps these are the gradients of training itself: every state
+// format takes its first step in fp32, so the weights agree when the second gradient is taken.)
 struct Scenario {
   std::vector<at::Tensor> init;                   // W1 [1024, 32], b1, W2 [128, 1024], b2
   std::vector<std::vector<at::Tensor>> grads;     // per step, per parameter
@@ -78,9 +80,8 @@ Scenario make_scenario(int steps) {
   for (int t = 0; t < steps; ++t) {
     std::vector<at::Tensor> p;
     for (const auto& x : s.init) p.push_back(x.clone().requires_grad_(true));
-    const at::Tensor x = at::randn({4, 32}), y = at::randn({4, 128});
-    const at::Tensor out = at::linear(at::relu(at::linear(x, p[0], p[1])), p[2], p[3]);
-    at::mse_loss(out, y).backward();
+    const at::Tensor x = at::randn({4, 32});
+    at::linear(at::relu(at::linear(x, p[0], p[1])), p[2], p[3]).sum().backward();
     std::vector<at::Tensor> g;
     for (const auto& q : p) g.push_back(q.grad().clone());
     s.grads.push_back(g);
@@ -108,29 +109,31 @@ std::vector<std::vector<at::Tensor>> run(const Scenario& s, const std::function<
 }  // namespace
 
 TEST(NoRunaway, SparseGradientUpdatesFollowFp32ForEveryRuleAndStateFormat) {
-  constexpr int kSteps = 3;
+  constexpr int kSteps = 2;
   const Scenario s = make_scenario(kSteps);
   // The scenario has what it is for: rows with a gradient in step 1 and none in step 2.
   const at::Tensor rows1 = s.grads[0][0].abs().sum(1) > 0, rows2 = s.grads[1][0].abs().sum(1) > 0;
-  ASSERT_GT((rows1 & ~rows2).sum().item<int64_t>(), 50);
-  ASSERT_GT((rows1 & rows2).sum().item<int64_t>(), 50);
+  ASSERT_GT((rows1 & ~rows2).sum().item<int64_t>(), 10);
+  ASSERT_GT((rows1 & rows2).sum().item<int64_t>(), 10);
+  const auto flat = [](const at::Tensor& t) { return t.to(at::kDouble).flatten(); };
   for (const auto& [rule, make] : rules()) {
     const auto ref = run(s, [&](auto p) { return make(p, {StateFormat::FP32, QuantFormat::FP8E4M3}); });
     for (const FormatCase& c : format_cases()) {
       const auto got = run(s, [&](auto p) { return make(p, c); });
-      for (int t = 1; t < kSteps; ++t) {
-        for (size_t i = 0; i < s.init.size(); ++i) {
-          const at::Tensor du = (got[t][i] - got[t - 1][i]).to(at::kDouble).flatten();
-          const at::Tensor dr = (ref[t][i] - ref[t - 1][i]).to(at::kDouble).flatten();
-          const std::string where = rule + " " + c.name() + " step " + std::to_string(t + 1) + " param " +
-                                    std::to_string(i);
-          const double nr = dr.norm().item<double>(), nu = du.norm().item<double>();
-          ASSERT_GT(nr, 0) << where;
-          const double cosine = du.dot(dr).item<double>() / (nu * nr);
-          EXPECT_GT(cosine, 0.99) << where;
-          const at::Tensor runaway = (du.abs() > 10 * kLr) & (dr.abs() < kLr);
+      for (size_t i = 0; i < s.init.size(); ++i) {
+        const std::string where = rule + " " + c.name() + " param " + std::to_string(i);
+        // The update of the scenario: the change from the initial weights after both steps.
+        const at::Tensor du = flat(got[kSteps - 1][i] - s.init[i]), dr = flat(ref[kSteps - 1][i] - s.init[i]);
+        const double nr = dr.norm().item<double>(), nu = du.norm().item<double>();
+        ASSERT_GT(nr, 0) << where;
+        EXPECT_GT(du.dot(dr).item<double>() / (nu * nr), 0.99) << where;
+        // Each step's move of each element: never 10 x lr where fp32's is under lr.
+        for (int t = 0; t < kSteps; ++t) {
+          const at::Tensor su = flat(got[t][i] - (t ? got[t - 1][i] : s.init[i]));
+          const at::Tensor sr = flat(ref[t][i] - (t ? ref[t - 1][i] : s.init[i]));
+          const at::Tensor runaway = (su.abs() > 10 * kLr) & (sr.abs() < kLr);
           EXPECT_EQ(runaway.sum().item<int64_t>(), 0)
-              << where << ": largest move " << du.abs().max().item<double>() / kLr << " x lr";
+              << where << " step " << t + 1 << ": largest move " << su.abs().max().item<double>() / kLr << " x lr";
         }
       }
     }
@@ -151,6 +154,9 @@ TEST(NoRunaway, NoPositiveSecondMomentDecodesToZero) {
     const at::Tensor v = opt.export_state_fp32(p).at(1);
     const at::Tensor positive = g != 0;
     EXPECT_EQ((positive & (v == 0)).sum().item<int64_t>(), 0) << c.name();
-    EXPECT_EQ((~positive & (v != 0)).sum().item<int64_t>(), 0) << c.name();
+    // Zero stays zero where the format has it (Q4's Log4Unsigned has none: its smallest value).
+    const QuantFormat vf = lowbit::quant_format_for(c.format, false, c.fp8_second_moment);
+    if ((lowbit::codebook(vf) == 0).any().item<bool>())
+      EXPECT_EQ((~positive & (v != 0)).sum().item<int64_t>(), 0) << c.name();
   }
 }

@@ -64,7 +64,7 @@ std::string usage() {
          "  training  --steps N --batch N --warmup N --lr X --min-lr-ratio X --weight-decay X --beta1 X --beta2 X\n"
          "            --eps X --clip X (0 = off) --seed N --device cpu|cuda[:i] --threads N --no-tf32 --deterministic\n"
          "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
-         "            --state-format FP32|BF16|Q8|Q4|FP8 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
+         "            --state-format FP32|BF16|Q8|Q4|FP8|C8 --fp8-second-moment E4M3|E5M2 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
@@ -116,6 +116,11 @@ Flags parse_flags(int argc, char** argv) {
     } else if (a == "--state-format") {
       const std::string v = next();
       if (!lowbit::parse_state_format(v, &f.state_format)) bad(a, "'" + v + "'", lowbit::all_state_format_names());
+    } else if (a == "--fp8-second-moment") {
+      const std::string v = next();
+      if (v == "E4M3" || v == "FP8E4M3") f.fp8_second_moment = lowbit::QuantFormat::FP8E4M3;
+      else if (v == "E5M2" || v == "FP8E5M2") f.fp8_second_moment = lowbit::QuantFormat::FP8E5M2;
+      else bad(a, "'" + v + "'", "E4M3 or E5M2");
     } else if (a == "--block-size") f.block_size = to_int(a, next(), 0, 1 << 20);
     else if (a == "--master-weight-bits") {
       const std::string v = next();

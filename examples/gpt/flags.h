@@ -25,6 +25,7 @@ struct Flags {
   std::string optimizer = "adamw";  // adamw adam lion sgd rmsprop adagrad ademamix lamb torch-adamw
   lowbit::StateFormat state_format = lowbit::StateFormat::Q8;
   int64_t block_size = 0, master_weight_bits = 0;
+  lowbit::QuantFormat fp8_second_moment = lowbit::QuantFormat::FP8E4M3;  // FP8 state's second moments
   bool stochastic_round = false;
   bool gradient_release = false;    // lowbit::optim::GradientRelease: step in backward, free each gradient
   bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)

@@ -79,12 +79,14 @@ class Lowbit : public TrainOptimizer {
 template <typename Opt, typename Options>
 std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at::Tensor>& params, Options o) {
   o.state_format(f.state_format)
+      .fp8_second_moment(f.fp8_second_moment)
       .block_size(f.block_size)
       .bf16_stochastic_round(f.stochastic_round)
       .master_weight_bits(f.master_weight_bits)
       .max_grad_norm(f.clip);
   std::ostringstream s;
   s << "lowbit " << f.optimizer << ", " << lowbit::state_format_name(f.state_format) << " state";
+  if (f.state_format == lowbit::StateFormat::FP8) s << " (second moments " << lowbit::format_name(f.fp8_second_moment) << ")";
   if (f.stochastic_round) s << ", bf16 stochastic rounding";
   if (f.master_weight_bits) s << ", " << f.master_weight_bits << "-bit master weights";
   if (f.gradient_release) s << ", gradient release";

@@ -237,3 +237,57 @@ TEST(CheckpointBadFiles, ATorchSaveFileFromPythonIsNamedAsSuch) {
                   "a torch.save file from Python?", "LowbitOptimizer::save"},
                  dir);
 }
+
+// What libtorch would run or read while it loads, before any check of lowbit's could see a
+// tensor, is refused by name before libtorch parses the file: a __setstate__ in the TorchScript
+// code (run on the unpickled state), a quantized or sparse tensor in data.pkl (per-channel scales
+// are converted while unpickling), a custom class. lowbit's writers write none of them.
+TEST(CheckpointBadFiles, WhatLibtorchWouldRunWhileLoadingIsRefused) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  Trained original(2, 5);
+  const std::string good = dir.file("good.pt");
+  torch::save(*original.opt, good);
+  // Every record as stored, the code inflated (read_zip_record) so that it can be edited.
+  std::vector<lowbit::optim::ZipRecord> records;
+  ASSERT_EQ(lowbit::optim::check_zip_archive(good, &records), "");
+  const lowbit::optim::ArchiveFile file(good);
+  std::vector<lt::ZipEntry> entries;
+  for (const auto& r : records) {
+    std::string bytes;
+    ASSERT_EQ(lowbit::optim::read_zip_record(file, r, &bytes), "");
+    entries.push_back({r.name, bytes});
+  }
+  const auto edited = [&](const std::string& suffix, const std::string& from, const std::string& to) {
+    std::vector<lt::ZipEntry> e = entries;
+    lt::ZipEntry* r = lt::find_entry_in_folder(e, suffix);
+    const size_t at = r ? r->bytes.find(from) : std::string::npos;
+    if (at != std::string::npos) r->bytes.replace(at, from.size(), to);
+    return at == std::string::npos ? std::string() : lt::zip_archive(e);
+  };
+  // Inflated and stored again, unedited, it loads: what is refused below is each edit.
+  lt::write_file(dir.file("stored.pt"), lt::zip_archive(entries));
+  Trained plain(3, 6);
+  EXPECT_NO_THROW(lo::load_checkpoint(*plain.opt, dir.file("stored.pt")));
+  const struct {
+    const char* name;
+    std::string bytes, want;
+  } cases[] = {
+      {"__setstate__", edited("code/__torch__.py", "class ", "# def __setstate__(self, state)\nclass "),
+       "record 'good/code/__torch__.py' names __setstate__, which libtorch would run or read while loading"},
+      {"quantized tensor", edited("data.pkl", "_rebuild_tensor_v2", "_rebuild_qtensor"),
+       "record 'good/data.pkl' names _rebuild_qtensor"},
+      {"sparse tensor", edited("data.pkl", "_rebuild_tensor_v2", "_rebuild_sparse_tensor"),
+       "record 'good/data.pkl' names _rebuild_sparse_tensor"},
+      {"custom class", edited("data.pkl", "__torch__", "__torch__.torch.classes"),
+       "record 'good/data.pkl' names torch.classes"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    ASSERT_FALSE(c.bytes.empty()) << "the edit found nothing to change";
+    const std::string bad = dir.file("bad.pt");
+    lt::write_file(bad, c.bytes);
+    Trained victim(3, 6);
+    expect_refused(victim, bad, {c.want, "lowbit checkpoint: '" + bad + "' is not a checkpoint lowbit writes"}, dir);
+  }
+}

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     slot_bytes = 1 + 4.0 / 64;
   } else if (state == "q4") {
     s.slots[0] = {SlotStorage::Quant, QuantFormat::DE4Signed};
-    s.slots[1] = {SlotStorage::Quant, QuantFormat::Log4Unsigned};
+    s.slots[1] = {SlotStorage::Quant, QuantFormat::Linear4Unsigned};
     s.block_size = 128;
     slot_bytes = 0.5 + 4.0 / 128;
   } else if (state == "fp8") {

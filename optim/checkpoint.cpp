@@ -226,9 +226,7 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
         TORCH_CHECK(!is_correction_storage(cs.storage), name(), ": the checkpoint's ", sk,
                     " holds a master-weight correction, which belongs in the last slot only");
         // Every slot in the parameter's format; a quantized one in the QuantFormat of its sign
-        // (unsigned FP8 states may be in either float8 format: fp8_second_moment), or in the one
-        // an older lowbit wrote for it (legacy_quant_format_for), kept as it is: that parameter's
-        // slot goes on stepping in its stored format, so the load changes no value.
+        // (unsigned FP8 states may be in either float8 format: fp8_second_moment).
         const StateFormat storage = state_format_of_storage(cs.storage);
         TORCH_CHECK(storage == format, name(), ": the checkpoint's ", sk, " is stored as ", state_format_name(storage),
                     " but the parameter's state is ", state_format_name(format));
@@ -236,8 +234,7 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
         if (is_quantized(storage)) {
           const auto qf = static_cast<QuantFormat>(cs.qformat);
           const bool fits = qf == quant_format_for(format, spec.is_signed[s]) ||
-                            (format == StateFormat::FP8 && !spec.is_signed[s] && qf == QuantFormat::FP8E5M2) ||
-                            qf == legacy_quant_format_for(format, spec.is_signed[s]);
+                            (format == StateFormat::FP8 && !spec.is_signed[s] && qf == QuantFormat::FP8E5M2);
           TORCH_CHECK(fits, name(), ": the checkpoint's ", sk, " is quantized as ", format_name(qf), ", which is not a ",
                       spec.is_signed[s] ? "signed " : "unsigned ", state_format_name(format), " format");
           slot.type = {kernels::SlotStorage::Quant, qf};

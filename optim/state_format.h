@@ -33,24 +33,16 @@ inline bool is_quantized(StateFormat f) {
 
 // The QuantFormat of a quantized state: first moments (signed) and second moments (unsigned) get
 // the maps of DESIGN.md. FP8 stores signed states as E4M3 and unsigned ones in `fp8_unsigned`
-// (E4M3 by default, E5M2 selectable; see optim/options.h). Q4's second moments are powers of two
-// (Log4Unsigned: the relative precision an update's sqrt(v) wants over a wide range). C8 is
-// square-root companded 8-bit (kernels/common/compand.h), block 64.
+// (E4M3 by default, E5M2 selectable; see optim/options.h). C8 is square-root companded 8-bit
+// (kernels/common/compand.h), block 64.
 inline QuantFormat quant_format_for(StateFormat f, bool is_signed,
                                     QuantFormat fp8_unsigned = QuantFormat::FP8E4M3) {
   switch (f) {
-    case StateFormat::Q4: return is_signed ? QuantFormat::DE4Signed : QuantFormat::Log4Unsigned;
+    case StateFormat::Q4: return is_signed ? QuantFormat::DE4Signed : QuantFormat::Linear4Unsigned;
     case StateFormat::FP8: return is_signed ? QuantFormat::FP8E4M3 : fp8_unsigned;
     case StateFormat::C8: return is_signed ? QuantFormat::Pow8Signed : QuantFormat::Pow8Unsigned;
     default: return is_signed ? QuantFormat::Dyn8Signed : QuantFormat::Dyn8Unsigned;
   }
-}
-
-// The QuantFormat an older lowbit stored for a state, where it differs from quant_format_for's
-// (otherwise quant_format_for's): Q4's second moments were Linear4Unsigned before Log4Unsigned.
-// Checkpoints holding it still load, and such a slot goes on in it.
-inline QuantFormat legacy_quant_format_for(StateFormat f, bool is_signed) {
-  return f == StateFormat::Q4 && !is_signed ? QuantFormat::Linear4Unsigned : quant_format_for(f, is_signed);
 }
 
 // "FP32, BF16, Q8, Q4, FP8, C8" for error messages.

@@ -339,7 +339,7 @@ TEST(Checkpoint, InspectCommandListsParametersFormatsAndBytes) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("lowbit::optim::AdamW checkpoint, format version 2"), std::string::npos) << text;
   EXPECT_NE(text.find("DE4Signed:"), std::string::npos) << text;
-  EXPECT_NE(text.find("Log4Unsigned:"), std::string::npos) << text;
+  EXPECT_NE(text.find("Linear4Unsigned:"), std::string::npos) << text;
   EXPECT_NE(text.find("bytes of state"), std::string::npos) << text;
   EXPECT_NE(text.find(std::to_string(opt.state_bytes()) + " bytes of state"), std::string::npos) << text;
   // A file that is not a checkpoint: a non-zero exit and a message.

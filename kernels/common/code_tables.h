@@ -102,11 +102,6 @@ inline std::vector<float> make_codebook(QuantFormat fmt) {
       }
       return v;
     }
-    case CodebookKind::Log2: {
-      std::vector<float> v(size_t(1) << f.bits);
-      for (size_t i = 0; i < v.size(); ++i) v[i] = std::ldexp(1.0f, static_cast<int>(i) + 1 - static_cast<int>(v.size()));
-      return v;
-    }
     case CodebookKind::Power: {
       std::vector<float> v(256);
       for (int c = 0; c < 256; ++c) v[c] = pow8_decode(static_cast<uint32_t>(c), f.is_signed);

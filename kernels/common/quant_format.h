@@ -19,10 +19,9 @@ enum class QuantFormat : int32_t {
   FP8E5M2 = 5,          // e5m2 codes, scale absmax/57344
   Pow8Signed = 6,       // sign(c) (c/127)^2, c = code - 127: square-root companding (compand.h)
   Pow8Unsigned = 7,     // (code/255)^2: square-root companding, a positive value never encodes to 0
-  Log4Unsigned = 8,     // 2^(i-15): powers of two from 2^-15 to 1, no zero
 };
 
-constexpr int kNumQuantFormats = 9;
+constexpr int kNumQuantFormats = 8;
 
 // How a format's codebook is made (kernels/common/code_tables.h: make_codebook).
 enum class CodebookKind : int32_t {
@@ -30,7 +29,6 @@ enum class CodebookKind : int32_t {
   Linear,       // (i + 1) / 2^bits for code i: evenly spaced, zero excluded
   Float8,       // the values of an 8-bit float, divided by its largest finite value
   Power,        // squares of an even grid, encoded arithmetically (compand.h), no table needed
-  Log2,         // 2^(i + 1 - 2^bits) for code i: one value per octave, zero excluded
 };
 
 struct FormatSpec {
@@ -58,12 +56,6 @@ constexpr FormatSpec kFormatSpecs[kNumQuantFormats] = {
     // element), and a block spans less dynamic range than 256 would.
     {"Pow8Signed", 8, true, 64, CodebookKind::Power, 0, 0, 0, false, 1.0},
     {"Pow8Unsigned", 8, false, 64, CodebookKind::Power, 0, 0, 0, false, 1.0},
-    // Q4's second moment. An update divides by sqrt(v), so v wants the same relative precision
-    // over a wide range rather than even steps near the block's largest value: one value per
-    // octave over 15 octaves keeps sqrt(v) within 19 % down to 2^-7.5 of the block's largest,
-    // where Linear4Unsigned's sixteenths clamp everything below 1/32 of it (the update of a small
-    // gradient beside large ones in its block then shrinks by up to 4x; tests/test_no_runaway.cpp).
-    {"Log4Unsigned", 4, false, 128, CodebookKind::Log2, 0, 0, 0, false, 1.0},
 };
 
 inline bool is_valid_format(int32_t id) { return id >= 0 && id < kNumQuantFormats; }

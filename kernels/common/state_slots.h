@@ -78,7 +78,7 @@ struct StateSlotRef {
 
 // Which slots a rule uses and what they hold. used[k]: the slot exists; is_signed[k]: its values
 // can be negative (chooses the quantized format: signed -> Dyn8Signed / DE4Signed / FP8E4M3,
-// unsigned -> Dyn8Unsigned / Log4Unsigned / the FP8 second-moment format).
+// unsigned -> Dyn8Unsigned / Linear4Unsigned / the FP8 second-moment format).
 struct RuleSlots {
   int count = 0;  // 1 + the last slot the rule can use (unused ones in between are None)
   bool used[kMaxSlots] = {};

@@ -12,7 +12,7 @@ torch.ops.load_library(LIB)
 ops = torch.ops.lowbit
 
 FORMATS = ["Dyn8Signed", "Dyn8Unsigned", "DE4Signed", "Linear4Unsigned", "FP8E4M3", "FP8E5M2", "Pow8Signed",
-           "Pow8Unsigned", "Log4Unsigned"]
+           "Pow8Unsigned"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

@@ -42,7 +42,7 @@ def test_layout_follows_the_optimizers_rules():
     small = lowbit.optim.init_state(torch.zeros(100), "AdamW", "Q8")
     assert small.slots == ["fp32", "fp32"]  # below min_quant_numel
     q4 = lowbit.optim.init_state(torch.zeros(5000), "Adam", "Q4", amsgrad=True)
-    assert q4.slots == ["DE4Signed", "Log4Unsigned", "Log4Unsigned"] and q4.block_size == 128
+    assert q4.slots == ["DE4Signed", "Linear4Unsigned", "Linear4Unsigned"] and q4.block_size == 128
     rms = lowbit.optim.init_state(torch.zeros(5000), "RMSprop", "FP8", centered=True)
     assert rms.slots == ["FP8E4M3", "none", "FP8E4M3"]
     with pytest.raises(RuntimeError, match="unknown state_format 'Q3'"):

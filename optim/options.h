@@ -13,11 +13,7 @@ namespace lowbit {
 namespace optim {
 
 // Options shared by every lowbit optimizer.
-//   state_format           how each state tensor is stored. Default C8: of the 8-bit formats it keeps
-//                          the update m / (sqrt(v) + eps) closest to fp32's (bench_state_error on
-//                          GPT moments: 0.74 % against Q8's 1.47 %), trains a 100M GPT as well as
-//                          fp32 state, and costs 1.8 % more step time than Q8 on an H100 and 4 %
-//                          more state memory (block 64: 2.12 against 2.03 bytes per AdamW parameter)
+//   state_format           how each state tensor is stored (default Q8)
 //   block_size             quantization block, 0 = the format's default (256 for 8-bit, 128 for 4-bit)
 //   min_quant_numel        parameters with fewer elements keep FP32 state (decided on the whole
 //                          parameter's numel, so sharding never changes it)
@@ -36,7 +32,7 @@ namespace optim {
 //                          state (slot kCorrectionSlot; kernels/common/master_weight.h); it replaces
 //                          bf16_stochastic_round, which cannot be combined with it.
 #define LOWBIT_COMMON_ARGS(Options)                                  \
-  TORCH_ARG(::lowbit::StateFormat, state_format) = ::lowbit::StateFormat::C8; \
+  TORCH_ARG(::lowbit::StateFormat, state_format) = ::lowbit::StateFormat::Q8; \
   TORCH_ARG(int64_t, block_size) = 0;                                \
   TORCH_ARG(int64_t, min_quant_numel) = 4096;                        \
   TORCH_ARG(bool, bf16_stochastic_round) = false;                    \

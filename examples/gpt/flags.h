@@ -23,7 +23,7 @@ struct Flags {
   int64_t steps = 1000, batch = 32, warmup = 100;
   double lr = 1e-3, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   std::string optimizer = "adamw";  // adamw adam lion sgd rmsprop adagrad ademamix lamb torch-adamw
-  lowbit::StateFormat state_format = lowbit::StateFormat::C8;  // the library's default
+  lowbit::StateFormat state_format = lowbit::StateFormat::Q8;
   int64_t block_size = 0, master_weight_bits = 0;
   lowbit::QuantFormat fp8_second_moment = lowbit::QuantFormat::FP8E4M3;  // FP8 state's second moments
   bool stochastic_round = false;

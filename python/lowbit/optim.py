@@ -36,7 +36,7 @@ class ParamState:
         return int(self.counters[0])
 
 
-def init_state(param: torch.Tensor, rule: str, state_format: str = "C8", *, block_size: int = 0,
+def init_state(param: torch.Tensor, rule: str, state_format: str = "Q8", *, block_size: int = 0,
                min_quant_numel: int = 4096, initial_value: float = 0.0, momentum: float = 0.0,
                centered: bool = False, amsgrad: bool = False, fp8_second_moment: str = "FP8E4M3",
                rng_key: int = 0, master_weight_bits: int = 0) -> ParamState:

@@ -3,7 +3,7 @@
 // enforces the timeout: a collective that cannot finish fails the communicator with an error naming
 // it, its element count and the rank, and nothing hangs. The caller's stream is held by a host
 // function, so "returns at once" is a fact, not a timing. Over NCCL only (--cuda); one rank is
-// enough (LOWBIT_DIST_NP=1 scripts/dist_gpu_test), more run it on every rank.
+// enough (LOWBIT_DIST_NP=1 scripts/gpu_session dist), more run it on every rank.
 #include "dist_util.h"
 
 #include <lowbit/build_config.h>

@@ -1,4 +1,4 @@
-// ProcessGroupCommunicator over libtorch's ProcessGroupNCCL (the --cuda job of scripts/dist_gpu_test:
+// ProcessGroupCommunicator over libtorch's ProcessGroupNCCL (the --cuda job of scripts/gpu_session dist:
 // one GPU per rank; a FileStore for the rendezvous): every collective gives NcclCommunicator's bits
 // on the same inputs, and the ShardedOptimizer over it equals one process bit for bit. Built where
 // the libtorch ships ProcessGroupNCCL (USE_C10D_NCCL) and lowbit has NCCL; the CPU job skips it.

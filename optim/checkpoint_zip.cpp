@@ -132,7 +132,8 @@ bool read_zip64_extra(const unsigned char* extra, size_t n, uint64_t* usize, uin
 }
 
 // A record's bytes, inflated where deflated, handed to a sink piece by piece; never more than the
-// record declares. One per pass over an archive: it owns the buffers.
+// record declares. One per pass over an archive: it owns the buffers, sized to the records (up to
+// a chunk), since most of a checkpoint's records are small and a pass is made per load.
 class RecordBytes {
  public:
   using Sink = std::function<void(const unsigned char*, size_t)>;
@@ -140,13 +141,18 @@ class RecordBytes {
   // "" once all `r.size` bytes went to `sink`; otherwise what is wrong with the record.
   std::string stream(const ArchiveFile& file, const ZipRecord& r, const Sink& sink) {
     const std::string what = "record '" + r.name + "'";
+    constexpr uint64_t kChunk = uint64_t(1) << 20;
+    const size_t in_size = static_cast<size_t>(std::min(kChunk, std::max<uint64_t>(r.stored_size, 1)));
+    const size_t out_size = static_cast<size_t>(std::min(kChunk, std::max<uint64_t>(r.size, 4096)));
+    if (in_.size() < in_size) in_.resize(in_size);
+    if (r.deflated && out_.size() < out_size) out_.resize(out_size);
     uint64_t produced = 0;
     z_stream z{};
     if (r.deflated && inflateInit2(&z, -MAX_WBITS) != Z_OK) return "cannot inflate " + what;
     std::unique_ptr<z_stream, int (*)(z_stream*)> guard(r.deflated ? &z : nullptr, &inflateEnd);
     int zrc = Z_OK;
     for (uint64_t done = 0; done < r.stored_size;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(in_.size(), r.stored_size - done));
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(in_size, r.stored_size - done));
       if (!file.read(r.data_offset + done, in_.data(), n)) return "cannot read " + what;
       done += n;
       if (!r.deflated) {
@@ -159,12 +165,12 @@ class RecordBytes {
       // Inflate while input is left, or while the last call filled the output (more may be pending).
       do {
         z.next_out = out_.data();
-        z.avail_out = static_cast<uInt>(out_.size());
+        z.avail_out = static_cast<uInt>(out_size);
         zrc = inflate(&z, Z_NO_FLUSH);
         if (zrc == Z_BUF_ERROR) break;  // no progress possible: it needs the next chunk
         if (zrc != Z_OK && zrc != Z_STREAM_END)
           return what + " is corrupt: its deflated bytes do not inflate (zlib: " + (z.msg ? z.msg : "error") + ")";
-        const size_t got = out_.size() - z.avail_out;
+        const size_t got = out_size - z.avail_out;
         produced += got;
         if (produced > r.size)  // never inflate past what the record declares
           return what + " is corrupt: it inflates to more than the " + str(r.size) + " bytes it declares";
@@ -181,8 +187,7 @@ class RecordBytes {
   }
 
  private:
-  std::vector<unsigned char> in_ = std::vector<unsigned char>(size_t(1) << 20);
-  std::vector<unsigned char> out_ = std::vector<unsigned char>(size_t(1) << 20);
+  std::vector<unsigned char> in_, out_;
 };
 
 }  // namespace

@@ -56,7 +56,7 @@ function(lowbit_add_distributed target)
   endif()
   set(dir ${PROJECT_SOURCE_DIR}/distributed)
   target_sources(${target} PRIVATE
-    ${dir}/communicator.cpp ${dir}/flat_layout.cpp ${dir}/fragment_state.cpp ${dir}/init.cpp
+    ${dir}/communicator.cpp ${dir}/flat_layout.cpp ${dir}/init.cpp
     ${dir}/launch_env.cpp ${dir}/mpi_communicator.cpp ${dir}/sharded_checkpoint.cpp ${dir}/sharded_optimizer.cpp)
   target_link_libraries(${target} PRIVATE MPI::MPI_CXX)
   if(LOWBIT_WITH_NCCL)

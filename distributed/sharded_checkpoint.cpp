@@ -16,13 +16,14 @@
 #include <lowbit/optim/checkpoint_reader.h>
 #include <lowbit/optim/fragment_access.h>
 
-#include "fragment_state.h"
+#include <lowbit/optim/step_calls.h>
 #include "sharded_optimizer.h"
 
 namespace lowbit {
 namespace distributed {
 
 using optim::FragmentAccess;
+using optim::append_state_range;
 
 namespace {
 

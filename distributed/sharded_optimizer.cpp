@@ -7,9 +7,9 @@
 #include <lowbit/kernels/common/step_config.h>
 #include <lowbit/optim/fragment_access.h>
 #include <lowbit/optim/grad_hooks.h>
+#include <lowbit/optim/step_calls.h>
 #include <lowbit/tensors/optim_ops.h>
 
-#include "fragment_state.h"
 
 namespace lowbit {
 namespace distributed {
@@ -19,13 +19,6 @@ using optim::FragmentAccess;
 namespace {
 
 constexpr const char* kWho = "ShardedOptimizer";
-
-bool same_slots(const std::vector<kernels::SlotType>& a, const optim::ParamState& st) {
-  if (a.size() != st.slots.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k)
-    if (a[k] != st.slots[k].type) return false;
-  return true;
-}
 
 }  // namespace
 
@@ -242,36 +235,24 @@ at::Tensor ShardedOptimizer::lamb_norms(size_t group, const std::vector<size_t>&
     blocks += (params_[m].param.numel() + bs - 1) / bs;
   }
   at::Tensor sums = at::zeros({blocks, 2}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  const optim::CommonOptions c = FragmentAccess::common(*optimizer_, group);
+  optim::GroupStep gs = FragmentAccess::group_step(*optimizer_, group);
+  gs.grad_checks = [&](at::Device) {
+    return optim::GradChecks{found_inf, sumsq.defined() ? sumsq.narrow(0, static_cast<int64_t>(group), 1) : at::Tensor()};
+  };
   for (size_t m = 0; m < params_.size(); ++m) {
     const Param& pr = params_[m];
     if (pr.group != group || pr.fragment < 0) continue;
     const Fragment& f = fragments_[pr.fragment];
     const int64_t bs = f.state.block_size;
-    ops::StepArgs a;
-    a.config = FragmentAccess::config(*optimizer_, group);
-    for (const auto& s : f.state.slots) a.slots.push_back(s.type);
-    a.block_size = bs;
-    a.lr = FragmentAccess::lr_tensor(*optimizer_, group, device_);
-    a.seed = FragmentAccess::seed(*optimizer_);
-    a.stochastic_round = c.bf16_stochastic_round;
-    if (c.max_grad_norm > 0) {
-      a.grad_sumsq = sumsq.narrow(0, static_cast<int64_t>(group), 1);
-      a.max_grad_norm = c.max_grad_norm;
-    }
-    if (c.skip_nonfinite) a.found_inf = found_inf;
-    // One entry per block: the op adds a parameter's blocks in order, so per-block sums let the
+    // One item per block: the op adds a parameter's blocks in order, so per-block sums let the
     // blocks of all ranks be added in that same order below.
+    optim::StepCalls calls(gs, static_cast<size_t>((f.numel + bs - 1) / bs));
     for (int64_t b = 0; b < f.numel; b += bs) {
       const int64_t len = std::min(bs, f.numel - b);
-      a.params.push_back(fragment_params_[pr.fragment].narrow(0, b, len));
-      a.grads.push_back(fragment_grads_[pr.fragment].narrow(0, b, len));
-      a.counters.push_back(f.state.counters);
-      a.offsets.push_back(f.offset + b);
-      a.rng_keys.push_back(FragmentAccess::rng_key(pr.group, pr.index));
-      append_state_range(f.state, b, len, a.state);
+      calls.add_range(fragment_params_[pr.fragment].narrow(0, b, len), fragment_grads_[pr.fragment].narrow(0, b, len),
+                      f.state, b, f.offset + b, optim::param_rng_key(pr.group, pr.index));
     }
-    const at::Tensor part = ops::optim_lamb_norms(a, FragmentAccess::reference_path(*optimizer_));
+    const at::Tensor part = calls.lamb_norms();
     sums.narrow(0, base[m] + f.offset / bs, part.size(0)).copy_(part);
   }
   comm_->all_reduce(sums, ReduceOp::Sum);
@@ -290,54 +271,19 @@ at::Tensor ShardedOptimizer::lamb_norms(size_t group, const std::vector<size_t>&
 
 void ShardedOptimizer::update(size_t gi, const std::vector<size_t>& frags, const at::Tensor& found_inf,
                               const at::Tensor& sumsq, const std::vector<at::Tensor>& lamb_rows) {
-  // One op call per (dtype, state layout) among `frags`, all of group gi.
-  const optim::CommonOptions c = FragmentAccess::common(*optimizer_, gi);
-  const kernels::StepConfig cfg = FragmentAccess::config(*optimizer_, gi);
-  struct Call {
-    at::ScalarType dtype;
-    std::vector<kernels::SlotType> slots;
-    int64_t block_size;
-    ops::StepArgs args;
-    std::vector<at::Tensor> norms;
+  // One op call per state layout among `frags`, all of group gi.
+  optim::GroupStep gs = FragmentAccess::group_step(*optimizer_, gi);
+  const bool lamb = gs.config.rule == kernels::Rule::LAMB;
+  gs.grad_checks = [&](at::Device) {
+    return optim::GradChecks{found_inf, sumsq.defined() ? sumsq.narrow(0, static_cast<int64_t>(gi), 1) : at::Tensor()};
   };
-  std::vector<Call> calls;
+  optim::StepCalls calls(std::move(gs), frags.size());
   for (size_t fi : frags) {
     const Fragment& f = fragments_[fi];
-    const at::ScalarType dtype = fragment_params_[fi].scalar_type();
-    auto call = std::find_if(calls.begin(), calls.end(), [&](const Call& x) {
-      return x.dtype == dtype && x.block_size == f.state.block_size && same_slots(x.slots, f.state);
-    });
-    if (call == calls.end()) {
-      std::vector<kernels::SlotType> slots;
-      for (const auto& st : f.state.slots) slots.push_back(st.type);
-      call = calls.insert(calls.end(), Call{dtype, slots, f.state.block_size, {}, {}});
-      ops::StepArgs& a = call->args;
-      a.config = cfg;
-      a.slots = slots;
-      a.block_size = f.state.block_size;
-      a.lr = FragmentAccess::lr_tensor(*optimizer_, gi, device_);
-      a.seed = FragmentAccess::seed(*optimizer_);
-      a.stochastic_round = c.bf16_stochastic_round;
-      if (c.skip_nonfinite && found_inf.defined()) a.found_inf = found_inf;
-      if (c.max_grad_norm > 0) {
-        a.grad_sumsq = sumsq.narrow(0, static_cast<int64_t>(gi), 1);
-        a.max_grad_norm = c.max_grad_norm;
-      }
-      a.scalar_loop = FragmentAccess::scalar_loop(*optimizer_);
-    }
-    ops::StepArgs& a = call->args;
-    a.params.push_back(fragment_params_[fi]);
-    a.grads.push_back(fragment_grads_[fi]);
-    a.counters.push_back(f.state.counters);
-    a.offsets.push_back(f.offset);
-    a.rng_keys.push_back(FragmentAccess::rng_key(f.group, f.index));
-    append_state_range(f.state, 0, f.numel, a.state);
-    if (cfg.rule == kernels::Rule::LAMB) call->norms.push_back(lamb_rows[fi]);
+    calls.add(fragment_params_[fi], fragment_grads_[fi], f.state, f.offset, optim::param_rng_key(f.group, f.index),
+              lamb ? lamb_rows[fi] : at::Tensor());
   }
-  for (Call& call : calls) {
-    if (!call.norms.empty()) call.args.lamb_norms = at::cat(call.norms);
-    ops::optim_step(call.args, FragmentAccess::reference_path(*optimizer_));
-  }
+  calls.step();
 }
 
 at::Tensor ShardedOptimizer::step(LossClosure closure) {
@@ -393,7 +339,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   const int64_t ngroups = static_cast<int64_t>(groups.size());
   bool want_sumsq = false, prepass = false;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const optim::CommonOptions c = FragmentAccess::common(*optimizer_, gi);
+    const optim::CommonOptions c = FragmentAccess::group_step(*optimizer_, gi).common;
     want_sumsq |= c.max_grad_norm > 0;
     prepass |= c.skip_nonfinite || c.max_grad_norm > 0;
   }
@@ -440,21 +386,15 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     if (prepass) {
       found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
       sumsq = both.narrow(0, 1, ngroups);
-      if (!skipped_.defined()) skipped_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
-      if (device_.is_cpu()) {
-        cpu_found = found_inf.data_ptr<float>()[0] != 0.0f;
-        if (cpu_found) skipped_ += 1;
-      } else {
-        skipped_.add_(found_inf.to(at::kLong));
-      }
+      cpu_found = optim::count_skipped(skipped_, found_inf);
     }
   }
 
   // ---- LAMB's per-parameter norms: collective, every rank for every LAMB group, before any update.
   std::vector<at::Tensor> lamb_rows(fragments_.size());
   for (size_t gi = 0; gi < groups.size(); ++gi) {
-    if (FragmentAccess::config(*optimizer_, gi).rule != kernels::Rule::LAMB) continue;
-    if (FragmentAccess::common(*optimizer_, gi).skip_nonfinite && cpu_found) continue;
+    const optim::GroupStep gs = FragmentAccess::group_step(*optimizer_, gi);
+    if (gs.config.rule != kernels::Rule::LAMB || (gs.common.skip_nonfinite && cpu_found)) continue;
     std::vector<size_t> all;
     for (size_t fi = 0; fi < fragments_.size(); ++fi)
       if (fragments_[fi].group == gi) all.push_back(fi);
@@ -470,7 +410,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     DeferredStreamWaits deferred(*comm_);
     for (Bucket& b : buckets_) {
       for (size_t gi = 0; gi < groups.size(); ++gi) {
-        if (FragmentAccess::common(*optimizer_, gi).skip_nonfinite && cpu_found) continue;
+        if (FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite && cpu_found) continue;
         std::vector<size_t> frags;
         for (size_t fi : b.fragments)
           if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
@@ -485,12 +425,11 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   // only the owning rank sees it and an error there would leave the others waiting.
   for (Fragment& f : fragments_) {
     if (!f.state.counters.is_cpu()) continue;
-    const int64_t blocks = f.state.counters.data_ptr<int64_t>()[1];
-    if (blocks == f.state.overflow_reported) continue;
+    const optim::Overflow fresh = optim::fresh_overflow(f.state);
+    if (fresh.blocks == 0) continue;
     TORCH_WARN(kWho, ": rank ", rank, ": the state of parameter ", f.index, " of group ", f.group, " (elements ",
-               f.offset, "..", f.offset + f.numel, ") overflowed to Inf/NaN in ", blocks - f.state.overflow_reported,
-               " block(s)");
-    f.state.overflow_reported = blocks;
+               f.offset, "..", f.offset + f.numel, ") overflowed to Inf/NaN in ", fresh.blocks, " block(s) at step ",
+               fresh.step);
   }
   return loss;
 }

@@ -1,19 +1,21 @@
 // What distributed/ (ShardedOptimizer, fragment checkpoints) needs from a LowbitOptimizer to step a
-// block-aligned range of a parameter itself: the group's rule and options, the state a range gets,
-// the seed and keys of stochastic rounding, and the optimizer's own per-parameter state. Not installed.
+// block-aligned range of a parameter itself: what a group's step shares (the rest of the step is
+// step_calls.h's), the state a range gets, and the state the optimizer saves (per-parameter state,
+// the stochastic-rounding seed, skipped steps). Not installed.
 #pragma once
 
 #include "lowbit_optimizer.h"
 #include "state_layout.h"
+#include "step_calls.h"
 
 namespace lowbit {
 namespace optim {
 
 struct FragmentAccess {
   using O = LowbitOptimizer;
-  static const char* name(const O& o) { return o.name(); }
-  static kernels::StepConfig config(const O& o, size_t group) { return o.config(o.param_groups_[group].options()); }
-  static CommonOptions common(const O& o, size_t group) { return o.common(o.param_groups_[group].options()); }
+  // What every op call of the group's step shares (step_calls.h: a range of a parameter steps
+  // through StepCalls as a whole one does).
+  static GroupStep group_step(O& o, size_t group) { return o.group_step(group); }
 
   // The layout of `p`'s state (decided by its whole numel, and any override_state_format), with
   // the master-weight correction slot where the group has one: make_state's layout.
@@ -35,10 +37,6 @@ struct FragmentAccess {
     o.seed_ = seed;
     o.state_changed();
   }
-  static int64_t rng_key(size_t group, size_t index) { return O::rng_key(group, index); }
-  static at::Tensor lr_tensor(O& o, size_t group, at::Device device) { return o.lr_tensor(group, device); }
-  static bool reference_path(const O& o) { return o.path_ == O::StepPath::Reference; }
-  static bool scalar_loop(const O& o) { return o.path_ == O::StepPath::ScalarLoop; }
 
   // The optimizer's own state of `p` (nullptr before its first step), and replacing it (checkpoints).
   static const ParamState* state(const O& o, const at::Tensor& p) { return o.state_of(p); }

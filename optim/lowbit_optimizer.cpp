@@ -10,6 +10,7 @@
 #include <lowbit/tensors/step_recording.h>
 
 #include "state_layout.h"
+#include "step_calls.h"
 #include "step_graph.h"
 
 namespace lowbit {
@@ -17,14 +18,6 @@ namespace optim {
 
 namespace {
 
-// Parameters of one op call: one device, one state layout.
-struct CallBucket {
-  at::Device device;
-  std::vector<kernels::SlotType> slots;
-  int64_t block_size;
-  ops::StepArgs args;
-  std::vector<std::pair<size_t, size_t>> where;  // (group, index) of each parameter
-};
 
 }  // namespace
 
@@ -136,14 +129,9 @@ void LowbitOptimizer::check_overflow_on(bool cpu_only) const {
     for (size_t i = 0; i < params.size(); ++i) {
       auto it = states_.find(params[i].unsafeGetTensorImpl());
       if (it == states_.end() || (cpu_only && !it->second.counters.is_cpu())) continue;
-      const ParamState& st = it->second;
-      const at::Tensor c = st.counters.is_cpu() ? st.counters : st.counters.cpu();  // .cpu() dispatches even on the CPU
-      const int64_t blocks = c.data_ptr<int64_t>()[1];
-      if (blocks == st.overflow_reported) continue;
-      const int64_t fresh = blocks - st.overflow_reported;
-      st.overflow_reported = blocks;
-      TORCH_CHECK(false, name(), ": the state of parameter ", i, " of group ", gi, " (shape ", params[i].sizes(),
-                  ") overflowed to Inf/NaN in ", fresh, " block(s) at step ", c.data_ptr<int64_t>()[0],
+      const Overflow fresh = fresh_overflow(it->second);
+      TORCH_CHECK(fresh.blocks == 0, name(), ": the state of parameter ", i, " of group ", gi, " (shape ", params[i].sizes(),
+                  ") overflowed to Inf/NaN in ", fresh.blocks, " block(s) at step ", fresh.step,
                   "; the parameter is updated but that state is lost. Lower the learning rate, clip gradients "
                   "(max_grad_norm), or keep this parameter's state in FP32 (override_state_format)");
     }
@@ -402,83 +390,43 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
       d.sumsq = sumsq.to(d.device);
     }
   }
-  const bool all_cpu = std::all_of(devices.begin(), devices.end(), [](const DeviceGrads& d) { return d.device.is_cpu(); });
-  bool cpu_found = false;  // on the CPU the skip is decided here: skipped groups' state is not even created
-  if (!devices.empty()) {
-    if (!skipped_.defined()) skipped_ = at::zeros({1}, devices[0].found_inf.options().dtype(at::kLong));
-    if (all_cpu) {
-      cpu_found = devices[0].found_inf.data_ptr<float>()[0] != 0.0f;
-      if (cpu_found) skipped_ += 1;
-    } else {
-      skipped_.add_(devices[0].found_inf.to(skipped_.device()).to(at::kLong));
-    }
-  }
+  // On the CPU the skip is decided here: skipped groups' state is not even created.
+  const bool cpu_found = !devices.empty() && count_skipped(skipped_, devices[0].found_inf);
 
-  // ---- build the calls: per group, one per (device, state layout).
+  // ---- the calls: per group, one per (device, state layout).
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     auto& group = param_groups_[gi];
     const auto& options = group.options();
-    const CommonOptions c = common(options);
-    const kernels::StepConfig cfg = config(options);
-    if (c.skip_nonfinite && cpu_found) continue;
-    std::vector<CallBucket> buckets;
+    GroupStep gs = group_step(gi);
+    if (gs.common.skip_nonfinite && cpu_found) continue;
+    gs.grad_checks = [&devices, gi](at::Device device) {
+      const auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == device; });
+      TORCH_INTERNAL_ASSERT(d != devices.end(), "no gradient pre-pass on ", device);
+      return GradChecks{d->found_inf, d->sumsq.defined() ? d->sumsq.narrow(0, static_cast<int64_t>(gi), 1) : at::Tensor()};
+    };
+    StepCalls calls(std::move(gs), group.params().size());
     for (size_t i = 0; i < group.params().size(); ++i) {
       at::Tensor& p = group.params()[i];
       const at::Tensor& grad = p.grad();  // once: each grad() asks autograd whether p is a leaf
       if (!grad.defined() || left_out(only, p)) continue;
       ParamState& st = ensure_state(p, options, gi, i);
       *stepped_cpu |= p.is_cpu();
-      // Its bucket: compared slot by slot, no list built per parameter (thousands of small
-      // parameters make this loop the host's cost of a step).
-      auto b = std::find_if(buckets.begin(), buckets.end(), [&](const CallBucket& x) {
-        if (x.device != p.device() || x.block_size != st.block_size || x.slots.size() != st.slots.size()) return false;
-        for (size_t k = 0; k < st.slots.size(); ++k)
-          if (x.slots[k] != st.slots[k].type) return false;
-        return true;
-      });
-      if (b == buckets.end()) {
-        std::vector<kernels::SlotType> slots;
-        for (const StateSlot& s : st.slots) slots.push_back(s.type);
-        b = buckets.insert(buckets.end(), CallBucket{p.device(), slots, st.block_size, {}, {}});
-        ops::StepArgs& a = b->args;
-        const auto d = std::find_if(devices.begin(), devices.end(),
-                                    [&](const DeviceGrads& x) { return x.device == p.device(); });
-        a.config = cfg;
-        a.slots = slots;
-        a.block_size = st.block_size;
-        a.lr = lr_tensor(gi, p.device());
-        a.seed = seed_;
-        a.stochastic_round = c.bf16_stochastic_round;
-        if (c.skip_nonfinite) a.found_inf = d->found_inf;
-        if (c.max_grad_norm > 0) {
-          a.grad_sumsq = d->sumsq.narrow(0, static_cast<int64_t>(gi), 1);
-          a.max_grad_norm = c.max_grad_norm;
-        }
-        a.scalar_loop = path_ == StepPath::ScalarLoop;
-        // The group's size bounds the bucket's: the lists never grow by reallocation.
-        const size_t n = group.params().size();
-        a.params.reserve(n);
-        a.grads.reserve(n);
-        a.counters.reserve(n);
-        a.rng_keys.reserve(n);
-        a.state.reserve(n * 2 * st.slots.size());
-      }
-      ops::StepArgs& a = b->args;
-      a.params.push_back(p);
-      a.grads.push_back(grad);
-      a.counters.push_back(st.counters);
-      a.rng_keys.push_back(rng_key(gi, i));
-      for (const StateSlot& s : st.slots) {
-        if (s.type.storage == kernels::SlotStorage::Quant) {
-          a.state.push_back(s.quantized.codes());
-          a.state.push_back(s.quantized.absmax());
-        } else if (s.type.storage != kernels::SlotStorage::None) {
-          a.state.push_back(s.dense);
-        }
-      }
+      calls.add(p, grad, st, 0, param_rng_key(gi, i));
     }
-    for (CallBucket& b : buckets) ops::optim_step(std::move(b.args), path_ == StepPath::Reference);
+    calls.step();
   }
+}
+
+GroupStep LowbitOptimizer::group_step(size_t group) {
+  GroupStep g;
+  const auto& options = param_groups_[group].options();
+  g.config = config(options);
+  g.common = common(options);
+  g.seed = seed_;
+  g.reference = path_ == StepPath::Reference;
+  g.scalar_loop = path_ == StepPath::ScalarLoop;
+  g.lr = [this, group](at::Device device) { return lr_tensor(group, device); };
+  return g;
 }
 
 void LowbitOptimizer::state_changed() {

@@ -49,6 +49,7 @@ struct StepTesting;     // optim/step_testing.h: the tests' switches (reference 
 struct FragmentAccess;  // optim/fragment_access.h: what distributed/ needs to step a range of a parameter
 class StepGraph;        // optim/step_graph.h: steps recorded once and replayed
 struct StepInputs;
+struct GroupStep;       // optim/step_calls.h: what every op call of a group's step shares
 
 class LowbitOptimizer : public torch::optim::Optimizer {
  public:
@@ -143,8 +144,8 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // the state of a block-aligned range of that many elements (a shard), laid out by p's whole numel.
   ParamState make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
                         const std::vector<at::Tensor>& values, int64_t numel = -1) const;
-  // The stochastic-rounding key of parameter `index` of group `group` (the same wherever it steps).
-  static int64_t rng_key(size_t group, size_t index) { return static_cast<int64_t>(group * 7919u + index); }
+  // What every op call of the group's step shares (step_calls.h).
+  GroupStep group_step(size_t group);
   // Reads a checkpoint of libtorch's torch::optim::Adam / AdamW into this (Adam / AdamW) optimizer.
   void load_torch_adam(torch::serialize::InputArchive& archive);
   void check_grad(const at::Tensor& p, const at::Tensor& g, int64_t group, int64_t index) const;

@@ -13,10 +13,11 @@ namespace {
 constexpr int64_t kMaxDropped = 8;
 
 bool same_config(const kernels::StepConfig& a, const kernels::StepConfig& b) {
-  return a.rule == b.rule && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.beta3 == b.beta3 && a.eps == b.eps &&
-         a.weight_decay == b.weight_decay && a.alpha == b.alpha && a.momentum == b.momentum &&
-         a.dampening == b.dampening && a.lr_decay == b.lr_decay && a.t_alpha_beta3 == b.t_alpha_beta3 &&
-         a.nesterov == b.nesterov && a.centered == b.centered && a.amsgrad == b.amsgrad && a.maximize == b.maximize;
+  bool same = a.rule == b.rule;
+#define LOWBIT_SAME_HYPER(type, name, default_value, range) same = same && a.name == b.name;
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_SAME_HYPER)
+#undef LOWBIT_SAME_HYPER
+  return same;
 }
 
 bool same_common(const CommonOptions& a, const CommonOptions& b) {

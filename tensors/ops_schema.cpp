@@ -17,7 +17,7 @@ TORCH_LIBRARY(lowbit, m) {
       "ScalarType? dtype=None) -> Tensor");
   // The optimizer step and its gradient pre-pass (tensors/optim_ops.h explains the arguments).
   m.def("grad_check(Tensor[] grads, int[] groups, int num_groups, bool want_sumsq) -> (Tensor found_inf, Tensor sumsq)");
-  const std::string args = lowbit::ops::kStepArguments;
+  const std::string args = lowbit::ops::step_arguments();
   m.def(("optim_step_" + args + " -> ()").c_str());
   m.def(("optim_step_reference_" + args + " -> ()").c_str());
   // optim_lamb_norms reads what optim_step_ writes: the same arguments without the (x!) marks.
@@ -25,4 +25,6 @@ TORCH_LIBRARY(lowbit, m) {
   for (const char* mark : {"(a!)", "(b!)", "(c!)"}) reads.erase(reads.find(mark), 4);
   m.def(("optim_lamb_norms" + reads + " -> Tensor").c_str());
   m.def(("optim_lamb_norms_reference" + reads + " -> Tensor").c_str());
+  // The step's named hyper-parameters, in the table's order (Python builds its keyword list from it).
+  m.def("optim_hyper_parameters() -> str[]", [] { return lowbit::ops::hyper_parameter_names(); });
 }

@@ -22,8 +22,11 @@
 //     QuantFormat name such as "Dyn8Signed"; kernels/common/state_slots.h); `state` holds, per
 //     parameter and in slot order, one tensor per dense slot and codes then absmax per quantized
 //     slot. block_size: the quantization block (0: the first quantized slot's default).
-//     Hyper-parameters by name (StepConfig): beta1, beta2, beta3, eps, weight_decay, alpha,
-//     momentum, dampening, lr_decay, t_alpha_beta3, nesterov, centered, amsgrad, maximize.
+//     Hyper-parameters by name, each with its default and range from one table
+//     (LOWBIT_STEP_HYPER_PARAMETERS, kernels/common/step_config.h): beta1, beta2, beta3, eps,
+//     weight_decay, alpha, momentum, dampening, lr_decay, t_alpha_beta3, nesterov, centered,
+//     amsgrad, maximize; optim_hyper_parameters() -> str[] lists them. A value out of its range
+//     is refused before anything is written.
 //     What changes per step lives in tensors on the parameters' device and is read where the step
 //     runs: counters[i] int64 [2] = (steps taken, state blocks that overflowed): the op takes step
 //     t = counters[i][0] + 1, stores it, and adds the blocks of quantized state that became Inf or
@@ -123,6 +126,9 @@ struct StepCall {
 
 // The returned call borrows a's tensors (StepParam): a must outlive it.
 StepCall check_step_call(const StepArgs& a, const char* op);
+// The named hyper-parameters against their ranges (LOWBIT_STEP_HYPER_PARAMETERS in step_config.h)
+// and each other; errors begin with `who` and name the hyper-parameter and its value.
+void check_step_config(const kernels::StepConfig& c, const char* who);
 // grad_check's arguments: as many group ids as gradients, each in [0, num_groups), every gradient
 // float32 / bfloat16 / float16 on the device of the first.
 void check_grad_check_args(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups);

@@ -114,24 +114,22 @@ class OutputRanges {
 
 }  // namespace
 
+void check_step_config(const kernels::StepConfig& c, const char* who) {
+#define LOWBIT_CHECK_RANGE(type, name, default_value, range)                                               \
+  TORCH_CHECK(kernels::in_range(kernels::HyperRange::range, static_cast<double>(c.name)), who, ": " #name " must be ", \
+              kernels::range_text(kernels::HyperRange::range), ", got ", c.name);
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_CHECK_RANGE)
+#undef LOWBIT_CHECK_RANGE
+  // torch.optim.SGD's rule: Nesterov's look-ahead needs a momentum buffer that is not dampened.
+  TORCH_CHECK(!c.nesterov || (c.momentum > 0 && c.dampening == 0), who,
+              ": nesterov needs momentum > 0 and dampening 0, got momentum ", c.momentum, " and dampening ", c.dampening);
+}
+
 StepCall check_step_call(const StepArgs& a, const char* op) {
   StepCall c;
   c.config = a.config;
   const kernels::StepConfig& k = a.config;
-  const auto finite = [&](double v, const char* name) {
-    TORCH_CHECK(std::isfinite(v), op, ": ", name, " must be finite, got ", v);
-  };
-  finite(k.beta1, "beta1");
-  finite(k.beta2, "beta2");
-  finite(k.beta3, "beta3");
-  finite(k.eps, "eps");
-  finite(k.weight_decay, "weight_decay");
-  finite(k.alpha, "alpha");
-  finite(k.momentum, "momentum");
-  finite(k.dampening, "dampening");
-  finite(k.lr_decay, "lr_decay");
-  finite(a.max_grad_norm, "max_grad_norm");
-  TORCH_CHECK(k.t_alpha_beta3 >= 0, op, ": t_alpha_beta3 must be >= 0, got ", k.t_alpha_beta3);
+  check_step_config(k, op);
 
   const int64_t n = static_cast<int64_t>(a.params.size());
   const auto check_len = [&](size_t got, const char* what) {
@@ -209,7 +207,8 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
   if (a.found_inf) check_scalar(*a.found_inf, "found_inf", device, {at::kFloat}, op);
   if (a.grad_sumsq) check_scalar(*a.grad_sumsq, "grad_sumsq", device, {at::kDouble}, op);
   if (a.grad_scale) check_scalar(*a.grad_scale, "grad_scale", device, {at::kFloat}, op);
-  TORCH_CHECK(a.max_grad_norm >= 0, op, ": max_grad_norm must be >= 0, got ", a.max_grad_norm);
+  TORCH_CHECK(std::isfinite(a.max_grad_norm) && a.max_grad_norm >= 0, op, ": max_grad_norm must be finite and >= 0, got ",
+              a.max_grad_norm);
   TORCH_CHECK(a.max_grad_norm == 0 || a.grad_sumsq, op, ": max_grad_norm ", a.max_grad_norm,
               " needs grad_sumsq (the squared norm of the gradients to clip)");
   if (a.lamb_norms) {

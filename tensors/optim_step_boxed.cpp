@@ -7,14 +7,40 @@
 namespace lowbit {
 namespace ops {
 
-const char* const kStepArguments =
-    "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state, Tensor(c!)[] counters, Tensor lr, *, str rule, "
-    "str[] slots, int block_size=0, float beta1=0.9, float beta2=0.999, float beta3=0.9999, float eps=1e-8, "
-    "float weight_decay=0.0, float alpha=0.0, float momentum=0.0, float dampening=0.0, float lr_decay=0.0, "
-    "int t_alpha_beta3=0, bool nesterov=False, bool centered=False, bool amsgrad=False, bool maximize=False, "
-    "int[] offsets=[], int[] rng_keys=[], int seed=0, bool stochastic_round=False, Tensor? found_inf=None, "
-    "Tensor? grad_sumsq=None, float max_grad_norm=0.0, Tensor? grad_scale=None, Tensor? lamb_norms=None, "
-    "bool scalar_loop=False)";
+namespace {
+
+// The schema's spelling of a hyper-parameter's type and of its default (the table's C++ literal).
+const char* schema_type(double) { return "float"; }
+const char* schema_type(int64_t) { return "int"; }
+const char* schema_type(bool) { return "bool"; }
+std::string schema_literal(const char* cpp) {
+  const std::string s = cpp;
+  return s == "false" ? "False" : s == "true" ? "True" : s;
+}
+
+}  // namespace
+
+std::string step_arguments() {
+  std::string hyper;
+#define LOWBIT_SCHEMA_ARG(type, name, default_value, range) \
+  hyper += std::string(", ") + schema_type(type{}) + " " #name "=" + schema_literal(#default_value);
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_SCHEMA_ARG)
+#undef LOWBIT_SCHEMA_ARG
+  return "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state, Tensor(c!)[] counters, Tensor lr, *, str rule, "
+         "str[] slots, int block_size=0" +
+         hyper +
+         ", int[] offsets=[], int[] rng_keys=[], int seed=0, bool stochastic_round=False, Tensor? found_inf=None, "
+         "Tensor? grad_sumsq=None, float max_grad_norm=0.0, Tensor? grad_scale=None, Tensor? lamb_norms=None, "
+         "bool scalar_loop=False)";
+}
+
+std::vector<std::string> hyper_parameter_names() {
+  return {
+#define LOWBIT_HYPER_NAME(type, name, default_value, range) #name,
+      LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_HYPER_NAME)
+#undef LOWBIT_HYPER_NAME
+  };
+}
 
 namespace {
 
@@ -38,6 +64,15 @@ std::vector<at::Tensor> take_tensors(c10::IValue& v) {
   for (size_t i = 0; i < list.size(); ++i) out.push_back(list.extract(i));
   return out;
 }
+
+template <typename T>
+T ivalue_as(const c10::IValue& v);
+template <>
+double ivalue_as<double>(const c10::IValue& v) { return v.toDouble(); }
+template <>
+int64_t ivalue_as<int64_t>(const c10::IValue& v) { return v.toInt(); }
+template <>
+bool ivalue_as<bool>(const c10::IValue& v) { return v.toBool(); }
 
 std::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
   if (v.isNone()) return std::nullopt;
@@ -70,20 +105,9 @@ StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     a.slots.push_back(t);
   }
   a.block_size = arg("block_size").toInt();
-  c.beta1 = arg("beta1").toDouble();
-  c.beta2 = arg("beta2").toDouble();
-  c.beta3 = arg("beta3").toDouble();
-  c.eps = arg("eps").toDouble();
-  c.weight_decay = arg("weight_decay").toDouble();
-  c.alpha = arg("alpha").toDouble();
-  c.momentum = arg("momentum").toDouble();
-  c.dampening = arg("dampening").toDouble();
-  c.lr_decay = arg("lr_decay").toDouble();
-  c.t_alpha_beta3 = arg("t_alpha_beta3").toInt();
-  c.nesterov = arg("nesterov").toBool();
-  c.centered = arg("centered").toBool();
-  c.amsgrad = arg("amsgrad").toBool();
-  c.maximize = arg("maximize").toBool();
+#define LOWBIT_PARSE_ARG(type, name, default_value, range) c.name = ivalue_as<type>(arg(#name));
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_PARSE_ARG)
+#undef LOWBIT_PARSE_ARG
   a.offsets = arg("offsets").toIntVector();
   a.rng_keys = arg("rng_keys").toIntVector();
   a.seed = static_cast<uint64_t>(arg("seed").toInt());
@@ -117,20 +141,9 @@ torch::jit::Stack step_stack(const c10::OperatorHandle& op, StepArgs&& a) {
   set("rule", std::string(kernels::rule_name(c.rule)));
   set("slots", c10::List<std::string>(slots));
   set("block_size", a.block_size);
-  set("beta1", c.beta1);
-  set("beta2", c.beta2);
-  set("beta3", c.beta3);
-  set("eps", c.eps);
-  set("weight_decay", c.weight_decay);
-  set("alpha", c.alpha);
-  set("momentum", c.momentum);
-  set("dampening", c.dampening);
-  set("lr_decay", c.lr_decay);
-  set("t_alpha_beta3", c.t_alpha_beta3);
-  set("nesterov", c.nesterov);
-  set("centered", c.centered);
-  set("amsgrad", c.amsgrad);
-  set("maximize", c.maximize);
+#define LOWBIT_PUSH_ARG(type, name, default_value, range) set(#name, c.name);
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_PUSH_ARG)
+#undef LOWBIT_PUSH_ARG
   set("offsets", a.offsets);
   set("rng_keys", a.rng_keys);
   set("seed", static_cast<int64_t>(a.seed));

@@ -6,13 +6,19 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string>
+#include <vector>
+
 #include "optim_ops.h"
 
 namespace lowbit {
 namespace ops {
 
-// The arguments of both ops, after the op name (TORCH_LIBRARY in ops_schema.cpp).
-extern const char* const kStepArguments;
+// The arguments of both ops, after the op name (TORCH_LIBRARY in ops_schema.cpp); the named
+// hyper-parameters and their defaults come from LOWBIT_STEP_HYPER_PARAMETERS (step_config.h).
+std::string step_arguments();
+// Their names, in the table's order (the op lowbit::optim_hyper_parameters returns them).
+std::vector<std::string> hyper_parameter_names();
 
 // The call's arguments, taken off the stack (the stack then holds nothing).
 StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack);

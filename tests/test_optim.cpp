@@ -2,6 +2,10 @@
 // reference bit for bit, skipping, accounting, thread-count independence, groups and schedulers.
 #include <omp.h>
 
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
 #include <lowbit/optim/step_testing.h>
 #include <lowbit/tensors/optim_ops.h>
 
@@ -534,10 +538,80 @@ TEST(OptimOp, BadArgumentsNameTheParameter) {
             std::string::npos);
   EXPECT_NE(error_of([](auto& a) { a.lr = at::ones({2}, at::kDouble); }).find("lr must hold one value, got 2"),
             std::string::npos);
-  EXPECT_NE(error_of([](auto& a) { a.config.beta1 = NAN; }).find("beta1 must be finite, got nan"), std::string::npos);
+  EXPECT_NE(error_of([](auto& a) { a.config.beta1 = NAN; }).find("beta1 must be in [0, 1), got nan"), std::string::npos);
   EXPECT_NE(error_of([](auto& a) { a.max_grad_norm = 1.0; }).find("max_grad_norm 1 needs grad_sumsq"), std::string::npos);
   EXPECT_NE(error_of([](auto& a) { a.rng_keys = {1, 2}; }).find("rng_keys has 2 entries for 1 parameters"),
             std::string::npos);
+}
+
+// Every row of the hyper-parameter table (step_config.h) is checked by the op: a value outside its
+// range is refused with the op's name, the hyper-parameter's and the value, and the call changes
+// nothing; the edges of each range are accepted.
+TEST(OptimOp, EveryHyperParameterOutsideItsRangeIsRefusedAndChangesNothing) {
+  namespace k = lowbit::kernels;
+  struct Case {
+    std::string name;
+    std::function<void(k::StepConfig&)> set;
+    bool refused;
+  };
+  std::vector<Case> cases;
+  const auto add = [&](const char* name, k::HyperRange range, bool integral, std::function<void(k::StepConfig&, double)> set) {
+    std::vector<std::pair<double, bool>> values;  // value, refused
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    switch (range) {
+      case k::HyperRange::Any: return;
+      case k::HyperRange::Finite: values = {{-3.0, false}, {inf, true}, {-inf, true}, {nan, true}}; break;
+      case k::HyperRange::NonNegative: values = {{0.0, false}, {-1.0, true}, {-1e-300, true}, {inf, true}, {nan, true}}; break;
+      case k::HyperRange::UnitInterval:
+        values = {{0.0, false}, {0.999999, false}, {1.0, true}, {-0.1, true}, {nan, true}, {inf, true}};
+        break;
+    }
+    for (const auto& [v, refused] : values) {
+      if (integral && !std::isfinite(v)) continue;
+      if (integral && v != std::floor(v)) continue;
+      cases.push_back({name, [set, v = v](k::StepConfig& c) { set(c, v); }, refused});
+    }
+  };
+#define LOWBIT_TEST_ROW(type, name, default_value, range) \
+  add(#name, k::HyperRange::range, std::is_integral<type>::value, [](k::StepConfig& c, double v) { c.name = static_cast<type>(v); });
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_TEST_ROW)
+#undef LOWBIT_TEST_ROW
+  ASSERT_GE(cases.size(), 30u);
+  // Nesterov needs an undampened momentum (torch.optim.SGD's rule).
+  cases.push_back({"nesterov", [](k::StepConfig& c) { c.rule = k::Rule::SGD, c.nesterov = true; }, true});
+  cases.push_back({"nesterov", [](k::StepConfig& c) { c.rule = k::Rule::SGD, c.nesterov = true, c.momentum = 0.9, c.dampening = 0.1; }, true});
+  cases.push_back({"nesterov", [](k::StepConfig& c) { c.rule = k::Rule::SGD, c.nesterov = true, c.momentum = 0.9; }, false});
+
+  for (const Case& cs : cases) {
+    const at::Tensor p0 = at::randn({300}), g = at::randn({300});
+    at::Tensor p = p0.clone(), m = at::full({300}, 0.5f), v = at::full({300}, 0.25f), counters = at::zeros({2}, at::kLong);
+    lowbit::ops::StepArgs a;
+    a.params = {p};
+    a.grads = {g};
+    a.counters = {counters};
+    a.lr = at::full({1}, 1e-3, at::kDouble);
+    a.config.rule = lowbit::kernels::Rule::AdamW;
+    cs.set(a.config);
+    const bool sgd = a.config.rule == k::Rule::SGD;
+    a.slots = {{k::SlotStorage::F32, lowbit::QuantFormat::Dyn8Signed}};
+    a.state = {m};
+    if (!sgd) {
+      a.slots.push_back({k::SlotStorage::F32, lowbit::QuantFormat::Dyn8Unsigned});
+      a.state.push_back(v);
+    }
+    if (sgd && a.config.momentum == 0) a.slots.clear(), a.state.clear();
+    const std::string error = error_text([&] { lowbit::ops::optim_step(a); });
+    SCOPED_TRACE(cs.name + ": " + error);
+    if (!cs.refused) {
+      EXPECT_EQ(error, "");
+      continue;
+    }
+    EXPECT_NE(error.find("lowbit::optim_step_: " + cs.name), std::string::npos);
+    EXPECT_TRUE(p.equal(p0));
+    EXPECT_TRUE(m.equal(at::full({300}, 0.5f)));
+    EXPECT_TRUE(v.equal(at::full({300}, 0.25f)));
+    EXPECT_EQ(counters[0].item<int64_t>(), 0);
+  }
 }
 
 // On a GPU the step goes through the dispatcher to the ATen reference (no CUDA kernel registered

@@ -27,18 +27,57 @@ inline const char* rule_name(Rule r) {
   return i >= 0 && i < kNumRules ? names[i] : "?";
 }
 
-// The named hyper-parameters of every rule (each reads the ones torch.optim's counterpart has).
-// alpha is RMSprop's smoothing constant and AdEMAMix's mixing coefficient.
+// The named hyper-parameters of every rule (each reads the ones torch.optim's counterpart has), once:
+// X(type, name, default, range). StepConfig's fields, the op's keyword arguments and their defaults,
+// their parsing, the range checks (tensors/optim_step_args.cpp), the comparison of recorded steps
+// and Python's list (the op lowbit::optim_hyper_parameters) all come from this table, so a new
+// hyper-parameter is one row here plus the rule that reads it (optim_rules.h).
+// alpha is RMSprop's smoothing constant and AdEMAMix's mixing coefficient; lr_decay is Adagrad's;
+// t_alpha_beta3 AdEMAMix's warm-up steps of alpha and beta3 (0 = none).
+#define LOWBIT_STEP_HYPER_PARAMETERS(X)   \
+  X(double, beta1, 0.9, UnitInterval)     \
+  X(double, beta2, 0.999, UnitInterval)   \
+  X(double, beta3, 0.9999, UnitInterval)  \
+  X(double, eps, 1e-8, NonNegative)       \
+  X(double, weight_decay, 0.0, NonNegative) \
+  X(double, alpha, 0.0, NonNegative)      \
+  X(double, momentum, 0.0, NonNegative)   \
+  X(double, dampening, 0.0, Finite)       \
+  X(double, lr_decay, 0.0, NonNegative)   \
+  X(int64_t, t_alpha_beta3, 0, NonNegative) \
+  X(bool, nesterov, false, Any)           \
+  X(bool, centered, false, Any)           \
+  X(bool, amsgrad, false, Any)            \
+  X(bool, maximize, false, Any)
+
+// Where a hyper-parameter's value must lie (NaN lies nowhere but in Any).
+enum class HyperRange { Any, Finite, NonNegative, UnitInterval };
+
+inline bool in_range(HyperRange r, double v) {
+  switch (r) {
+    case HyperRange::Any: return true;
+    case HyperRange::Finite: return std::isfinite(v);
+    case HyperRange::NonNegative: return std::isfinite(v) && v >= 0;
+    case HyperRange::UnitInterval: return v >= 0 && v < 1;
+  }
+  return false;
+}
+
+inline const char* range_text(HyperRange r) {
+  switch (r) {
+    case HyperRange::Any: return "any value";
+    case HyperRange::Finite: return "finite";
+    case HyperRange::NonNegative: return "finite and >= 0";
+    case HyperRange::UnitInterval: return "in [0, 1)";
+  }
+  return "?";
+}
+
 struct StepConfig {
   Rule rule = Rule::AdamW;
-  double beta1 = 0.9, beta2 = 0.999, beta3 = 0.9999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  double alpha = 0.0;
-  double momentum = 0.0, dampening = 0.0;
-  double lr_decay = 0.0;        // Adagrad
-  int64_t t_alpha_beta3 = 0;    // AdEMAMix: warm-up steps of alpha and beta3 (0 = none)
-  bool nesterov = false, centered = false, amsgrad = false, maximize = false;
+#define LOWBIT_STEP_CONFIG_FIELD(type, name, default_value, range) type name = default_value;
+  LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_STEP_CONFIG_FIELD)
+#undef LOWBIT_STEP_CONFIG_FIELD
 };
 
 // Everything a rule reads per element: fp32, as the kernels hold it.

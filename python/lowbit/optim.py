@@ -15,9 +15,10 @@ from typing import List, Optional
 
 import torch
 
-# The op's named hyper-parameters (kernels/common/step_config.h: StepConfig).
-HYPER_PARAMETERS = ("beta1", "beta2", "beta3", "eps", "weight_decay", "alpha", "momentum", "dampening", "lr_decay",
-                    "t_alpha_beta3", "nesterov", "centered", "amsgrad", "maximize")
+
+def hyper_parameters() -> tuple:
+    """The op's named hyper-parameters (kernels/common/step_config.h keeps their one table)."""
+    return tuple(torch.ops.lowbit.optim_hyper_parameters())
 
 
 @dataclass
@@ -71,10 +72,11 @@ def step(params: List[torch.Tensor], grads: List[torch.Tensor], states: List[Par
          grad_sumsq: Optional[torch.Tensor] = None, max_grad_norm: float = 0.0,
          grad_scale: Optional[torch.Tensor] = None, **hyper) -> None:
     """One fused step, in place: one op call per state layout (usually one, two with small tensors in FP32)."""
-    unknown = set(hyper) - set(HYPER_PARAMETERS)
+    known = hyper_parameters()
+    unknown = set(hyper) - set(known)
     if unknown:
         raise TypeError(f"lowbit.optim.step: unknown hyper-parameter(s) {sorted(unknown)}; "
-                        f"expected some of {HYPER_PARAMETERS}")
+                        f"expected some of {known}")
     if not (len(params) == len(grads) == len(states)):
         raise ValueError(f"lowbit.optim.step: {len(params)} params, {len(grads)} grads, {len(states)} states")
     calls = {}

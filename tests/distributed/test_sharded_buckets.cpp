@@ -9,7 +9,7 @@
 
 #include <lowbit/optim/gradient_release.h>
 
-#include "../../distributed/fragment_state.h"
+#include <lowbit/optim/step_calls.h>
 #include "../sync_debug.h"
 
 namespace lowbit_test {
@@ -171,8 +171,8 @@ TEST(ShardedBuckets, SameBitsAndCheckpointsAsWithoutBuckets) {
     const lo::ParamState *a = oa->state_of(qa[k]), *b = ob->state_of(qb[k]);
     ASSERT_TRUE(a && b) << "parameter " << k;
     std::vector<at::Tensor> ta, tb;
-    ld::append_state_range(*a, 0, qa[k].numel(), ta);
-    ld::append_state_range(*b, 0, qb[k].numel(), tb);
+    lowbit::optim::append_state_range(*a, 0, qa[k].numel(), ta);
+    lowbit::optim::append_state_range(*b, 0, qb[k].numel(), tb);
     ASSERT_EQ(ta.size(), tb.size());
     for (size_t t = 0; t < ta.size(); ++t) EXPECT_TRUE(bitwise_equal(ta[t], tb[t])) << "parameter " << k << " tensor " << t;
     EXPECT_EQ(a->step(), b->step());

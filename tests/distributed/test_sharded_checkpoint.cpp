@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "../../distributed/fragment_state.h"
+#include <lowbit/optim/step_calls.h>
 #include "../fuzz/fragment_edit.h"
 #include "../fuzz/pickle_claims.h"
 #include "../fuzz/zip_rewrite.h"
@@ -41,7 +41,7 @@ std::vector<at::Tensor> all_state(const lo::LowbitOptimizer& o, const std::vecto
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : params)
     if (const lo::ParamState* st = o.state_of(p)) {
-      ld::append_state_range(*st, 0, p.numel(), out);
+      lowbit::optim::append_state_range(*st, 0, p.numel(), out);
       out.push_back(st->counters.narrow(0, 0, 1));
     }
   return out;
@@ -54,8 +54,8 @@ void expect_fragments_match(const ld::ShardedOptimizer& s, const lo::LowbitOptim
     ASSERT_TRUE(want && f.state.counters.defined()) << "parameter " << f.index;
     EXPECT_EQ(f.state.step(), want->step());
     std::vector<at::Tensor> a, b;
-    ld::append_state_range(f.state, 0, f.numel, a);
-    ld::append_state_range(*want, f.offset, f.numel, b);
+    lowbit::optim::append_state_range(f.state, 0, f.numel, a);
+    lowbit::optim::append_state_range(*want, f.offset, f.numel, b);
     for (size_t t = 0; t < a.size(); ++t) EXPECT_TRUE(bitwise_equal(a[t], b[t])) << "parameter " << f.index;
   }
 }

@@ -3,7 +3,7 @@
 // format, bf16 parameters with stochastic rounding, clipping, the non-finite skip and ZeRO-1.
 #include "dist_util.h"
 
-#include "../../distributed/fragment_state.h"
+#include <lowbit/optim/step_calls.h>
 
 namespace lowbit_test {
 
@@ -40,8 +40,8 @@ void expect_same_as(const ld::ShardedOptimizer& sharded, const std::vector<at::T
     EXPECT_EQ(f.state.format, want->format);
     EXPECT_EQ(f.state.step(), want->step()) << "parameter " << f.index;
     std::vector<at::Tensor> a, b;
-    ld::append_state_range(f.state, 0, f.numel, a);
-    ld::append_state_range(*want, f.offset, f.numel, b);
+    lowbit::optim::append_state_range(f.state, 0, f.numel, a);
+    lowbit::optim::append_state_range(*want, f.offset, f.numel, b);
     EXPECT_EQ(a.size(), b.size());
     for (size_t t = 0; t < a.size() && t < b.size(); ++t)
       EXPECT_TRUE(bitwise_equal(a[t], b[t])) << "parameter " << f.index << " elements " << f.offset << ".."

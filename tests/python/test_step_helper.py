@@ -51,6 +51,28 @@ def test_layout_follows_the_optimizers_rules():
         lowbit.optim.step([], [], [], torch.ones(1, dtype=torch.float64), rule="AdamW", betas=(0.9, 0.99))
 
 
+def test_hyper_parameters_come_from_the_op_with_the_schema_defaults():
+    names = lowbit.optim.hyper_parameters()
+    assert names[:4] == ("beta1", "beta2", "beta3", "eps") and "maximize" in names and "lr_decay" in names
+    # Each is a keyword argument of the op, with the default the C++ StepConfig has.
+    schema = {a.name: a for a in torch.ops.lowbit.optim_step_.default._schema.arguments}
+    defaults = {"beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "eps": 1e-8, "weight_decay": 0.0, "nesterov": False,
+                "t_alpha_beta3": 0}
+    for name in names:
+        assert schema[name].kwarg_only, name
+    for name, value in defaults.items():
+        assert schema[name].default_value == value, name
+    # Out of range: refused by the op with its name and the value, the parameter untouched.
+    p = torch.randn(300)
+    p0 = p.clone()
+    state = lowbit.optim.init_state(p, "AdamW", "Q8")
+    lr = torch.tensor([1e-3], dtype=torch.float64)
+    for name, bad in (("beta2", 1.0), ("eps", -1e-8), ("weight_decay", float("nan")), ("t_alpha_beta3", -1)):
+        with pytest.raises(RuntimeError, match=f"lowbit::optim_step_: {name} must be"):
+            lowbit.optim.step([p], [torch.randn(300)], [state], lr, rule="AdamW", **{name: bad})
+    assert torch.equal(p, p0) and state.step == 0
+
+
 def test_bf16_params_with_a_32_bit_master_step_like_fp32_params():
     torch.manual_seed(2)
     n = 9001

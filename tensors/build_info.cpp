@@ -26,7 +26,7 @@ std::string build_info() {
   else if (LOWBIT_HIP_LINKED)
     s << "yes (archs " << LOWBIT_HIP_ARCHS << ")\n";
   else
-    s << "compiled, not linked (kernels for " << LOWBIT_HIP_ARCHS << "; libtorch is not a ROCm build)\n";
+    s << "checked, not linked (hipcc -fsyntax-only for " << LOWBIT_HIP_ARCHS << "; libtorch is not a ROCm build)\n";
   // distributed/: MpiCommunicator + ShardedOptimizer with MPI, NcclCommunicator with NCCL too,
   // ProcessGroupCommunicator over a c10d backend with a libtorch built with USE_DISTRIBUTED.
   s << "  mpi   " << (LOWBIT_WITH_MPI ? "yes (distributed/: MpiCommunicator, ShardedOptimizer)" : "no") << "\n";

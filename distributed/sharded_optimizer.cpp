@@ -293,6 +293,9 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  // Options edited since the last step are held to their ranges before anything moves (every rank
+  // holds the same options, so every rank refuses together).
+  optimizer_->check_groups();
   const int rank = comm_->rank();
   // ---- the gradients no hook took (all of them without overlap) into the buckets, checked before
   // any collective; then the buckets not reduced yet, in order.

@@ -30,6 +30,8 @@ GradientRelease::GradientRelease(LowbitOptimizer& opt) : shared_(std::make_share
   hooks_ = std::make_unique<GradHooks>("GradientRelease", std::move(params), name,
                                        [shared = shared_](size_t, const at::Tensor& param) {
     if (shared->accumulating || !param.grad().defined()) return;
+    TORCH_CHECK(!shared->opt->clips_gradients(), "GradientRelease: a param group has max_grad_norm > 0 (set after the "
+                "release was made); global-norm clipping needs every gradient at once. Set max_grad_norm to 0");
     shared->opt->step_parameters({param});
     param.mutable_grad().reset();  // released: the next backward starts from nothing
     ++shared->released;

@@ -3,10 +3,14 @@
 #include "lowbit_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <lowbit/tensors/optim_ops.h>
+#include <lowbit/tensors/quant_format.h>
 #include <lowbit/tensors/step_recording.h>
 
 #include "state_layout.h"
@@ -39,7 +43,54 @@ LowbitOptimizer::LowbitOptimizer(std::vector<torch::optim::OptimizerParamGroup> 
 
 LowbitOptimizer::~LowbitOptimizer() = default;
 
+void LowbitOptimizer::check_groups() {
+  size_t params = 0;
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& options = param_groups_[gi].options();
+    const std::string who = c10::str(name(), ": param group ", gi);
+    const CommonOptions c = common(options);
+    const double lr = options.get_lr();
+    TORCH_CHECK(std::isfinite(lr) && lr >= 0, who, ": lr must be finite and >= 0, got ", lr);
+    ops::check_step_config(config(options), who.c_str());
+    const int format = static_cast<int>(c.state_format);
+    TORCH_CHECK(format >= 0 && format < kNumStateFormats, who, ": state_format ", format, " is not a StateFormat");
+    if (c.block_size != 0) resolve_block_size(QuantFormat::Dyn8Signed, c.block_size, (who + ": block_size").c_str());
+    TORCH_CHECK(c.min_quant_numel >= 0, who, ": min_quant_numel must be >= 0, got ", c.min_quant_numel);
+    TORCH_CHECK(std::isfinite(c.max_grad_norm) && c.max_grad_norm >= 0, who,
+                ": max_grad_norm must be finite and >= 0, got ", c.max_grad_norm);
+    TORCH_CHECK(c.fp8_second_moment == QuantFormat::FP8E4M3 || c.fp8_second_moment == QuantFormat::FP8E5M2, who,
+                ": fp8_second_moment must be FP8E4M3 or FP8E5M2, got ", format_name(c.fp8_second_moment));
+    TORCH_CHECK(c.master_weight_bits == 0 || c.master_weight_bits == 24 || c.master_weight_bits == 32, who,
+                ": master_weight_bits must be 0, 24 or 32, got ", c.master_weight_bits);
+    check_options(options, who.c_str());
+    params += param_groups_[gi].params().size();
+  }
+  // A tensor in two groups would be stepped twice per step. Looked for when the groups' size
+  // changed (add_param_group), not at every step.
+  if (params == params_checked_) return;
+  std::unordered_map<c10::TensorImpl*, std::pair<size_t, size_t>> seen;
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const auto& ps = param_groups_[gi].params();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const auto first = seen.emplace(ps[i].unsafeGetTensorImpl(), std::make_pair(gi, i));
+      TORCH_CHECK(first.second, name(), ": parameter ", i, " of group ", gi, " is also parameter ", first.first->second.second,
+                  " of group ", first.first->second.first, "; a tensor may be in one group only (it would step twice)");
+    }
+  }
+  params_checked_ = params;
+}
+
+bool LowbitOptimizer::has_param(const at::Tensor& t) const {
+  for (const auto& g : param_groups_)
+    for (const auto& p : g.params())
+      if (p.is_same(t)) return true;
+  return false;
+}
+
 void LowbitOptimizer::override_state_format(const at::Tensor& param, StateFormat format) {
+  TORCH_CHECK(has_param(param), name(), ": override_state_format: the tensor is not a parameter of this optimizer");
+  const int f = static_cast<int>(format);
+  TORCH_CHECK(f >= 0 && f < kNumStateFormats, name(), ": override_state_format: ", f, " is not a StateFormat");
   TORCH_CHECK(states_.find(param.unsafeGetTensorImpl()) == states_.end(), name(),
               ": override_state_format must come before the parameter's first step");
   overrides_[param.unsafeGetTensorImpl()] = format;
@@ -51,6 +102,7 @@ const ParamState* LowbitOptimizer::state_of(const at::Tensor& param) const {
 }
 
 std::vector<at::Tensor> LowbitOptimizer::export_state_fp32(const at::Tensor& param) const {
+  TORCH_CHECK(has_param(param), name(), ": export_state_fp32: the tensor is not a parameter of this optimizer");
   std::vector<at::Tensor> out;
   if (const ParamState* st = state_of(param))
     for (size_t k = 0; k < st->slots.size() && k < static_cast<size_t>(kernels::kMomentSlots); ++k) {
@@ -79,6 +131,7 @@ void LowbitOptimizer::load_master_fp32(const at::Tensor& param, const at::Tensor
               ", the parameter ", param.sizes());
   TORCH_CHECK(values.is_floating_point(), name(), ": load_master_fp32: values have dtype ", values.scalar_type(),
               "; expected a float dtype");
+  TORCH_CHECK(at::isfinite(values).all().item<bool>(), name(), ": load_master_fp32: values hold NaN or Inf");
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const auto& params = param_groups_[gi].params();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -308,6 +361,7 @@ StepInputs LowbitOptimizer::step_inputs() const {
 
 void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only) {
   torch::NoGradGuard no_grad;
+  check_groups();
   // ---- a recorded step whose inputs these are: replay it.
   const bool graphs = only == nullptr && path_ == StepPath::Fused && step_graph_->enabled();
   StepInputs inputs;

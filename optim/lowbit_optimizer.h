@@ -67,6 +67,12 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // Whether any group clips to a global norm (max_grad_norm > 0).
   bool clips_gradients() const;
 
+  // Every group's options: the named hyper-parameters against their table (step_config.h), the
+  // common options and the optimizer's own; and no tensor in two groups. The constructors run it,
+  // and every step before it changes anything, so options a group brought or a caller edited later
+  // are held to the same ranges. Errors name the optimizer, the group, the option and its value.
+  void check_groups();
+
   // Bytes held by optimizer state (codes + absmax for quantized state; corrections included).
   int64_t state_bytes() const;
   // Weights, gradients (as they are now), state and corrections, in bytes and per parameter.
@@ -129,6 +135,10 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   virtual CommonOptions common(const torch::optim::OptimizerOptions& options) const = 0;
   // Initial value of a state slot (Adagrad's initial_accumulator_value); 0 by default.
   virtual double initial_state_value(const torch::optim::OptimizerOptions&, int slot) const { return 0.0; }
+  // Checks of an optimizer's own options beyond the hyper-parameter table and the common options
+  // (Adagrad's initial_accumulator_value); none by default.
+  virtual void check_options(const torch::optim::OptimizerOptions&, const char* who) const {}
+
   virtual const char* name() const = 0;
 
  private:
@@ -137,6 +147,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   enum class StepPath { Fused, Reference, ScalarLoop };
 
   kernels::Rule rule() const { return config(defaults()).rule; }
+  bool has_param(const at::Tensor& t) const;
   void step_only(const std::unordered_set<c10::TensorImpl*>* only);  // null: every parameter
   ParamState& ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options, int64_t group,
                            int64_t index);
@@ -176,6 +187,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   int64_t overflow_check_interval_ = 0;
   StepPath path_ = StepPath::Fused;
   int64_t state_epoch_ = 0;  // bumped by state_changed()
+  size_t params_checked_ = 0;  // how many parameters the groups held when check_groups last looked for repeats
   std::unique_ptr<StepGraph> step_graph_;
   uint64_t seed_ = 0x6C6F77626974ull;  // "lowbit": stochastic rounding seed, saved in checkpoints
 };

@@ -1,6 +1,6 @@
-// Options -> the step's named hyper-parameters (kernels::StepConfig) for each optimizer, and their
-// argument checks (with torch::optim's messages). What depends on the step (bias corrections,
-// schedules) is derived where the step runs (kernels/common/step_config.h).
+// Options -> the step's named hyper-parameters (kernels::StepConfig) for each optimizer, whose ranges
+// the hyper-parameter table defines and LowbitOptimizer::check_groups checks. What depends on the
+// step (bias corrections, schedules) is derived where the step runs (kernels/common/step_config.h).
 #include "optimizers.h"
 
 #include <cmath>
@@ -9,14 +9,6 @@ namespace lowbit {
 namespace optim {
 
 namespace {
-
-// NaN fails every comparison, but Inf passes ">= 0": hyper-parameters must be finite too.
-bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
-
-void check_betas(double b1, double b2) {
-  TORCH_CHECK(0 <= b1 && b1 < 1, "Invalid beta parameter at index 0: ", b1);
-  TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
-}
 
 kernels::StepConfig with_betas(kernels::Rule rule, double b1, double b2, double eps, double wd, bool maximize) {
   kernels::StepConfig c;
@@ -42,19 +34,9 @@ kernels::StepConfig adam_like(kernels::Rule rule, const O& o) {
 kernels::StepConfig Adam::config(const torch::optim::OptimizerOptions& o) const {
   return adam_like(kernels::Rule::Adam, opts(o));
 }
-void Adam::validate(const AdamOptions& o) {
-  check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
-}
 
 kernels::StepConfig AdamW::config(const torch::optim::OptimizerOptions& o) const {
   return adam_like(kernels::Rule::AdamW, opts(o));
-}
-void AdamW::validate(const AdamWOptions& o) {
-  check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 kernels::StepConfig SGD::config(const torch::optim::OptimizerOptions& oo) const {
@@ -68,22 +50,11 @@ kernels::StepConfig SGD::config(const torch::optim::OptimizerOptions& oo) const 
   c.maximize = o.maximize();
   return c;
 }
-void SGD::validate(const SGDOptions& o) {
-  TORCH_CHECK(finite_nonneg(o.momentum()), "Invalid momentum value: ", o.momentum());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK(std::isfinite(o.dampening()), "Invalid dampening value: ", o.dampening());
-  TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
-              "Nesterov momentum requires a momentum and zero dampening");
-}
 
 kernels::StepConfig Lion::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
   return with_betas(kernels::Rule::Lion, std::get<0>(o.betas()), std::get<1>(o.betas()), 0.0, o.weight_decay(),
                     o.maximize());
-}
-void Lion::validate(const LionOptions& o) {
-  check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 kernels::StepConfig RMSprop::config(const torch::optim::OptimizerOptions& oo) const {
@@ -97,12 +68,6 @@ kernels::StepConfig RMSprop::config(const torch::optim::OptimizerOptions& oo) co
   c.centered = o.centered();
   c.maximize = o.maximize();
   return c;
-}
-void RMSprop::validate(const RMSpropOptions& o) {
-  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(finite_nonneg(o.momentum()), "Invalid momentum value: ", o.momentum());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK(finite_nonneg(o.alpha()), "Invalid alpha value: ", o.alpha());
 }
 
 kernels::StepConfig Adagrad::config(const torch::optim::OptimizerOptions& oo) const {
@@ -118,12 +83,9 @@ kernels::StepConfig Adagrad::config(const torch::optim::OptimizerOptions& oo) co
 double Adagrad::initial_state_value(const torch::optim::OptimizerOptions& o, int) const {
   return opts(o).initial_accumulator_value();
 }
-void Adagrad::validate(const AdagradOptions& o) {
-  TORCH_CHECK(finite_nonneg(o.lr_decay()), "Invalid lr_decay value: ", o.lr_decay());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK(finite_nonneg(o.initial_accumulator_value()), "Invalid initial_accumulator_value value: ",
-              o.initial_accumulator_value());
-  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
+void Adagrad::check_options(const torch::optim::OptimizerOptions& o, const char* who) const {
+  const double v = opts(o).initial_accumulator_value();
+  TORCH_CHECK(std::isfinite(v) && v >= 0, who, ": initial_accumulator_value must be finite and >= 0, got ", v);
 }
 
 kernels::StepConfig AdEMAMix::config(const torch::optim::OptimizerOptions& oo) const {
@@ -135,25 +97,11 @@ kernels::StepConfig AdEMAMix::config(const torch::optim::OptimizerOptions& oo) c
   c.t_alpha_beta3 = o.t_alpha_beta3();
   return c;
 }
-void AdEMAMix::validate(const AdEMAMixOptions& o) {
-  check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(0 <= std::get<2>(o.betas()) && std::get<2>(o.betas()) < 1, "Invalid beta parameter at index 2: ",
-              std::get<2>(o.betas()));
-  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(finite_nonneg(o.alpha()), "Invalid alpha value: ", o.alpha());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK(o.t_alpha_beta3() >= 0, "Invalid t_alpha_beta3 value: ", o.t_alpha_beta3());
-}
 
 kernels::StepConfig LAMB::config(const torch::optim::OptimizerOptions& oo) const {
   const auto& o = opts(oo);
   return with_betas(kernels::Rule::LAMB, std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
                     o.maximize());
-}
-void LAMB::validate(const LAMBOptions& o) {
-  check_betas(std::get<0>(o.betas()), std::get<1>(o.betas()));
-  TORCH_CHECK(finite_nonneg(o.eps()), "Invalid epsilon value: ", o.eps());
-  TORCH_CHECK(finite_nonneg(o.weight_decay()), "Invalid weight_decay value: ", o.weight_decay());
 }
 
 }  // namespace optim

@@ -44,7 +44,7 @@ namespace optim {
  public:                                                             \
   double get_lr() const override { return lr(); }                    \
   void set_lr(const double v) override {                             \
-    TORCH_CHECK(std::isfinite(v) && v >= 0, "Invalid learning rate: ", v); \
+    TORCH_CHECK(std::isfinite(v) && v >= 0, "set_lr: lr must be finite and >= 0, got ", v); \
     lr(v);                                                           \
   }
 

@@ -92,20 +92,20 @@ std::vector<Row> rows() {
                {"block_size", "3"}});
 
   // ---- optimizer options: common ones and each optimizer's hyper-parameters
-  r.push_back({"lr NaN", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions(kNaN)); }, {"learning rate", "nan"}});
-  r.push_back({"lr Inf", [] { lo::Lion o({at::zeros({4})}, lo::LionOptions(kInf)); }, {"learning rate", "inf"}});
-  r.push_back({"lr negative", [] { lo::SGD o({at::zeros({4})}, lo::SGDOptions(-0.5)); }, {"learning rate", "-0.5"}});
+  r.push_back({"lr NaN", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions(kNaN)); }, {"lr must be", "nan"}});
+  r.push_back({"lr Inf", [] { lo::Lion o({at::zeros({4})}, lo::LionOptions(kInf)); }, {"lr must be", "inf"}});
+  r.push_back({"lr negative", [] { lo::SGD o({at::zeros({4})}, lo::SGDOptions(-0.5)); }, {"lr must be", "-0.5"}});
   r.push_back({"set_lr NaN", [] {
                  lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
                  o.param_groups()[0].options().set_lr(kNaN);
-               }, {"learning rate", "nan"}});
+               }, {"lr must be", "nan"}});
   r.push_back({"options().lr(NaN) then step", [] {
                  std::vector<at::Tensor> p = {at::zeros({4})};
                  lo::AdamW o(p, lo::AdamWOptions());
                  static_cast<lo::AdamWOptions&>(o.param_groups()[0].options()).lr(kNaN);
                  p[0].mutable_grad() = at::ones({4});
                  o.step();
-               }, {"learning rate", "nan"}});
+               }, {"lr must be", "nan"}});
   r.push_back({"block_size not a power of two", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().block_size(100)); },
                {"block_size", "100"}});
   r.push_back({"block_size negative", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().block_size(-1)); },
@@ -120,35 +120,35 @@ std::vector<Row> rows() {
                  lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().fp8_second_moment(lowbit::QuantFormat::Dyn8Signed));
                }, {"fp8_second_moment", "Dyn8Signed"}});
   option_rows<lo::Adam, lo::AdamOptions>(r, "Adam", {
-      {"epsilon", [](double v) { return lo::AdamOptions().eps(v); }},
+      {"eps", [](double v) { return lo::AdamOptions().eps(v); }},
       {"weight_decay", [](double v) { return lo::AdamOptions().weight_decay(v); }},
-      {"beta parameter at index 0", [](double v) { return lo::AdamOptions().betas({v, 0.999}); }},
-      {"beta parameter at index 1", [](double v) { return lo::AdamOptions().betas({0.9, v}); }}});
+      {"beta1", [](double v) { return lo::AdamOptions().betas({v, 0.999}); }},
+      {"beta2", [](double v) { return lo::AdamOptions().betas({0.9, v}); }}});
   option_rows<lo::AdamW, lo::AdamWOptions>(r, "AdamW", {
-      {"epsilon", [](double v) { return lo::AdamWOptions().eps(v); }},
+      {"eps", [](double v) { return lo::AdamWOptions().eps(v); }},
       {"weight_decay", [](double v) { return lo::AdamWOptions().weight_decay(v); }},
-      {"beta parameter at index 0", [](double v) { return lo::AdamWOptions().betas({v, 0.999}); }}});
+      {"beta1", [](double v) { return lo::AdamWOptions().betas({v, 0.999}); }}});
   option_rows<lo::SGD, lo::SGDOptions>(r, "SGD", {
       {"momentum", [](double v) { return lo::SGDOptions(0.1).momentum(v); }},
       {"weight_decay", [](double v) { return lo::SGDOptions(0.1).weight_decay(v); }}});
   option_rows<lo::Lion, lo::LionOptions>(r, "Lion", {
       {"weight_decay", [](double v) { return lo::LionOptions().weight_decay(v); }},
-      {"beta parameter at index 1", [](double v) { return lo::LionOptions().betas({0.9, v}); }}});
+      {"beta2", [](double v) { return lo::LionOptions().betas({0.9, v}); }}});
   option_rows<lo::RMSprop, lo::RMSpropOptions>(r, "RMSprop", {
-      {"epsilon", [](double v) { return lo::RMSpropOptions().eps(v); }},
+      {"eps", [](double v) { return lo::RMSpropOptions().eps(v); }},
       {"momentum", [](double v) { return lo::RMSpropOptions().momentum(v); }},
       {"alpha", [](double v) { return lo::RMSpropOptions().alpha(v); }},
       {"weight_decay", [](double v) { return lo::RMSpropOptions().weight_decay(v); }}});
   option_rows<lo::Adagrad, lo::AdagradOptions>(r, "Adagrad", {
       {"lr_decay", [](double v) { return lo::AdagradOptions().lr_decay(v); }},
       {"initial_accumulator_value", [](double v) { return lo::AdagradOptions().initial_accumulator_value(v); }},
-      {"epsilon", [](double v) { return lo::AdagradOptions().eps(v); }}});
+      {"eps", [](double v) { return lo::AdagradOptions().eps(v); }}});
   option_rows<lo::AdEMAMix, lo::AdEMAMixOptions>(r, "AdEMAMix", {
       {"alpha", [](double v) { return lo::AdEMAMixOptions().alpha(v); }},
-      {"epsilon", [](double v) { return lo::AdEMAMixOptions().eps(v); }},
-      {"beta parameter at index 2", [](double v) { return lo::AdEMAMixOptions().betas({0.9, 0.999, v}); }}});
+      {"eps", [](double v) { return lo::AdEMAMixOptions().eps(v); }},
+      {"beta3", [](double v) { return lo::AdEMAMixOptions().betas({0.9, 0.999, v}); }}});
   option_rows<lo::LAMB, lo::LAMBOptions>(r, "LAMB", {
-      {"epsilon", [](double v) { return lo::LAMBOptions().eps(v); }},
+      {"eps", [](double v) { return lo::LAMBOptions().eps(v); }},
       {"weight_decay", [](double v) { return lo::LAMBOptions().weight_decay(v); }}});
   r.push_back({"SGD dampening NaN", [] { lo::SGD o({at::zeros({4})}, lo::SGDOptions(0.1).dampening(kNaN)); },
                {"dampening", "nan"}});
@@ -198,6 +198,73 @@ std::vector<Row> rows() {
                  lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
                  o.set_overflow_check_interval(-3);
                }, {"interval", "-3"}});
+  // ---- param groups: each group's own options, options edited later, one tensor in two groups
+  r.push_back({"a group's own betas (0.9, 1.0)", [] {
+                 std::vector<torch::optim::OptimizerParamGroup> g;
+                 g.emplace_back(std::vector<at::Tensor>{at::zeros({4})});
+                 g.emplace_back(std::vector<at::Tensor>{at::zeros({4})},
+                                std::make_unique<lo::AdamWOptions>(lo::AdamWOptions().betas({0.9, 1.0})));
+                 lo::AdamW o(std::move(g), lo::AdamWOptions());
+               }, {"param group 1", "beta2", "1"}});
+  r.push_back({"options edited after construction, then step", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::Adam o(p, lo::AdamOptions());
+                 static_cast<lo::AdamOptions&>(o.param_groups()[0].options()).eps(-1e-8);
+                 p[0].mutable_grad() = at::ones({4});
+                 o.step();
+               }, {"param group 0", "eps", "-1e-08"}});
+  r.push_back({"a group's own initial_accumulator_value NaN", [] {
+                 std::vector<torch::optim::OptimizerParamGroup> g;
+                 g.emplace_back(std::vector<at::Tensor>{at::zeros({4})},
+                                std::make_unique<lo::AdagradOptions>(lo::AdagradOptions().initial_accumulator_value(kNaN)));
+                 lo::Adagrad o(std::move(g), lo::AdagradOptions());
+               }, {"param group 0", "initial_accumulator_value", "nan"}});
+  r.push_back({"SGD nesterov without momentum", [] { lo::SGD o({at::zeros({4})}, lo::SGDOptions(0.1).nesterov(true)); },
+               {"nesterov", "momentum 0"}});
+  r.push_back({"one tensor in two groups", [] {
+                 const at::Tensor t = at::zeros({4});
+                 std::vector<torch::optim::OptimizerParamGroup> g;
+                 g.emplace_back(std::vector<at::Tensor>{t});
+                 g.emplace_back(std::vector<at::Tensor>{at::zeros({3}), t});
+                 lo::AdamW o(std::move(g), lo::AdamWOptions());
+               }, {"parameter 1 of group 1", "parameter 0 of group 0", "one group"}});
+  r.push_back({"add_param_group with a tensor already stepped, then step", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 o.add_param_group(torch::optim::OptimizerParamGroup(std::vector<at::Tensor>{p[0]}));
+                 p[0].mutable_grad() = at::ones({4});
+                 o.step();
+               }, {"parameter 0 of group 1", "one group"}});
+  r.push_back({"state_format out of range", [] {
+                 lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().state_format(static_cast<lowbit::StateFormat>(9)));
+               }, {"state_format", "9"}});
+  r.push_back({"master_weight_bits 16", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions().master_weight_bits(16)); },
+               {"master_weight_bits", "16"}});
+  r.push_back({"override_state_format of a tensor that is not a parameter", [] {
+                 lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
+                 o.override_state_format(at::zeros({4}), lowbit::StateFormat::FP32);
+               }, {"override_state_format", "not a parameter"}});
+  r.push_back({"override_state_format out of range", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4})};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 o.override_state_format(p[0], static_cast<lowbit::StateFormat>(-2));
+               }, {"override_state_format", "-2"}});
+  r.push_back({"export_state_fp32 of a tensor that is not a parameter", [] {
+                 lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
+                 o.export_state_fp32(at::zeros({4}));
+               }, {"export_state_fp32", "not a parameter"}});
+  r.push_back({"load_master_fp32 with NaN", [] {
+                 std::vector<at::Tensor> p = {at::zeros({4}, at::kBFloat16)};
+                 lo::AdamW o(p, lo::AdamWOptions().master_weight_bits(32));
+                 o.load_master_fp32(p[0], at::full({4}, kNaN));
+               }, {"load_master_fp32", "NaN"}});
+  r.push_back({"clipping set after a GradientRelease was made", [] {
+                 std::vector<at::Tensor> p = {at::ones({4}).requires_grad_(true)};
+                 lo::AdamW o(p, lo::AdamWOptions());
+                 lo::GradientRelease release(o);
+                 static_cast<lo::AdamWOptions&>(o.param_groups()[0].options()).max_grad_norm(1.0);
+                 (p[0] * 2).sum().backward();
+               }, {"GradientRelease", "max_grad_norm"}});
   checkpoint_rows(r);
   return r;
 }

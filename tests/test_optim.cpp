@@ -418,9 +418,35 @@ TEST(OptimBehaviour, ClearErrors) {
   lo::AdamW iopt(ip);
   ip[0].mutable_grad() = at::ones({10}, at::kLong);
   EXPECT_NE(error_text([&] { iopt.step(); }).find("has dtype Long"), std::string::npos);
-  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions(-1)); }).find("Invalid learning rate: -1"), std::string::npos);
-  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions().betas({1.0, 0.9})); }).find("Invalid beta parameter at index 0"), std::string::npos);
+  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions(-1)); }).find("lowbit::optim::AdamW: param group 0: lr must be finite and >= 0, got -1"), std::string::npos);
+  EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions().betas({1.0, 0.9})); }).find("lowbit::optim::AdamW: param group 0: beta1 must be in [0, 1), got 1"), std::string::npos);
   EXPECT_NE(error_text([&] { lo::AdamW(p, lo::AdamWOptions().block_size(100)); }).find("block_size must be"), std::string::npos);
+}
+
+// Options a group brought or a caller edited after construction are held to the table's ranges at
+// the next step, which then changes nothing: parameters, state and step count stay as they were.
+TEST(OptimBehaviour, EditedGroupOptionsAreCheckedAtTheStepWhichThenChangesNothing) {
+  std::vector<at::Tensor> p = {at::randn({5000}), at::randn({300})};
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{p[0]});
+  groups.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<lo::AdamWOptions>(lo::AdamWOptions(1e-2)));
+  lo::AdamW opt(std::move(groups), lo::AdamWOptions());
+  for (at::Tensor& t : p) t.mutable_grad() = at::randn_like(t);
+  opt.step();
+  const std::vector<at::Tensor> before = {p[0].clone(), p[1].clone()};
+  const auto state_before = opt.export_state_fp32(p[0]);
+  auto& o1 = static_cast<lo::AdamWOptions&>(opt.param_groups()[1].options());
+  o1.betas({0.9, 1.0});
+  EXPECT_NE(error_text([&] { opt.step(); }).find("lowbit::optim::AdamW: param group 1: beta2 must be in [0, 1), got 1"),
+            std::string::npos);
+  EXPECT_TRUE(p[0].equal(before[0]));
+  EXPECT_TRUE(p[1].equal(before[1]));
+  EXPECT_TRUE(opt.export_state_fp32(p[0])[0].equal(state_before[0]));
+  EXPECT_EQ(opt.state_of(p[0])->step(), 1);
+  o1.betas({0.9, 0.999});
+  opt.step();
+  EXPECT_EQ(opt.state_of(p[0])->step(), 2);
+  EXPECT_FALSE(p[1].equal(before[1]));
 }
 
 TEST(OptimBehaviour, MaxGradNormClipsLikeTorch) {

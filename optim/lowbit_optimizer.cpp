@@ -20,11 +20,6 @@
 namespace lowbit {
 namespace optim {
 
-namespace {
-
-
-}  // namespace
-
 int64_t StateSlot::nbytes() const {
   if (type.storage == kernels::SlotStorage::Quant) return quantized.nbytes();
   return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;
@@ -36,6 +31,8 @@ at::Tensor StateSlot::to_float() const {
 }
 
 int64_t ParamState::step() const { return counters.defined() ? counters[0].item<int64_t>() : 0; }
+
+void check_lr(double lr, const char* who) { ops::check_lr(lr, who); }
 
 LowbitOptimizer::LowbitOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                  std::unique_ptr<torch::optim::OptimizerOptions> defaults)
@@ -50,7 +47,7 @@ void LowbitOptimizer::check_groups() {
     const std::string who = c10::str(name(), ": param group ", gi);
     const CommonOptions c = common(options);
     const double lr = options.get_lr();
-    TORCH_CHECK(std::isfinite(lr) && lr >= 0, who, ": lr must be finite and >= 0, got ", lr);
+    check_lr(lr, who.c_str());
     ops::check_step_config(config(options), who.c_str());
     const int format = static_cast<int>(c.state_format);
     TORCH_CHECK(format >= 0 && format < kNumStateFormats, who, ": state_format ", format, " is not a StateFormat");
@@ -370,6 +367,10 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     if (inputs.recordable && step_graph_->matches(inputs)) {
       refresh_lr();
       step_graph_->replay();
+      // What the op does at every call it makes (tensors/optim_ops.h): autograd sees the change.
+      for (const auto& group : param_groups_)
+        for (const at::Tensor& p : group.params())
+          if (p.grad().defined()) p.unsafeGetTensorImpl()->bump_version();
       ++steps_called_;
       if (overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0) check_overflow_on(false);
       return;

@@ -12,6 +12,10 @@
 namespace lowbit {
 namespace optim {
 
+// "<who>: lr must be finite and >= 0, got <lr>" unless lr lies in its range (the step pipeline's,
+// kernels/common/step_config.h).
+void check_lr(double lr, const char* who);
+
 // Options shared by every lowbit optimizer.
 //   state_format           how each state tensor is stored (default Q8)
 //   block_size             quantization block, 0 = the format's default (256 for 8-bit, 128 for 4-bit)
@@ -44,7 +48,7 @@ namespace optim {
  public:                                                             \
   double get_lr() const override { return lr(); }                    \
   void set_lr(const double v) override {                             \
-    TORCH_CHECK(std::isfinite(v) && v >= 0, "set_lr: lr must be finite and >= 0, got ", v); \
+    ::lowbit::optim::check_lr(v, "set_lr");                         \
     lr(v);                                                           \
   }
 

@@ -92,7 +92,8 @@ T2 FakeQuantizerImpl::qparams(const at::Tensor& x) {
     case QParamsMode::Learnable: {
       TORCH_CHECK(scale.defined(), who_, ": learnable qparams are not initialised; run forward once first");
       torch::NoGradGuard no_grad;
-      return {scale.clamp_min(config_.eps()).contiguous(), at::round(zero_point).contiguous()};
+      return {scale.clamp_min(config_.eps()).contiguous(),
+              at::round(zero_point).clamp(config_.qmin(), config_.qmax()).contiguous()};
     }
   }
   TORCH_CHECK(false, who_, ": unknown qparams mode");
@@ -132,9 +133,10 @@ at::Tensor FakeQuantizerImpl::forward(const at::Tensor& x) {
       if (!scale.defined()) init_learnable(x);
       TORCH_CHECK(scale.numel() == l.ngroups, who_, ": learnable qparams hold ", scale.numel(), " groups, input has ",
                   l.ngroups);
-      // Scale floored at eps; zero point rounded with a straight-through estimator (LSQ+ offset).
+      // Scale floored at eps; zero point rounded onto the format's grid with a straight-through
+      // estimator (LSQ+ offset), as torch's learnable fake quantization does.
       const at::Tensor s = scale.clamp_min(c.eps());
-      const at::Tensor z = zero_point + (at::round(zero_point) - zero_point).detach();
+      const at::Tensor z = zero_point + (at::round(zero_point).clamp(c.qmin(), c.qmax()) - zero_point).detach();
       const double g = 1.0 / std::sqrt(double(l.group_size) * double(c.qmax()));  // LSQ gradient scale
       y = fake_quant_learnable(l.grouped, s, z, l.group_size, c.bits(), c.is_signed(), g);
       break;

@@ -47,6 +47,9 @@ QuantizeArgs check_quantize_args(const at::Tensor& input, const std::string& for
 DequantizeArgs check_dequantize_args(const at::Tensor& codes, const at::Tensor& absmax, const std::string& format,
                                      int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype,
                                      const char* op);
+// The values of a.absmax (one wait for a device): NaN, negative or infinite is refused naming the
+// block. Only the dequantize ops read them; a QTensor may hold flagged blocks (a state that overflowed).
+void check_absmax_values(const DequantizeArgs& a, const char* op);
 
 // Empty outputs of the right sizes for a quantize of `a`.
 std::tuple<at::Tensor, at::Tensor> allocate_quantized(const QuantizeArgs& a);

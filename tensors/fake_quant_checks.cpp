@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <lowbit/kernels/common/fake_quant_math.h>
+
 #include "blockwise_ops.h"  // elem_type
 
 namespace lowbit {
@@ -82,6 +84,24 @@ kernels::BlockFloatParams block_float_params(const FakeQuantArgs& a, const Block
   return p;
 }
 
+void check_qparam_values(const at::Tensor& scale, const at::Tensor& zero_point, int bits, bool is_signed,
+                         const char* op) {
+  // Where the host holds them (a QAT module's forward on a GPU never waits for it): a scale that is
+  // not finite and positive and a zero point off the format's integer grid stand for no quantized
+  // value.
+  if (!scale.is_cpu() || !zero_point.is_cpu()) return;
+  const at::Tensor s = scale.contiguous(), z = zero_point.contiguous();
+  const kernels::FakeQuantRange r = kernels::fq_range(bits, is_signed);
+  const float* sv = s.const_data_ptr<float>();
+  const float* zv = z.const_data_ptr<float>();
+  for (int64_t g = 0; g < s.numel(); ++g) {
+    TORCH_CHECK(std::isfinite(sv[g]) && sv[g] > 0, op, ": scale[", g, "] must be finite and > 0, got ", sv[g]);
+    TORCH_CHECK(zv[g] >= r.qmin && zv[g] <= r.qmax && zv[g] == std::nearbyint(zv[g]), op, ": zero_point[", g,
+                "] must be an integer in [", r.qmin, ", ", r.qmax, "] (", is_signed ? "int" : "uint", bits, "), got ",
+                zv[g]);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const at::Tensor& scale,
                                                  const at::Tensor& zero_point, const char* op) {
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"scale", scale}, {"zero_point", zero_point}}) {
@@ -92,7 +112,9 @@ std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const a
     TORCH_CHECK(t.device() == a.input.device(), op, ": ", name, " is on ", t.device(), " but input is on ",
                 a.input.device());
   }
-  return {scale.contiguous().view(-1), zero_point.contiguous().view(-1)};
+  at::Tensor s = scale.contiguous().view(-1), z = zero_point.contiguous().view(-1);
+  check_qparam_values(s, z, a.bits, a.is_signed, op);
+  return {s, z};
 }
 
 at::Tensor check_mask(const at::Tensor& grad, const at::Tensor& mask, const char* op) {

@@ -65,6 +65,10 @@ kernels::BlockFloatParams block_float_params(const FakeQuantArgs& a, const Block
                                              const at::Tensor& tensor_amax, at::Tensor& out, at::Tensor& mask,
                                              at::Tensor& scale);
 // scale / zero_point of a static call: float32, ngroups elements, input's device.
+// scale (float32, > 0 and finite) and zero_point (float32, an integer of the (bits, is_signed)
+// format) value by value where both are on the CPU; elsewhere nothing (no wait for a device).
+void check_qparam_values(const at::Tensor& scale, const at::Tensor& zero_point, int bits, bool is_signed,
+                         const char* op);
 std::tuple<at::Tensor, at::Tensor> check_qparams(const FakeQuantArgs& a, const at::Tensor& scale,
                                                  const at::Tensor& zero_point, const char* op);
 at::Tensor check_mask(const at::Tensor& grad, const at::Tensor& mask, const char* op);

@@ -21,6 +21,17 @@ Range range_of(int bits, bool is_signed) {
 
 // A float32 tensor like `t` filled with v: dividing by a tensor (not a Scalar) keeps a true
 // division on every device (CUDA turns division by a CPU scalar into a multiply by its reciprocal).
+// Every code of `codes` (uint8) within `bits` bits (one wait for a device: convert() runs once).
+void check_codes_fit(const at::Tensor& codes, int64_t bits, const char* op) {
+  if (codes.numel() == 0 || bits >= 8 || codes.is_meta()) return;
+  const at::Tensor flat = codes.reshape(-1);
+  const at::Tensor bad = at::bitwise_right_shift(flat, bits).ne(0);
+  if (!bad.any().item<bool>()) return;
+  const int64_t i = bad.nonzero()[0][0].item<int64_t>();
+  TORCH_CHECK(false, op, ": codes[", i, "] is ", flat[i].item<int64_t>(), "; codes of ", bits, " bits are in [0, ",
+              (int64_t(1) << bits) - 1, "]");
+}
+
 at::Tensor full_as(const at::Tensor& t, double v) { return at::full_like(t, v, t.options().dtype(at::kFloat)); }
 
 // Packs a bool tensor of n elements into (n + 7) / 8 bytes, element i at bit i % 8 of byte i / 8.
@@ -49,15 +60,10 @@ std::tuple<at::Tensor, at::Tensor> apply(const at::Tensor& xf, const at::Tensor&
   return {y, inside};
 }
 
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor> fake_quant_qparams_reference(const at::Tensor& min, const at::Tensor& max,
-                                                                int64_t bits, bool is_signed, bool symmetric,
-                                                                double eps) {
-  const char* op = "lowbit::fake_quant_qparams";
-  TORCH_CHECK(bits >= 2 && bits <= 8, op, ": bits must be in [2, 8], got ", bits);
-  check_eps(eps, op);
-  TORCH_CHECK(min.sizes() == max.sizes(), op, ": min ", min.sizes(), " and max ", max.sizes(), " differ in shape");
+// The qparams of ranges [min, max], checked by the caller; a NaN bound gives NaN qparams (the
+// dynamic op's group that holds NaN or Inf turns NaN, as torchao's does).
+std::tuple<at::Tensor, at::Tensor> qparams_of(const at::Tensor& min, const at::Tensor& max, int64_t bits,
+                                              bool is_signed, bool symmetric, double eps) {
   const Range r = range_of(int(bits), is_signed);
   const at::Tensor mn = min.to(at::kFloat), mx = max.to(at::kFloat);
   const at::Tensor zero = at::zeros_like(mn);
@@ -75,6 +81,28 @@ std::tuple<at::Tensor, at::Tensor> fake_quant_qparams_reference(const at::Tensor
   return {scale, zp};
 }
 
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fake_quant_qparams_reference(const at::Tensor& min, const at::Tensor& max,
+                                                                int64_t bits, bool is_signed, bool symmetric,
+                                                                double eps) {
+  const char* op = "lowbit::fake_quant_qparams";
+  TORCH_CHECK(bits >= 2 && bits <= 8, op, ": bits must be in [2, 8], got ", bits);
+  check_eps(eps, op);
+  TORCH_CHECK(min.sizes() == max.sizes(), op, ": min ", min.sizes(), " and max ", max.sizes(), " differ in shape");
+  if (min.numel() > 0 && !min.is_meta() && !max.is_meta()) {
+    // An observer's range: NaN or min > max has no scale (one wait for a device: observers run once
+    // per calibration batch, not per element).
+    const at::Tensor bad = (min > max) | min.isnan() | max.isnan();
+    if (bad.any().item<bool>()) {
+      const int64_t i = bad.reshape(-1).nonzero()[0][0].item<int64_t>();
+      TORCH_CHECK(false, op, ": min[", i, "] = ", min.reshape(-1)[i].item<double>(), " and max[", i, "] = ",
+                  max.reshape(-1)[i].item<double>(), "; need min <= max, neither NaN");
+    }
+  }
+  return qparams_of(min, max, bits, is_signed, symmetric, eps);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_reference(
     const at::Tensor& input, int64_t group_size, int64_t bits, bool is_signed, bool symmetric, double eps) {
   const char* op = "lowbit::fake_quant_dynamic";
@@ -86,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_re
             at::empty({0}, fopts)};
   }
   const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);
-  auto [scale, zp] = fake_quant_qparams_reference(xf.amin(1), xf.amax(1), bits, is_signed, symmetric, eps);
+  auto [scale, zp] = qparams_of(xf.amin(1), xf.amax(1), bits, is_signed, symmetric, eps);
   auto [y, inside] = apply(xf, scale, zp, range_of(a.bits, a.is_signed));
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale, zp};
 }
@@ -215,6 +243,8 @@ at::Tensor dequantize_codes_reference(const at::Tensor& codes, const at::Tensor&
   TORCH_CHECK(scale.numel() == ngroups && zero_point.numel() == ngroups, op, ": scale and zero_point need ", ngroups,
               " values, got ", scale.numel(), " and ", zero_point.numel());
   if (ngroups == 0) return at::empty(codes.sizes(), codes.options().dtype(dtype));
+  check_qparam_values(scale.to(at::kFloat), zero_point.to(at::kFloat), int(bits), is_signed, op);
+  check_codes_fit(codes, bits, op);
   const Range r = range_of(int(bits), is_signed);
   const at::Tensor q = codes.reshape({ngroups, group_size}).to(at::kFloat) + r.qmin;
   const at::Tensor y = (q - zero_point.to(at::kFloat).view({-1, 1})) * scale.to(at::kFloat).view({-1, 1});
@@ -225,6 +255,8 @@ at::Tensor pack_codes_reference(const at::Tensor& codes, int64_t bits) {
   TORCH_CHECK(codes.scalar_type() == at::kByte, "lowbit::pack_codes: codes must be uint8, got ", codes.scalar_type());
   TORCH_CHECK(bits >= 2 && bits <= 8, "lowbit::pack_codes: bits must be in [2, 8], got ", bits);
   at::Tensor flat = codes.contiguous().view(-1);
+  // A code of more bits would spill into its neighbour's half of the byte.
+  check_codes_fit(flat, bits, "lowbit::pack_codes");
   if (bits > 4) return flat.clone();
   if (flat.numel() % 2) flat = at::cat({flat, at::zeros({1}, flat.options())});
   const at::Tensor pairs = flat.view({-1, 2});

@@ -24,6 +24,7 @@ at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& absmax, std
                           int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype) {
   const DequantizeArgs a = check_dequantize_args(codes, absmax, std::string(format), block_size, shape, dtype,
                                                  "lowbit::dequantize_blockwise");
+  check_absmax_values(a, "lowbit::dequantize_blockwise");
   at::Tensor out = at::empty(a.shape, a.codes.options().dtype(a.dtype));
   const kernels::DequantizeParams p = dequantize_params(a, out);
   kernels::dequantize_blockwise_cpu(p);

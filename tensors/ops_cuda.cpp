@@ -28,6 +28,7 @@ at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& absmax, st
                            int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype) {
   const char* op = "lowbit::dequantize_blockwise";
   const DequantizeArgs a = check_dequantize_args(codes, absmax, std::string(format), block_size, shape, dtype, op);
+  check_absmax_values(a, op);
   const GpuGuard guard(a.codes.device());
   at::Tensor out = at::empty(a.shape, a.codes.options().dtype(a.dtype));
   const kernels::DequantizeParams p = dequantize_params(a, out);

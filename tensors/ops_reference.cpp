@@ -64,6 +64,7 @@ at::Tensor dequantize_reference(const at::Tensor& codes, const at::Tensor& absma
                                 int64_t block_size, at::IntArrayRef shape, std::optional<at::ScalarType> dtype) {
   const DequantizeArgs a = check_dequantize_args(codes, absmax, std::string(format), block_size, shape, dtype,
                                                  "lowbit::dequantize_blockwise");
+  check_absmax_values(a, "lowbit::dequantize_blockwise");
   const int64_t n = a.numel;
   at::Tensor idx;
   if (format_bits(a.format) == 4) {

@@ -43,6 +43,15 @@
 //     same range of the whole parameter does. rng_keys[i], seed: the stochastic-rounding noise of
 //     bf16 parameters (stochastic_round) is hash(step_seed(seed, t, rng_keys[i]), element index).
 //     scalar_loop: the CPU kernel's scalar loop even where AVX-512 is present (tests).
+//     Where these per-step tensors lie on the CPU the op checks their values against their ranges
+//     (kernels/common/step_config.h: lr >= 0, grad_scale > 0, grad_sumsq and lamb_norms in
+//     [0, inf], counters[i] = (steps in [0, 2^53 - 1), overflowed >= 0)) and refuses the call,
+//     naming the value. On a GPU the step reads them there and never waits for the host, so the
+//     host cannot see them: the optimizers derive them from checked options and the gradients;
+//     a raw call on a GPU must keep them in range itself.
+//     The op refuses a parameter that is not a leaf of the autograd graph and a gradient that
+//     shares memory with anything the step writes, and bumps the version counter of every tensor
+//     it writes (parameters, counters, state), as torch's in-place ops do.
 //
 //   optim_lamb_norms(<optim_step_'s arguments>) -> Tensor
 //     LAMB's first pass alone, nothing written: float64 [N, 2], per parameter the sums of p^2 and
@@ -129,6 +138,8 @@ StepCall check_step_call(const StepArgs& a, const char* op);
 // The named hyper-parameters against their ranges (LOWBIT_STEP_HYPER_PARAMETERS in step_config.h)
 // and each other; errors begin with `who` and name the hyper-parameter and its value.
 void check_step_config(const kernels::StepConfig& c, const char* who);
+// "<who>: lr must be finite and >= 0, got <lr>" unless lr is in kernels::kLrRange.
+void check_lr(double lr, const char* who);
 // grad_check's arguments: as many group ids as gradients, each in [0, num_groups), every gradient
 // float32 / bfloat16 / float16 on the device of the first.
 void check_grad_check_args(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups);

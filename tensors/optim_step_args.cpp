@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,22 +61,35 @@ class OutputRanges {
   void add(const at::Tensor& t, const void* data, Kind kind, int param, int slot = 0) {
     if (!enabled_ || !t.defined() || t.numel() == 0 || t.is_meta()) return;
     const Range r{0, 0, kind, param, slot};
-    int64_t extent = t.numel();  // a contiguous tensor spans its elements, none shared
-    if (!t.is_contiguous()) {
+    if (!t.is_contiguous())
       TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op_, ": ", describe(r),
                   " has elements that share memory (e.g. an expanded tensor); the step writes it");
-      extent = 1;
-      for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
-    }
     const auto lo = reinterpret_cast<uintptr_t>(data);
-    ranges_.push_back({lo, lo + static_cast<uintptr_t>(extent * t.element_size()), kind, param, slot});
+    ranges_.push_back({lo, lo + bytes_spanned(t), kind, param, slot});
   }
+
+  // After check(): a gradient, which the step reads while it writes the outputs, must not share
+  // their memory (a gradient that is a state tensor would be read half-updated).
+  void check_gradient(const at::Tensor& g, int param) const {
+    if (!enabled_ || !g.defined() || g.numel() == 0 || g.is_meta()) return;
+    const auto lo = reinterpret_cast<uintptr_t>(g.const_data_ptr());
+    const uintptr_t hi = lo + bytes_spanned(g);
+    // The outputs are apart, so their ends ascend with their starts: the first that ends past lo
+    // is the only one that can overlap.
+    const auto it = std::partition_point(sorted_->begin(), sorted_->end(), [&](const Range& x) { return x.hi <= lo; });
+    TORCH_CHECK(it == sorted_->end() || it->lo >= hi, op_, ": the gradient of parameter ", param, " shares memory with ",
+                describe(*it), ", which the step writes");
+  }
+
+  bool enabled() const { return enabled_; }
 
   void check() {
     // An optimizer passes the same outputs at every step: ranges equal, in order, to the last call
     // this thread found apart are still apart, and the sort (the check's largest cost over
     // thousands of tensors) is skipped.
     thread_local std::vector<std::pair<uintptr_t, uintptr_t>> last_apart;
+    thread_local std::vector<Range> last_sorted;
+    sorted_ = &last_sorted;
     const auto same_as_last = [&] {
       if (last_apart.size() != ranges_.size()) return false;
       for (size_t k = 0; k < ranges_.size(); ++k)
@@ -92,6 +106,7 @@ class OutputRanges {
       if (ranges_[k].hi > ranges_[widest].hi) widest = k;
     }
     last_apart = std::move(in_order);
+    last_sorted = ranges_;
   }
 
  private:
@@ -99,6 +114,15 @@ class OutputRanges {
     uintptr_t lo, hi;
     int kind, param, slot;
   };
+  // The bytes from t's first element to the end of its last (a contiguous tensor: its elements).
+  static uintptr_t bytes_spanned(const at::Tensor& t) {
+    int64_t extent = t.numel();
+    if (!t.is_contiguous()) {
+      extent = 1;
+      for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+    }
+    return static_cast<uintptr_t>(extent * t.element_size());
+  }
   static std::string describe(const Range& r) {
     static const char* const kSlotPart[] = {"", "", "the values", "the codes", "the absmax"};
     const std::string pi = "parameter " + std::to_string(r.param);
@@ -110,9 +134,27 @@ class OutputRanges {
   bool enabled_;
   const char* op_;
   std::vector<Range> ranges_;
+  const std::vector<Range>* sorted_ = nullptr;  // the outputs by address, from check()
 };
 
+// A per-step value read where its tensor lies on the CPU: elsewhere the step reads it on the
+// device and the host never waits for it (optim_ops.h).
+void check_value(double v, kernels::HyperRange r, const char* op, const char* what, const char* hint = "") {
+  TORCH_CHECK(kernels::in_range(r, v), op, ": ", what, " must be ", kernels::range_text(r), ", got ", v, hint);
+}
+
+// Every tensor the step writes, as an in-place op of torch does: a graph that saved one of them
+// then refuses to use it in backward ("modified by an inplace operation") instead of reading the
+// stepped values.
+void bump_versions(const StepArgs& a) {
+  for (const auto* list : {&a.params, &a.counters, &a.state})
+    for (const at::Tensor& t : *list)
+      if (t.defined()) t.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
+
+void check_lr(double lr, const char* who) { check_value(lr, kernels::kLrRange, who, "lr"); }
 
 void check_step_config(const kernels::StepConfig& c, const char* who) {
 #define LOWBIT_CHECK_RANGE(type, name, default_value, range)                                               \
@@ -164,6 +206,10 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     }
     TORCH_CHECK(static_cast<int>(s) < rs.count && rs.used[s], op, ": slot ", s, " (", slot_type_name(a.slots[s]),
                 ") is not a state of ", kernels::rule_name(k.rule), " with these options");
+    TORCH_CHECK(a.slots[s].storage != kernels::SlotStorage::Quant || !rs.is_signed[s] ||
+                    format_is_signed(a.slots[s].format),
+                op, ": slot ", s, " (", rs.names[s], ") of ", kernels::rule_name(k.rule), " holds signed values; ",
+                slot_type_name(a.slots[s]), " is an unsigned format");
     c.num_slots = static_cast<int>(s) + 1;
     const bool quant = a.slots[s].storage == kernels::SlotStorage::Quant;
     tensors_per_param += quant ? 2 : 1;
@@ -217,6 +263,23 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                 ": lamb_norms must be float64 [", n, ", 2], got ", t.scalar_type(), " ", t.sizes());
     TORCH_CHECK(t.device() == device, op, ": lamb_norms is on ", t.device(), " but the parameters on ", device);
   }
+  if (device.is_cpu()) {
+    check_value(a.lr.item<double>(), kernels::kLrRange, op, "lr");
+    // A skipped call reads no other value (the sums of non-finite gradients are NaN).
+    if (!a.found_inf || a.found_inf->item<float>() == 0.0f) {
+      if (a.grad_scale) check_value(a.grad_scale->item<double>(), kernels::kGradScaleRange, op, "grad_scale");
+      if (a.grad_sumsq)
+        check_value(a.grad_sumsq->item<double>(), kernels::kGradSumsqRange, op, "grad_sumsq",
+                    " (to skip the step of non-finite gradients, pass found_inf)");
+      if (a.lamb_norms) {
+        const at::Tensor norms = a.lamb_norms->contiguous();
+        const double* v = norms.const_data_ptr<double>();
+        for (int64_t k = 0; k < 2 * n; ++k)
+          TORCH_CHECK(kernels::in_range(kernels::kLambNormRange, v[k]), op, ": lamb_norms[", k / 2, "][", k % 2,
+                      "] must be ", kernels::range_text(kernels::kLambNormRange), ", got ", v[k]);
+      }
+    }
+  }
 
   c.params.resize(n);
   size_t next = 0;
@@ -254,6 +317,16 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                 counters.scalar_type(), " ", counters.sizes());
     TORCH_CHECK(counters.device() == device, op, ": counters[", i, "] is on ", counters.device(),
                 " but the parameter on ", device);
+    if (device.is_cpu()) {
+      const int64_t* cv = counters.const_data_ptr<int64_t>();
+      TORCH_CHECK(cv[0] >= 0 && cv[0] < kernels::kMaxStepCount - 1, op, ": counters[", i, "][0] (steps taken) is ",
+                  cv[0], "; must be in [0, 2^53 - 1)");
+      TORCH_CHECK(cv[1] >= 0, op, ": counters[", i, "][1] (state blocks that overflowed) is ", cv[1],
+                  "; must be >= 0");
+    }
+    TORCH_CHECK(!param.requires_grad() || param.is_leaf(), op, ": parameter ", i,
+                " is not a leaf of the autograd graph (it is computed from other tensors); step the tensor it "
+                "comes from");
     p.param_data = outputs.address(param);
     p.counters_data = static_cast<int64_t*>(outputs.address(counters));
     if (!grad.is_meta() && numel > 0 && grad.is_contiguous()) p.grad_data = grad.const_data_ptr();
@@ -261,7 +334,9 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     outputs.add(counters, p.counters_data, OutputRanges::kCounters, static_cast<int>(i));
     p.offset = a.offsets.empty() ? 0 : a.offsets[i];
     p.rng_key = a.rng_keys.empty() ? 0 : a.rng_keys[i];
-    TORCH_CHECK(p.offset >= 0, op, ": offsets[", i, "] is ", p.offset, "; must be >= 0");
+    TORCH_CHECK(p.offset >= 0 && p.offset <= std::numeric_limits<int64_t>::max() - numel, op, ": offsets[", i,
+                "] is ", p.offset, "; must be >= 0, and the parameter's last element (offset + ", numel,
+                ") an int64");
     TORCH_CHECK(!first_quant || p.offset % c.block_size == 0, op, ": offsets[", i, "] is ", p.offset,
                 ", not a multiple of block_size ", c.block_size, ": a shard must start on a quantization block");
     for (int s = 0; s < c.num_slots; ++s) {
@@ -314,6 +389,8 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     }
   }
   outputs.check();
+  for (int64_t i = 0; i < n; ++i) outputs.check_gradient(a.grads[i], static_cast<int>(i));
+  if (outputs.enabled()) bump_versions(a);
   return c;
 }
 

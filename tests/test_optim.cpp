@@ -588,6 +588,8 @@ TEST(OptimOp, EveryHyperParameterOutsideItsRangeIsRefusedAndChangesNothing) {
       case k::HyperRange::Any: return;
       case k::HyperRange::Finite: values = {{-3.0, false}, {inf, true}, {-inf, true}, {nan, true}}; break;
       case k::HyperRange::NonNegative: values = {{0.0, false}, {-1.0, true}, {-1e-300, true}, {inf, true}, {nan, true}}; break;
+      case k::HyperRange::ZeroToInf: values = {{0.0, false}, {inf, false}, {-1e-300, true}, {nan, true}}; break;
+      case k::HyperRange::Positive: values = {{1e-300, false}, {0.0, true}, {-1.0, true}, {inf, true}, {nan, true}}; break;
       case k::HyperRange::UnitInterval:
         values = {{0.0, false}, {0.999999, false}, {1.0, true}, {-0.1, true}, {nan, true}, {inf, true}};
         break;

@@ -51,13 +51,15 @@ inline const char* rule_name(Rule r) {
   X(bool, maximize, false, Any)
 
 // Where a hyper-parameter's value must lie (NaN lies nowhere but in Any).
-enum class HyperRange { Any, Finite, NonNegative, UnitInterval };
+enum class HyperRange { Any, Finite, NonNegative, Positive, ZeroToInf, UnitInterval };
 
 inline bool in_range(HyperRange r, double v) {
   switch (r) {
     case HyperRange::Any: return true;
     case HyperRange::Finite: return std::isfinite(v);
     case HyperRange::NonNegative: return std::isfinite(v) && v >= 0;
+    case HyperRange::Positive: return std::isfinite(v) && v > 0;
+    case HyperRange::ZeroToInf: return v >= 0;
     case HyperRange::UnitInterval: return v >= 0 && v < 1;
   }
   return false;
@@ -68,10 +70,22 @@ inline const char* range_text(HyperRange r) {
     case HyperRange::Any: return "any value";
     case HyperRange::Finite: return "finite";
     case HyperRange::NonNegative: return "finite and >= 0";
+    case HyperRange::Positive: return "finite and > 0";
+    case HyperRange::ZeroToInf: return "in [0, inf]";
     case HyperRange::UnitInterval: return "in [0, 1)";
   }
   return "?";
 }
+
+// The per-step values a call reads from tensors (they may live on a device), and where each must
+// lie: the learning rate, AMP's loss scale, the squared norm of the gradients and LAMB's two sums
+// per parameter (infinite where a value overflowed, as torch's norms are; never NaN or negative),
+// and the step counter, below 2^53 so that t and t + 1 are exact in the double derive_hyper takes.
+constexpr HyperRange kLrRange = HyperRange::NonNegative;
+constexpr HyperRange kGradScaleRange = HyperRange::Positive;
+constexpr HyperRange kGradSumsqRange = HyperRange::ZeroToInf;
+constexpr HyperRange kLambNormRange = HyperRange::ZeroToInf;
+constexpr int64_t kMaxStepCount = int64_t(1) << 53;
 
 struct StepConfig {
   Rule rule = Rule::AdamW;

@@ -193,7 +193,80 @@ ROWS = [
      ["max_grad_norm", "-1"]),
     ("step: max_grad_norm without grad_sumsq", lambda: step(max_grad_norm=1.0), ["max_grad_norm", "grad_sumsq"]),
     ("step: t_alpha_beta3 negative", lambda: step(rule="AdEMAMix", t_alpha_beta3=-5), ["t_alpha_beta3", "-5"]),
+    ("step: a parameter that is not a leaf", lambda: step(params=[torch.randn(N, requires_grad=True) * 2]),
+     ["parameter 0", "not a leaf"]),
 ]
+
+# The per-step values in tensors, each out of its range: refused naming it, and nothing changes
+# (test_a_refused_step_changes_nothing). (row name, changes to step_args, substrings of the message)
+F64 = torch.float64
+STEP_VALUE_ROWS = [
+    ("lr NaN", dict(lr=torch.tensor([NAN], dtype=F64)), ["lr", "nan"]),
+    ("lr Inf", dict(lr=torch.tensor([INF], dtype=F64)), ["lr", "inf"]),
+    ("lr negative", dict(lr=torch.tensor([-1e-3], dtype=F64)), ["lr", "-0.001"]),
+    ("lr negative, float32", dict(lr=torch.tensor([-2.0])), ["lr", "-2"]),
+    ("grad_scale 0", dict(grad_scale=torch.zeros(1)), ["grad_scale", "0"]),
+    ("grad_scale negative", dict(grad_scale=torch.tensor([-65536.0])), ["grad_scale", "-65536"]),
+    ("grad_scale NaN", dict(grad_scale=torch.tensor([NAN])), ["grad_scale", "nan"]),
+    ("grad_sumsq NaN", dict(grad_sumsq=torch.tensor([NAN], dtype=F64), max_grad_norm=1.0), ["grad_sumsq", "nan"]),
+    ("grad_sumsq negative", dict(grad_sumsq=torch.tensor([-4.0], dtype=F64), max_grad_norm=1.0),
+     ["grad_sumsq", "-4"]),
+    ("lamb_norms NaN", dict(rule="LAMB", lamb_norms=torch.tensor([[1.0, NAN]], dtype=F64)),
+     ["lamb_norms[0][1]", "nan"]),
+    ("lamb_norms negative", dict(rule="LAMB", lamb_norms=torch.tensor([[-1.0, 2.0]], dtype=F64)),
+     ["lamb_norms[0][0]", "-1"]),
+    ("steps taken negative", dict(counters=[torch.tensor([-1, 0])]), ["counters[0][0]", "-1"]),
+    ("steps taken at 2^53", dict(counters=[torch.tensor([1 << 53, 0])]), ["counters[0][0]", str(1 << 53)]),
+    ("steps taken near int64's end", dict(counters=[torch.tensor([(1 << 63) - 1, 0])]),
+     ["counters[0][0]", str((1 << 63) - 1)]),
+    ("overflowed blocks negative", dict(counters=[torch.tensor([0, -3])]), ["counters[0][1]", "-3"]),
+    ("offset whose last element is past int64", dict(offsets=[(1 << 63) - 256]),
+     ["offsets[0]", str((1 << 63) - 256)]),
+    ("an unsigned format for the signed first moment", dict(slots=["Dyn8Unsigned", "Dyn8Unsigned"]),
+     ["slot 0", "exp_avg", "signed", "Dyn8Unsigned"]),
+]
+
+
+def aliasing_step_args():
+    """FP32 state whose first moment is also the gradient."""
+    m = torch.zeros(N)
+    return step_args(slots=["fp32", "fp32"], state=[m, torch.zeros(N)], grads=[m])
+
+
+STEP_VALUE_ROWS.append(("a gradient that is the first moment", None, ["gradient of parameter 0", "slot 0"]))
+
+
+def _tensors(a):
+    return [t for v in a.values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name,change,want", STEP_VALUE_ROWS, ids=[r[0] for r in STEP_VALUE_ROWS])
+def test_a_refused_step_names_the_value_and_changes_nothing(name, change, want):
+    a = aliasing_step_args() if change is None else step_args(**change)
+    tensors = _tensors(a)
+    before = [t.clone() for t in tensors]
+    versions = [t._version for t in tensors]
+    with pytest.raises(RuntimeError) as e:
+        ops.optim_step_(a.pop("params"), a.pop("grads"), a.pop("state"), a.pop("counters"), a.pop("lr"), **a)
+    for w in want:
+        assert w in str(e.value), f"{name}: the message does not name {w!r}: {e.value}"
+    for t, b, v in zip(tensors, before, versions):
+        assert torch.equal(t, b) or (t.isnan() == b.isnan()).all() and torch.equal(t.nan_to_num(), b.nan_to_num())
+        assert t._version == v, f"{name}: a refused call bumped a version counter"
+
+
+def test_the_step_bumps_the_version_of_what_it_writes():
+    """A graph that saved the parameter refuses to backward through the stepped value, as it does
+    after torch's in-place ops (and torch's fused optimizers)."""
+    p = torch.randn(N, requires_grad=True)
+    loss = (p * p).sum()  # saves p
+    a = step_args(params=[p.detach()])
+    written = a["params"] + a["counters"] + a["state"]
+    versions = [t._version for t in written]
+    ops.optim_step_(a.pop("params"), a.pop("grads"), a.pop("state"), a.pop("counters"), a.pop("lr"), **a)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    assert all(t._version > v for t, v in zip(written, versions))
 
 # NaN / Inf in every float hyper-parameter of optim_step_ and optim_lamb_norms.
 for _op in ("optim_step_", "optim_lamb_norms"):
@@ -272,6 +345,52 @@ ROWS += [
     ("pack_codes: codes float", lambda: ops.pack_codes(torch.zeros(8), 4), ["codes", "Float"]),
     ("unpack_codes: numel negative", lambda: ops.unpack_codes(torch.zeros(0, dtype=torch.uint8), 4, -1),
      ["numel", "-1"]),
+    ("fake_quant_static: scale 0", lambda: ops.fake_quant_static(g8, torch.zeros(8), torch.zeros(8), 64, 4, True),
+     ["scale[0]", "0"]),
+    ("fake_quant_static: scale negative",
+     lambda: ops.fake_quant_static(g8, torch.tensor([1.0] * 7 + [-0.5]), torch.zeros(8), 64, 4, True),
+     ["scale[7]", "-0.5"]),
+    ("fake_quant_static: scale NaN",
+     lambda: ops.fake_quant_static(g8, torch.tensor([NAN] + [1.0] * 7), torch.zeros(8), 64, 4, True),
+     ["scale[0]", "nan"]),
+    ("fake_quant_static: zero_point past int4",
+     lambda: ops.fake_quant_static(g8, torch.ones(8), torch.tensor([0.0, 8.0] + [0.0] * 6), 64, 4, True),
+     ["zero_point[1]", "[-8, 7]", "8"]),
+    ("fake_quant_static: zero_point below uint4",
+     lambda: ops.fake_quant_static(g8, torch.ones(8), torch.full((8,), -1.0), 64, 4, False),
+     ["zero_point[0]", "[0, 15]", "-1"]),
+    ("fake_quant_static: zero_point fractional",
+     lambda: ops.fake_quant_static(g8, torch.ones(8), torch.full((8,), 0.5), 64, 4, True), ["zero_point[0]", "0.5"]),
+    ("fake_quant_static: zero_point NaN",
+     lambda: ops.fake_quant_static(g8, torch.ones(8), torch.full((8,), NAN), 64, 4, True), ["zero_point[0]", "nan"]),
+    ("fake_quant_lsq_backward: scale 0",
+     lambda: ops.fake_quant_lsq_backward(g8, g8, torch.zeros(8), torch.zeros(8), 64, 4, True, 1.0), ["scale[0]", "0"]),
+    ("quantize_codes: zero_point past int8",
+     lambda: ops.quantize_codes(g8, torch.ones(8), torch.full((8,), 128.0), 64, 8, True), ["zero_point[0]", "128"]),
+    ("dequantize_codes: scale Inf",
+     lambda: ops.dequantize_codes(torch.zeros(8, 64, dtype=torch.uint8), torch.full((8,), INF), torch.zeros(8), 64, 4,
+                                  False, torch.float32), ["scale[0]", "inf"]),
+    ("fake_quant_qparams: min > max",
+     lambda: ops.fake_quant_qparams(torch.tensor([-1.0, 2.0]), torch.tensor([1.0, 1.0]), 4, True, True, 1e-6),
+     ["min[1]", "max[1]", "min <= max"]),
+    ("fake_quant_qparams: max NaN",
+     lambda: ops.fake_quant_qparams(torch.tensor([-1.0]), torch.tensor([NAN]), 4, True, False, 1e-6),
+     ["max[0]", "nan"]),
+    ("pack_codes: a code of 5 bits in 4", lambda: ops.pack_codes(torch.tensor([0x1F, 0x02], dtype=torch.uint8), 4),
+     ["codes[0]", "31", "[0, 15]"]),
+    ("pack_codes: a code of 8 bits in 6",
+     lambda: ops.pack_codes(torch.tensor([1, 2, 255], dtype=torch.uint8), 6), ["codes[2]", "255", "[0, 63]"]),
+    ("dequantize: absmax NaN", lambda: ops.dequantize_blockwise(codes, absmax.clone().fill_(NAN), "Dyn8Signed", 0,
+                                                                [1000]), ["absmax[0]", "nan"]),
+    ("dequantize: absmax Inf", lambda: ops.dequantize_blockwise(codes, torch.cat([absmax[:3], torch.tensor([INF])]),
+                                                                "Dyn8Signed", 0, [1000]), ["absmax[3]", "inf"]),
+    ("dequantize: absmax negative", lambda: ops.dequantize_blockwise(codes, -absmax, "Dyn8Signed", 0, [1000]),
+     ["absmax[0]", "-"]),
+    ("dequantize_reference: absmax negative",
+     lambda: ops.dequantize_blockwise_reference(codes, -absmax, "Dyn8Signed", 0, [1000]), ["absmax[0]", "-"]),
+    ("dequantize_codes: a code of 5 bits in 4",
+     lambda: ops.dequantize_codes(torch.full((8, 64), 16, dtype=torch.uint8), torch.ones(8), torch.zeros(8), 64, 4,
+                                  True, torch.float32), ["codes[0]", "16", "[0, 15]"]),
     ("unpack_codes: numel past the packed bytes", lambda: ops.unpack_codes(torch.zeros(4, dtype=torch.uint8), 4, 9),
      ["numel", "9"]),
 ]
@@ -316,3 +435,24 @@ def test_valid_inputs_of_the_same_kinds_work():
     ops.optim_step_(e.pop("params"), e.pop("grads"), e.pop("state"), e.pop("counters"), e.pop("lr"),
                     weight_decay=0.0, eps=1e-30, beta1=0.0, **e)
     assert torch.isfinite(p).all()
+    # Per-step values at their edges: lr 0 leaves AdamW's parameter as it was, an infinite gradient
+    # norm clips to 0 (as torch's clip_grad_norm_), NaN sums of a call found_inf skips are not read,
+    # and a step count just below 2^53 - 1 is taken.
+    z = step_args(lr=torch.zeros(1, dtype=F64), weight_decay=0.5)
+    pz = z["params"][0]
+    p0 = pz.clone()
+    ops.optim_step_(z.pop("params"), z.pop("grads"), z.pop("state"), z.pop("counters"), z.pop("lr"), **z)
+    assert torch.equal(pz, p0)
+    f = step_args(grad_sumsq=torch.tensor([NAN], dtype=F64), max_grad_norm=1.0, found_inf=torch.ones(1))
+    p = f["params"][0].clone()
+    pf = f["params"][0]
+    ops.optim_step_(f.pop("params"), f.pop("grads"), f.pop("state"), f.pop("counters"), f.pop("lr"), **f)
+    assert torch.equal(pf, p)
+    step(grad_sumsq=torch.tensor([INF], dtype=F64), max_grad_norm=1.0)
+    step(counters=[torch.tensor([(1 << 53) - 2, 0])])
+    # QAT: zero points at both ends of the grid; codes at the top of their width.
+    for zp in (-8.0, 7.0):
+        ops.fake_quant_static(g8, torch.ones(8), torch.full((8,), zp), 64, 4, True)
+    ops.fake_quant_qparams(torch.tensor([1.0]), torch.tensor([1.0]), 4, True, False, 1e-6)
+    assert ops.pack_codes(torch.tensor([15, 15], dtype=torch.uint8), 4).tolist() == [255]
+    ops.dequantize_blockwise(codes, torch.zeros_like(absmax), "Dyn8Signed", 0, [1000])

@@ -133,7 +133,8 @@ def test_every_qat_op_infers_its_outputs_on_meta_tensors():
     def real(shape, dtype):
         if dtype == torch.uint8:
             return torch.randint(0, 16, shape, dtype=dtype)
-        return torch.rand(shape, dtype=dtype) + 0.5  # positive scales; finite inputs
+        # Small positive integers: valid scales and zero points of every format here; finite inputs.
+        return torch.randint(1, 4, shape).to(dtype)
     meta_calls = _qat_calls(lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta"))
     real_calls = _qat_calls(real)
     assert len(meta_calls) == 17

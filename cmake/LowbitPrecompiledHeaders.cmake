@@ -15,3 +15,35 @@ function(lowbit_precompile_torch)
     target_precompile_headers(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<torch/torch.h>>")
   endforeach()
 endfunction()
+
+# lowbit_reuse_torch_pch(TARGET...): the programs of one or two source files (CLI, tools, examples,
+# benches) share one precompiled header instead of each parsing libtorch's headers again (~15 s of
+# CPU a program). GCC uses a precompiled header only where the flags that shape it match, so there
+# are two: with OpenMP (_OPENMP reaches ATen's headers) and without; each program takes the one of
+# its flags (call it after target_link_libraries). A header that does not match is ignored by GCC,
+# which then parses the headers as before: slower, never wrong.
+function(lowbit_reuse_torch_pch)
+  if(NOT LOWBIT_PRECOMPILE_TORCH)
+    return()
+  endif()
+  foreach(target ${ARGN})
+    get_target_property(libs ${target} LINK_LIBRARIES)
+    set(anchor lowbit_program_pch)
+    if("OpenMP::OpenMP_CXX" IN_LIST libs)
+      set(anchor lowbit_program_pch_openmp)
+    endif()
+    if(NOT TARGET ${anchor})
+      set(source ${PROJECT_BINARY_DIR}/generated/program_pch_anchor.cpp)
+      if(NOT EXISTS ${source})
+        file(WRITE ${source} "// Compiled only to build the programs' precompiled <torch/torch.h>.\n")
+      endif()
+      add_library(${anchor} OBJECT ${source})
+      target_link_libraries(${anchor} PRIVATE lowbit)
+      if(anchor STREQUAL lowbit_program_pch_openmp)
+        target_link_libraries(${anchor} PRIVATE OpenMP::OpenMP_CXX)
+      endif()
+      target_precompile_headers(${anchor} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<torch/torch.h>>")
+    endif()
+    target_precompile_headers(${target} REUSE_FROM ${anchor})
+  endforeach()
+endfunction()

@@ -215,9 +215,16 @@ LOWBIT_HD double lamb_add_block_sums(int64_t n, BlockSum block_sum) {
 
 // The same over interleaved pairs, sums[2 b] = block b's sum of p^2 and sums[2 b + 1] its sum of
 // r^2 (how the CPU kernel and the sharded optimizer hold them): out[0] and out[1].
+// A functor, not a host lambda: nvcc warns (20013) where a __host__ __device__ template calls one.
+struct BlockSumOfPair {
+  const double* sums;
+  int k;  // 0: p^2, 1: r^2
+  LOWBIT_HD double operator()(int64_t b) const { return sums[2 * b + k]; }
+};
+
 inline void lamb_add_block_sum_pairs(const double* sums, int64_t n, double* out) {
-  out[0] = lamb_add_block_sums(n, [sums](int64_t b) { return sums[2 * b]; });
-  out[1] = lamb_add_block_sums(n, [sums](int64_t b) { return sums[2 * b + 1]; });
+  out[0] = lamb_add_block_sums(n, BlockSumOfPair{sums, 0});
+  out[1] = lamb_add_block_sums(n, BlockSumOfPair{sums, 1});
 }
 
 // The stochastic-rounding seed of one parameter at step t: a hash of the optimizer's seed, the

@@ -59,7 +59,9 @@ int store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, in
 
 void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* out) {
   switch (s.storage) {
-    case SlotStorage::None: return;
+    case SlotStorage::None:
+    case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
+    case SlotStorage::Int8: return;
     case SlotStorage::F32: load_block(s.values, ElemType::F32, begin, len, out); return;
     case SlotStorage::BF16: load_block(s.values, ElemType::BF16, begin, len, out); return;
     case SlotStorage::Quant: {
@@ -80,7 +82,9 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
 // Quantized slots: scan the block's new values (in v) and encode them; dense slots: store.
 int encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v) {
   switch (s.storage) {
-    case SlotStorage::None: return 0;
+    case SlotStorage::None:
+    case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
+    case SlotStorage::Int8: return 0;
     case SlotStorage::F32: std::copy(v, v + len, static_cast<float*>(s.values) + begin); return 0;
     case SlotStorage::BF16: {
       bf16_t* out = static_cast<bf16_t*>(s.values) + begin;
@@ -343,7 +347,9 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
     for (int k = 0; k < t.num_slots; ++k) {
       const VecSlot& v = slot[k];
       switch (v.storage) {
-        case SlotStorage::None: break;
+        case SlotStorage::None:
+        case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
+        case SlotStorage::Int8: break;
         case SlotStorage::F32: s[k] = (f32x16)_mm512_maskz_loadu_ps(m, v.values + begin + i); break;
         case SlotStorage::BF16: s[k] = (f32x16)load16(v.bf16, ElemType::BF16, begin + i, m); break;
         case SlotStorage::Quant: s[k] = (f32x16)decode16(v, i, m); break;
@@ -353,7 +359,9 @@ LOWBIT_AVX512 int step_block_avx512(const ParamTask& t, int64_t block, float gra
     for (int k = 0; k < t.num_slots; ++k) {
       VecSlot& v = slot[k];
       switch (v.storage) {
-        case SlotStorage::None: break;
+        case SlotStorage::None:
+        case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
+        case SlotStorage::Int8: break;
         case SlotStorage::F32: _mm512_mask_storeu_ps(v.values + begin + i, m, (__m512)s[k]); break;
         case SlotStorage::BF16: store16_bf16(v.bf16 + begin + i, (__m512)s[k], m); break;
         case SlotStorage::Quant:

@@ -11,6 +11,7 @@
 #include <lowbit/tensors/fake_quant_ops.h>
 
 #include "timing.h"
+#include <lowbit/tools/program_args.h>
 
 namespace qat = lowbit::qat;
 using at::Tensor;
@@ -134,6 +135,10 @@ void bench_linear(int64_t rows, int64_t in, int64_t out, bool cuda, const at::Te
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv,
+                               "usage: bench_fake_quant [--device cpu|cuda] [--rows N] [--cols N] [--reps N]\n"
+                               "Fused fake-quant ops against the same math as separate ATen ops.\n"))
+    return 0;
   std::string device = "cpu";
   int64_t rows = 0, cols = 4096;
   int reps = 10;

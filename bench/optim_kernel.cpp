@@ -18,6 +18,7 @@
 #include <lowbit/kernels/cpu/optim_step_cpu.h>
 
 #include "timing.h"
+#include <lowbit/tools/program_args.h>
 
 namespace k = lowbit::kernels;
 
@@ -86,9 +87,14 @@ struct Problem {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: bench_optim_kernel [N [ROUNDS [ONLY]]]\n"
+    "The CPU step kernel alone (no torch) over N elements; ONLY: one row's name.\n";
+
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
-  const int rounds = argc > 2 ? std::stoi(argv[2]) : 15;
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
+  const int64_t n = argc > 1 ? lowbit_tools::int_arg(argv[1], "N", 1, kUsage) : (int64_t(1) << 26);
+  const int rounds = argc > 2 ? static_cast<int>(lowbit_tools::int_arg(argv[2], "ROUNDS", 1, kUsage)) : 15;
   const std::string only = argc > 3 ? argv[3] : "";
   std::printf("numel %lld, %d threads, median of %d rounds (memcpy, pre-pass, step back to back)\n",
               static_cast<long long>(n), omp_get_max_threads(), rounds);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include <lowbit/lowbit.h>
+#include <lowbit/tools/program_args.h>
 
 #include "timing.h"
 #ifdef LOWBIT_BENCH_HAS_GPU_STEP
@@ -50,7 +51,12 @@ struct AtenFusedAdamW {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: bench_optim_step [--device cpu|cuda] [N [REPS]]\n"
+    "One optimizer step over N parameters per rule and state format, against ATen's fused AdamW.\n";
+
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
   if (argc > 1 && std::string(argv[1]) == "--device") {
     const std::string device = argc > 2 ? argv[2] : "";
     if (device == "cuda") {
@@ -69,8 +75,8 @@ int main(int argc, char** argv) {
     argv += 2;
     argc -= 2;
   }
-  const int64_t n = argc > 1 ? std::stoll(argv[1]) : (int64_t(1) << 26);
-  const int reps = argc > 2 ? std::stoi(argv[2]) : 10;
+  const int64_t n = argc > 1 ? lowbit_tools::int_arg(argv[1], "N", 1, kUsage) : (int64_t(1) << 26);
+  const int reps = argc > 2 ? static_cast<int>(lowbit_tools::int_arg(argv[2], "REPS", 1, kUsage)) : 10;
   std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n),
               omp_get_max_threads(), reps);
 

@@ -14,14 +14,20 @@
 #endif
 
 #include "timing.h"
+#include <lowbit/tools/program_args.h>
 
 namespace lk = lowbit::kernels;
 
+constexpr const char* kUsage =
+    "usage: bench_quantize [N [cpu|cuda [REPS]]]\n"
+    "Blockwise quantize / dequantize of N float32 values, every format, against the ATen reference.\n";
+
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
   const std::string dev = argc > 2 ? argv[2] : (torch::cuda::is_available() ? "cuda" : "cpu");
   const bool cuda = dev == "cuda";
-  const int64_t n = argc > 1 ? std::stoll(argv[1]) : (cuda ? (int64_t(1) << 28) : (int64_t(1) << 26));
-  const int reps = argc > 3 ? std::stoi(argv[3]) : 20;
+  const int64_t n = argc > 1 ? lowbit_tools::int_arg(argv[1], "N", 1, kUsage) : (cuda ? (int64_t(1) << 28) : (int64_t(1) << 26));
+  const int reps = argc > 3 ? static_cast<int>(lowbit_tools::int_arg(argv[3], "REPS", 1, kUsage)) : 20;
 #ifndef LOWBIT_BENCH_CUDA
   if (cuda) {
     std::fprintf(stderr, "bench built without CUDA\n");

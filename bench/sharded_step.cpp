@@ -20,12 +20,17 @@
 #include <lowbit/lowbit.h>
 
 #include "timing.h"
+#include <lowbit/tools/program_args.h>
 
 namespace ld = lowbit::distributed;
 using lowbit_bench::median;
 using lowbit_bench::now_ms;
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv,
+                               "usage: mpirun -np N bench_sharded_step [--cuda] [PARAMS [NUMEL [REPS]]]\n"
+                               "The sharded step's parts against NCCL's (or MPI's) bus bandwidth.\n"))
+    return 0;
   bool cuda = false;
   std::vector<int64_t> nums;
   for (int i = 1; i < argc; ++i) {

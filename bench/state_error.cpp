@@ -14,6 +14,7 @@
 #include <lowbit/lowbit.h>
 
 #include "../examples/idx_reader.h"
+#include <lowbit/tools/program_args.h>
 
 namespace lo = lowbit::optim;
 using lowbit::QuantFormat;
@@ -128,6 +129,10 @@ int from_files(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv,
+                               "usage: bench_state_error [--steps S1,S2,...] [--dir DIR] | --moments FILE\n"
+                               "The error of each state format on AdamW moments of a Fashion-MNIST MLP.\n"))
+    return 0;
   std::vector<int64_t> snapshots = {50, 300, 1500};
   std::string dir = lowbit_examples::kFashionMnistDir;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -19,6 +19,7 @@
 #include <lowbit/tensors/optim_ops.h>
 
 #include "timing.h"
+#include <lowbit/tools/program_args.h>
 
 namespace lo = lowbit::optim;
 using lowbit::StateFormat;
@@ -54,6 +55,10 @@ StateFormat parse_format(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv,
+                               "usage: bench_step_host [cpu|cuda [TENSORS [NUMEL [FORMAT [bf16_master24]]]]]\n"
+                               "The host's time of one step over many small tensors, by layer.\n"))
+    return 0;
   const at::Device dev(argc > 1 ? argv[1] : "cpu");
   const int64_t n = argc > 2 ? std::atoll(argv[2]) : 4096;
   const int64_t numel = argc > 3 ? std::atoll(argv[3]) : 4096;

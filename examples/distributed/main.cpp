@@ -15,6 +15,7 @@
 #include <lowbit/lowbit.h>
 
 #include "../fashion_mnist/fashion_mnist.h"
+#include <lowbit/tools/program_args.h>
 
 namespace ld = lowbit::distributed;
 namespace ex = lowbit_examples;
@@ -84,6 +85,13 @@ double compare_curves(const std::vector<double>& mine, const std::vector<double>
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv,
+                               "usage: mpirun -np N distributed_fashion_mnist [--steps N] [--batch N] [--optimizer NAME]\n"
+                               "         [--format NAME] [--lr X] [--dir DIR] [--out CSV] [--compare CSV]\n"
+                               "         [--tolerance X] [--no-eval]\n"
+                               "Data-parallel Fashion-MNIST with ShardedOptimizer; --compare checks the loss curve\n"
+                               "against another run's CSV.\n"))
+    return 0;
   Flags f;
   try {
     f = parse(argc, argv);

@@ -13,6 +13,7 @@
 #include <lowbit/lowbit.h>
 
 #include "fashion_mnist.h"
+#include <lowbit/tools/program_args.h>
 
 namespace lo = lowbit::optim;
 using lowbit::StateFormat;
@@ -31,7 +32,13 @@ struct Result {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: fashion_mnist [--optimizer adamw|adam|sgd|...] [--formats FP32,BF16,Q8,Q4,FP8,C8] [--epochs N]\n"
+    "                     [--batch N] [--lr X] [--device cpu|cuda] [--dir DIR] [--out PREFIX]\n"
+    "Trains an MLP on Fashion-MNIST once per state format and writes PREFIX.csv / PREFIX.png.\n";
+
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
   std::string optimizer = "adamw", formats = "FP32,BF16,Q8,Q4,FP8,C8", device = "cpu", out = "fashion_mnist";
   std::string dir = lowbit_examples::kFashionMnistDir;
   int epochs = 1;

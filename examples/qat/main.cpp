@@ -17,6 +17,7 @@
 #include <lowbit/lowbit.h>
 
 #include "../idx_reader.h"
+#include <lowbit/tools/program_args.h>
 
 namespace qat = lowbit::qat;
 
@@ -84,7 +85,14 @@ struct Row {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: qat_fashion_mnist [--seeds N] [--epochs N] [--qat-steps N] [--batch N] [--lr X] [--qat-lr X]\n"
+    "                         [--group-size N] [--weight-bits N] [--train-limit N] [--test-limit N]\n"
+    "                         [--dir DIR] [--out PREFIX] [--ci]\n"
+    "float32 against post-training quantization against QAT (then convert) on Fashion-MNIST.\n";
+
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
   int seeds = 3, epochs = 1;
   int64_t qat_steps = 300, batch = 128, group_size = 32, weight_bits = 4, train_limit = 0, test_limit = 0, pre_steps_ci = 0;
   double lr = 1e-3, qat_lr = 1e-4;

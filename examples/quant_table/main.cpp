@@ -8,17 +8,23 @@
 #include <string>
 
 #include "../idx_reader.h"
+#include <lowbit/tools/program_args.h>
+
+constexpr const char* kUsage =
+    "usage: quant_table [--dir DIR] [--device cpu|cuda] [--block N]\n"
+    "Each state format's quantization error on real AdamW moments, as a table.\n";
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
   std::string dir = lowbit_examples::kFashionMnistDir, device = "cpu";
   int64_t block = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--dir" && i + 1 < argc) dir = argv[++i];
     else if (a == "--device" && i + 1 < argc) device = argv[++i];
-    else if (a == "--block" && i + 1 < argc) block = std::stoll(argv[++i]);
+    else if (a == "--block" && i + 1 < argc) block = lowbit_tools::int_arg(argv[++i], "--block", 0, kUsage);
     else {
-      std::fprintf(stderr, "usage: quant_table [--dir DIR] [--device cpu|cuda] [--block N]\n");
+      std::fprintf(stderr, "quant_table: unknown flag or missing value: %s\n%s", a.c_str(), kUsage);
       return 2;
     }
   }

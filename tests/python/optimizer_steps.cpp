@@ -9,8 +9,13 @@
 #include <iterator>
 
 #include <lowbit/lowbit.h>
+#include <lowbit/tools/program_args.h>
 
 int main(int argc, char** argv) {
+  if (lowbit_tools::wants_help(argc, argv,
+                               "usage: lowbit_optimizer_steps IN OUT\n"
+                               "Runs the optimizer steps IN describes (tests/python) and writes the results to OUT.\n"))
+    return 0;
   if (argc != 3) {
     std::cerr << "usage: lowbit_optimizer_steps IN OUT\n";
     return 2;

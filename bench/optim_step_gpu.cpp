@@ -21,6 +21,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <lowbit/lowbit.h>
+#include <lowbit/tools/program_args.h>
 
 #include "optim_step_gpu.h"
 #include "timing.h"
@@ -180,14 +181,19 @@ double aten_fused_row(const std::string& name, int64_t tensors, int64_t rows, in
 }  // namespace
 
 int lowbit_bench::optim_step_gpu_main(int argc, char** argv) {
+  constexpr const char* kUsage =
+      "usage: bench_optim_step_gpu [TENSORS [ROWS [COLS [REPS]]]]\n"
+      "One optimizer step on the GPU per rule and state format over TENSORS tensors of ROWS x COLS,\n"
+      "beside ATen's fused AdamW and a device copy (medians of REPS steps).\n";
+  if (lowbit_tools::wants_help(argc, argv, kUsage)) return 0;
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "optim_step_gpu: no CUDA device visible\n");
     return 2;
   }
-  g_tensors = argc > 1 ? std::stoll(argv[1]) : 64;
-  g_rows = argc > 2 ? std::stoll(argv[2]) : 4096;
-  g_cols = argc > 3 ? std::stoll(argv[3]) : 4096;
-  g_reps = argc > 4 ? std::stoll(argv[4]) : 20;
+  g_tensors = argc > 1 ? lowbit_tools::int_arg(argv[1], "TENSORS", 1, kUsage) : 64;
+  g_rows = argc > 2 ? lowbit_tools::int_arg(argv[2], "ROWS", 1, kUsage) : 4096;
+  g_cols = argc > 3 ? lowbit_tools::int_arg(argv[3], "COLS", 1, kUsage) : 4096;
+  g_reps = argc > 4 ? lowbit_tools::int_arg(argv[4], "REPS", 1, kUsage) : 20;
   const int64_t n = g_tensors * g_rows * g_cols;
   std::printf("GPU %s, %lld tensors of %lld x %lld = %.3f B params, median of %lld steps\n",
               at::cuda::getCurrentDeviceProperties()->name, (long long)g_tensors, (long long)g_rows, (long long)g_cols,

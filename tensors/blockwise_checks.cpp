@@ -93,21 +93,24 @@ std::tuple<at::Tensor, at::Tensor> allocate_quantized(const QuantizeArgs& a) {
           at::empty({num_blocks(n, a.block_size)}, opts.dtype(at::kFloat))};
 }
 
+int64_t first_true(const at::Tensor& bad) {
+  const at::Tensor flat = bad.reshape(-1);
+  if (flat.numel() == 0 || !flat.any().item<bool>()) return -1;
+  return flat.nonzero()[0][0].item<int64_t>();
+}
+
 void check_absmax_values(const DequantizeArgs& a, const char* op) {
-  if (a.absmax.numel() == 0 || a.absmax.is_meta()) return;
-  const at::Tensor bad = a.absmax.isnan() | (a.absmax < 0) | a.absmax.isinf();
-  if (!bad.any().item<bool>()) return;
-  const int64_t b = bad.nonzero().select(1, 0)[0].item<int64_t>();
+  if (a.absmax.is_meta()) return;
+  const int64_t b = first_true(a.absmax.isnan() | (a.absmax < 0) | a.absmax.isinf());
+  if (b < 0) return;
   TORCH_CHECK(false, op, ": absmax[", b, "] is ", a.absmax[b].item<float>(),
               "; a block's absmax is a finite scale >= 0 (NaN or negative: the block was flagged invalid when it "
               "was quantized or stepped, and has no values to decode)");
 }
 
 void check_absmax_flags(const at::Tensor& absmax, const QuantizeArgs& a, const char* op) {
-  if (absmax.numel() == 0) return;
-  const at::Tensor bad = absmax.isnan() | (absmax < 0);
-  if (!bad.any().item<bool>()) return;
-  const int64_t b = bad.nonzero().select(1, 0)[0].item<int64_t>();
+  const int64_t b = first_true(absmax.isnan() | (absmax < 0));
+  if (b < 0) return;
   const int64_t first = b * a.block_size;
   const int64_t last = std::min(first + a.block_size, a.input.numel()) - 1;
   const bool nonfinite = std::isnan(absmax[b].item<float>());

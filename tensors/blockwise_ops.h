@@ -56,6 +56,9 @@ std::tuple<at::Tensor, at::Tensor> allocate_quantized(const QuantizeArgs& a);
 
 // Raises if a block's absmax carries the in-band invalid-input flag (kernels/common/encode.h).
 void check_absmax_flags(const at::Tensor& absmax, const QuantizeArgs& a, const char* op);
+// The flat index of the first element of `bad` (bool) that is true, or -1 where none is: how a check
+// over a whole tensor names the element it refuses (one wait for a device).
+int64_t first_true(const at::Tensor& bad);
 
 kernels::ElemType elem_type(at::ScalarType t);
 

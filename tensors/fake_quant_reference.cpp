@@ -3,6 +3,7 @@
 // kernels that serve any device without a dedicated one; the code ops of convert() live only here.
 #include <torch/library.h>
 
+#include "blockwise_ops.h"  // first_true
 #include "fake_quant_ops.h"
 #include "float_codes.h"  // round_to_float_format: the rounding convert() stores too
 
@@ -19,19 +20,17 @@ Range range_of(int bits, bool is_signed) {
   return {0.0, double((int64_t(1) << bits) - 1)};
 }
 
-// A float32 tensor like `t` filled with v: dividing by a tensor (not a Scalar) keeps a true
-// division on every device (CUDA turns division by a CPU scalar into a multiply by its reciprocal).
 // Every code of `codes` (uint8) within `bits` bits (one wait for a device: convert() runs once).
 void check_codes_fit(const at::Tensor& codes, int64_t bits, const char* op) {
-  if (codes.numel() == 0 || bits >= 8 || codes.is_meta()) return;
+  if (bits >= 8 || codes.is_meta()) return;
   const at::Tensor flat = codes.reshape(-1);
-  const at::Tensor bad = at::bitwise_right_shift(flat, bits).ne(0);
-  if (!bad.any().item<bool>()) return;
-  const int64_t i = bad.nonzero()[0][0].item<int64_t>();
-  TORCH_CHECK(false, op, ": codes[", i, "] is ", flat[i].item<int64_t>(), "; codes of ", bits, " bits are in [0, ",
-              (int64_t(1) << bits) - 1, "]");
+  const int64_t i = first_true(at::bitwise_right_shift(flat, bits).ne(0));
+  TORCH_CHECK(i < 0, op, ": codes[", i, "] is ", flat[i].item<int64_t>(), "; codes of ", bits,
+              " bits are in [0, ", (int64_t(1) << bits) - 1, "]");
 }
 
+// A float32 tensor like `t` filled with v: dividing by a tensor (not a Scalar) keeps a true
+// division on every device (CUDA turns division by a CPU scalar into a multiply by its reciprocal).
 at::Tensor full_as(const at::Tensor& t, double v) { return at::full_like(t, v, t.options().dtype(at::kFloat)); }
 
 // Packs a bool tensor of n elements into (n + 7) / 8 bytes, element i at bit i % 8 of byte i / 8.
@@ -90,15 +89,12 @@ std::tuple<at::Tensor, at::Tensor> fake_quant_qparams_reference(const at::Tensor
   TORCH_CHECK(bits >= 2 && bits <= 8, op, ": bits must be in [2, 8], got ", bits);
   check_eps(eps, op);
   TORCH_CHECK(min.sizes() == max.sizes(), op, ": min ", min.sizes(), " and max ", max.sizes(), " differ in shape");
-  if (min.numel() > 0 && !min.is_meta() && !max.is_meta()) {
+  if (!min.is_meta() && !max.is_meta()) {
     // An observer's range: NaN or min > max has no scale (one wait for a device: observers run once
     // per calibration batch, not per element).
-    const at::Tensor bad = (min > max) | min.isnan() | max.isnan();
-    if (bad.any().item<bool>()) {
-      const int64_t i = bad.reshape(-1).nonzero()[0][0].item<int64_t>();
-      TORCH_CHECK(false, op, ": min[", i, "] = ", min.reshape(-1)[i].item<double>(), " and max[", i, "] = ",
-                  max.reshape(-1)[i].item<double>(), "; need min <= max, neither NaN");
-    }
+    const int64_t i = first_true((min > max) | min.isnan() | max.isnan());
+    TORCH_CHECK(i < 0, op, ": min[", i, "] = ", min.reshape(-1)[i].item<double>(), " and max[", i,
+                "] = ", max.reshape(-1)[i].item<double>(), "; need min <= max, neither NaN");
   }
   return qparams_of(min, max, bits, is_signed, symmetric, eps);
 }

@@ -70,11 +70,14 @@ bool reduces_natively(at::ScalarType t) { return t != at::kHalf && t != at::kBFl
 // Two locks, always taken in this order when both are needed:
 //   nccl_mu: held around every NCCL call on `comm` (enqueue, ncclCommGetAsyncError, ncclCommAbort,
 //     ncclCommDestroy): NCCL lets several threads use a communicator only one at a time (NCCL user
-//     guide, "Thread Safety"), and an abort must not race an enqueue. With a non-blocking
-//     communicator no NCCL call blocks for long, so the watchdog can always get in to abort
-//     ("All NCCL calls can be non-blocking to ensure ncclCommAbort can be called at any point",
-//     NCCL user guide, "Fault Tolerance").
-//   mu: the collectives in flight, the event pool, the recorded failure, the waiters and `stop`.
+//     guide, "Thread Safety"), and an abort must not race an enqueue (ncclCommAbort frees what a
+//     call in progress still uses). `comm` is a blocking communicator: a non-blocking one starts a
+//     thread for every collective (NCCL 2.28, src/group.cc) and cost the overlapped step 2x (bench/
+//     HISTORY.md). A blocking enqueue returns at once except where NCCL connects to a peer (the
+//     first use of an algorithm); one that a dead peer keeps inside NCCL past the timeout (`busy`)
+//     cannot be aborted under this lock, and ending the process is then the only way out of a hang.
+//   mu: the collectives in flight, the NCCL call in progress, the event pool, the recorded failure,
+//     the waiters and `stop`.
 //     No CUDA or NCCL call that can block is made under it (cudaEventQuery does not block).
 
 struct InFlight {
@@ -97,10 +100,22 @@ struct NcclCommunicator::Impl {
   std::thread::id mpi_main;          // the thread that initialized MPI, where known
 
   std::mutex nccl_mu;
-  ncclComm_t comm = nullptr;    // under nccl_mu; null once aborted or destroyed
+  // Under nccl_mu; null once aborted or destroyed. `setup` is the non-blocking communicator whose
+  // initialization the timeout bounds; `comm`, split from it, the blocking one every collective uses.
+  ncclComm_t setup = nullptr;
+  ncclComm_t comm = nullptr;
   cudaEvent_t ready = nullptr;  // under nccl_mu: the caller's stream position, for the next enqueue
   cudaEvent_t joined = nullptr;  // under nccl_mu: the own stream's position, for order_after_collectives
   std::atomic<bool> defer{false};  // defer_stream_waits
+  struct Timed {
+    std::string what;
+    int64_t numel;
+    cudaEvent_t start, end;  // one event for a mark
+  };
+  bool timing = false;             // under nccl_mu: the timeline is recording
+  cudaEvent_t origin = nullptr;    // under nccl_mu: start_timeline()'s position
+  std::vector<Timed> timed;        // under nccl_mu
+  cudaEvent_t timing_event();      // a new timing event, kept in `timed` or `origin` until timeline()
 
   std::mutex mu;
   std::condition_variable wake;     // to the watchdog: work in flight, a waiter, or stop
@@ -109,6 +124,8 @@ struct NcclCommunicator::Impl {
   std::vector<cudaEvent_t> pool;    // completion events not in use
   std::vector<cudaEvent_t> events;  // every completion event made (destroyed with Impl)
   std::string broken;               // the first failure; nothing runs after it
+  const char* busy = nullptr;       // the NCCL call a calling thread is inside (a literal), or null
+  Clock::time_point busy_since;
   int waiters = 0;
   bool stop = false;
   std::thread watchdog;
@@ -122,16 +139,39 @@ struct NcclCommunicator::Impl {
   // Ends this rank's NCCL kernels, which would otherwise spin on a dead peer. nccl_mu held.
   void abort_comm() {
     if (comm) ncclCommAbort(comm);
-    comm = nullptr;
+    if (setup) ncclCommAbort(setup);
+    comm = setup = nullptr;
+  }
+  // Brackets a blocking NCCL call (nccl_mu held) for the watchdog's timeout.
+  void enter(const char* call) {
+    std::lock_guard<std::mutex> lock(mu);
+    busy = call;
+    busy_since = Clock::now();
+    if (in_flight.empty()) wake.notify_all();  // otherwise the watchdog is polling already
+  }
+  void leave() {
+    std::lock_guard<std::mutex> lock(mu);
+    busy = nullptr;
   }
   [[noreturn]] void end_job() const;
 };
 
 NcclCommunicator::Impl::~Impl() {
+  if (origin) cudaEventDestroy(origin);
+  for (const Timed& t : timed) {
+    cudaEventDestroy(t.start);
+    if (t.end != t.start) cudaEventDestroy(t.end);
+  }
   if (ready) cudaEventDestroy(ready);
   if (joined) cudaEventDestroy(joined);
   // An event still pending on a stream is released by CUDA once it completes.
   for (cudaEvent_t e : events) cudaEventDestroy(e);
+}
+
+cudaEvent_t NcclCommunicator::Impl::timing_event() {
+  cudaEvent_t e = nullptr;
+  TORCH_CHECK(cudaEventCreate(&e) == cudaSuccess, kWho, ": cudaEventCreate failed", where());
+  return e;
 }
 
 cudaEvent_t NcclCommunicator::Impl::take_event() {
@@ -181,10 +221,12 @@ void NcclCommunicator::Impl::end_job() const {
 // ---------------------------------------------------------------------------------------------
 // The watchdog
 // ---------------------------------------------------------------------------------------------
-// Idle (no collective in flight): a condition-variable wait. Otherwise it polls, oldest first:
-// finished collectives give their event back to the pool; then NCCL's asynchronous error and the
-// oldest one's age against the timeout. A failure is recorded, the NCCL communicator aborted, and
-// with abort_on_failure the job ended; without, every later call throws the recorded message.
+// Idle (no collective in flight, no NCCL call in progress): a condition-variable wait. Otherwise it
+// polls, oldest first: finished collectives give their event back to the pool; then NCCL's
+// asynchronous error and the oldest one's age against the timeout, and the age of a blocking call
+// in progress. A failure is recorded, the NCCL communicator aborted, and with abort_on_failure the
+// job ended; without, every later call throws the recorded message. A calling thread still inside
+// NCCL past the timeout ends the job either way: aborting the communicator would free what it uses.
 void NcclCommunicator::Impl::watch() {
   cudaSetDevice(device);
   // Event queries from this thread must stay legal while another thread captures a CUDA graph in
@@ -193,7 +235,7 @@ void NcclCommunicator::Impl::watch() {
   cudaThreadExchangeStreamCaptureMode(&mode);
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
-    wake.wait(lock, [&] { return stop || (!in_flight.empty() && broken.empty()); });
+    wake.wait(lock, [&] { return stop || ((!in_flight.empty() || busy) && broken.empty()); });
     if (stop) return;
     std::string failure;
     while (!in_flight.empty()) {
@@ -209,14 +251,20 @@ void NcclCommunicator::Impl::watch() {
       in_flight.pop_front();
       if (waiters > 0) settled.notify_all();
     }
-    if (in_flight.empty()) continue;
-    const InFlight oldest = in_flight.front();  // only this thread removes entries
-    if (failure.empty()) {
+    if (in_flight.empty() && !busy) continue;
+    const bool stuck = busy && seconds_since(busy_since) > timeout_s;
+    if (stuck)
+      failure = c10::str(kWho, ": ", busy, " did not finish within ", timeout_s, " s", where(),
+                         " (inside NCCL, connecting to a peer rank that died or hangs)");
+    if (failure.empty() && !in_flight.empty()) {
+      const InFlight oldest = in_flight.front();  // only this thread removes entries
       lock.unlock();
       ncclResult_t async = ncclSuccess;
       {
-        std::lock_guard<std::mutex> nccl(nccl_mu);
-        if (comm) {
+        // Not while a calling thread is inside NCCL with nccl_mu (connecting to a peer): the
+        // watchdog would wait for it, and the stuck check above must stay reachable.
+        std::unique_lock<std::mutex> nccl(nccl_mu, std::try_to_lock);
+        if (nccl.owns_lock() && comm) {
           const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
           if (q != ncclSuccess) async = q;
         }
@@ -233,6 +281,10 @@ void NcclCommunicator::Impl::watch() {
     if (!failure.empty()) {
       lock.unlock();
       record(failure);
+      if (stuck) {
+        if (!abort_on_failure) std::fprintf(stderr, "lowbit: %s; ending the process\n", failure.c_str());
+        end_job();
+      }
       {
         std::lock_guard<std::mutex> nccl(nccl_mu);
         abort_comm();
@@ -290,28 +342,37 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   }
   bootstrap_->broadcast(id_bytes, 0);
   std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
-  // Non-blocking setup, so that a peer that never arrives is a timeout rather than a hang.
+  // Setup runs non-blocking, so that a peer that never arrives is a timeout rather than a hang:
+  // `setup` is made non-blocking, and a split of it runs non-blocking too (NCCL queues the split on
+  // the parent) while making `comm` blocking, for the collectives' speed. Each is waited for here.
+  const auto settle = [&](ncclResult_t r, const char* what) {
+    const auto start = Clock::now();
+    while (r == ncclInProgress || (r == ncclSuccess && [&] {
+             ncclResult_t a = ncclSuccess;
+             ncclCommGetAsyncError(m.setup, &a);
+             r = a;
+             return a == ncclInProgress;
+           }())) {
+      if (seconds_since(start) > options_.timeout_s) {
+        m.abort_comm();
+        TORCH_CHECK(false, kWho, ": setting up NCCL (", what, ") did not finish within ", options_.timeout_s, " s",
+                    m.where());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (r == ncclInProgress) ncclCommGetAsyncError(m.setup, &r);
+    }
+    if (r != ncclSuccess) {
+      m.abort_comm();
+      TORCH_CHECK(false, kWho, ": NCCL setup (", what, ") failed", m.where(), ": ", ncclGetErrorString(r));
+    }
+  };
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&m.comm, m.size, id, m.rank, &config);
-  const auto start = Clock::now();
-  while (r == ncclInProgress || (r == ncclSuccess && [&] {
-           ncclResult_t a = ncclSuccess;
-           ncclCommGetAsyncError(m.comm, &a);
-           r = a;
-           return a == ncclInProgress;
-         }())) {
-    if (seconds_since(start) > options_.timeout_s) {
-      m.abort_comm();
-      TORCH_CHECK(false, kWho, ": setting up NCCL did not finish within ", options_.timeout_s, " s", m.where());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (r == ncclInProgress) ncclCommGetAsyncError(m.comm, &r);
-  }
-  if (r != ncclSuccess) {
-    m.abort_comm();
-    TORCH_CHECK(false, kWho, ": NCCL setup failed", m.where(), ": ", ncclGetErrorString(r));
-  }
+  settle(ncclCommInitRankConfig(&m.setup, m.size, id, m.rank, &config), "ncclCommInitRankConfig");
+  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+  blocking.blocking = 1;
+  settle(ncclCommSplit(m.setup, 0, m.rank, &m.comm, &blocking), "ncclCommSplit");
+  TORCH_CHECK(m.comm, kWho, ": NCCL setup (ncclCommSplit) made no communicator", m.where());
   m.watchdog = std::thread([&m] {
     try {
       m.watch();
@@ -342,13 +403,13 @@ NcclCommunicator::~NcclCommunicator() {
     m.wake.notify_all();
     if (m.watchdog.joinable()) m.watchdog.join();
     std::lock_guard<std::mutex> nccl(m.nccl_mu);
-    if (m.comm) {
-      // ncclCommDestroy waits for the communicator's work, so only after all of it finished.
-      if (clean)
-        ncclCommDestroy(m.comm);
-      else
-        ncclCommAbort(m.comm);
-      m.comm = nullptr;
+    // ncclCommDestroy waits for the communicator's work, so only after all of it finished.
+    if (clean) {
+      if (m.comm) ncclCommDestroy(m.comm);
+      if (m.setup) ncclCommDestroy(m.setup);
+      m.comm = m.setup = nullptr;
+    } else {
+      m.abort_comm();
     }
   } catch (...) {  // a destructor must not throw (std::thread::join, lock failures: not expected)
   }
@@ -424,21 +485,18 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     }
     if (cudaEventRecord(m.ready, caller) != cudaSuccess || cudaStreamWaitEvent(own, m.ready, 0) != cudaSuccess)
       failure = c10::str(kWho, ": ", collective, ": ordering after the caller's stream failed", m.where());
-    ncclResult_t r = failure.empty() ? static_cast<ncclResult_t>(launch(own)) : ncclSuccess;
-    // A non-blocking communicator may answer ncclInProgress before the work is on the stream (it
-    // connects to its peers at a first use): nothing more may be issued on the communicator or its
-    // stream until its state is ncclSuccess (NCCL user guide, ncclCommGetAsyncError). Rare, so
-    // waited for here, against the timeout; nccl_mu stays held (it only delays the watchdog).
-    const auto start = Clock::now();
-    for (int64_t polls = 0; r == ncclInProgress; ++polls) {
-      if (seconds_since(start) > m.timeout_s) {
-        failure = c10::str(kWho, ": ", collective, " of ", numel, " elements did not finish within ", m.timeout_s,
-                           " s", m.where(), " (a peer rank died, hangs, or skipped the collective)");
-        break;
+    ncclResult_t r = ncclSuccess;
+    if (failure.empty()) {
+      Impl::Timed* t = nullptr;
+      if (m.timing) {
+        m.timed.push_back({collective, numel, m.timing_event(), m.timing_event()});
+        t = &m.timed.back();
+        cudaEventRecord(t->start, own);
       }
-      if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 500 : 20));
-      const ncclResult_t q = ncclCommGetAsyncError(m.comm, &r);
-      if (q != ncclSuccess) r = q;
+      m.enter(collective);
+      r = static_cast<ncclResult_t>(launch(own));
+      m.leave();
+      if (t) cudaEventRecord(t->end, own);
     }
     if (failure.empty() && r != ncclSuccess)
       failure = c10::str(kWho, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
@@ -531,6 +589,53 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
     return static_cast<int>(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                                           nccl_type(tensor.scalar_type()), root, impl_->comm, static_cast<cudaStream_t>(s)));
   });
+}
+
+void NcclCommunicator::start_timeline() {
+  Impl& m = *impl_;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  std::lock_guard<std::mutex> nccl(m.nccl_mu);
+  if (!m.origin) m.origin = m.timing_event();
+  TORCH_CHECK(cudaEventRecord(m.origin, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream()) ==
+                  cudaSuccess, kWho, ": start_timeline: cudaEventRecord failed", m.where());
+  m.timing = true;
+}
+
+void NcclCommunicator::mark(const std::string& label) {
+  Impl& m = *impl_;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  std::lock_guard<std::mutex> nccl(m.nccl_mu);
+  if (!m.timing) return;
+  const cudaEvent_t e = m.timing_event();
+  m.timed.push_back({label, 0, e, e});
+  TORCH_CHECK(cudaEventRecord(e, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream()) ==
+                  cudaSuccess, kWho, ": mark: cudaEventRecord failed", m.where());
+}
+
+std::vector<NcclCommunicator::TimelineEntry> NcclCommunicator::timeline() {
+  Impl& m = *impl_;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  std::vector<Impl::Timed> timed;
+  cudaEvent_t origin = nullptr;
+  {
+    std::lock_guard<std::mutex> nccl(m.nccl_mu);
+    m.timing = false;
+    timed.swap(m.timed);
+    origin = m.origin;
+  }
+  std::vector<TimelineEntry> out;
+  const auto ms = [&](cudaEvent_t e) {
+    float v = 0;
+    TORCH_CHECK(cudaEventSynchronize(e) == cudaSuccess && cudaEventElapsedTime(&v, origin, e) == cudaSuccess, kWho,
+                ": timeline: a timing event failed", m.where());
+    return static_cast<double>(v);
+  };
+  for (const Impl::Timed& t : timed) {
+    out.push_back({t.what, t.numel, ms(t.start), ms(t.end)});
+    cudaEventDestroy(t.start);
+    if (t.end != t.start) cudaEventDestroy(t.end);
+  }
+  return out;
 }
 
 void NcclCommunicator::defer_stream_waits(bool defer) { impl_->defer.store(defer); }

@@ -5,7 +5,9 @@
 // watchdog thread watches every collective in flight: one that does not finish within the timeout,
 // or an asynchronous NCCL error (a dead or hung peer), aborts the NCCL communicator (ncclCommAbort)
 // and ends the job with an error naming the collective and the rank (or, without abort_on_failure,
-// makes every later call throw it); never a hang.
+// makes every later call throw it); never a hang. The communicator is set up non-blocking (bounded
+// by the timeout) and split into a blocking one for the collectives: NCCL's non-blocking mode
+// starts a thread per call, which made the overlapped sharded step 2x slower.
 #pragma once
 
 #include <functional>
@@ -22,7 +24,9 @@ namespace distributed {
 struct NcclOptions {
   double timeout_s = 300.0;      // per collective (from its enqueue), and for the communicator's setup
   // As MpiOptions: end the job (MPI_Abort) after ncclCommAbort; false: the failure is recorded and
-  // the next call on this communicator (or synchronize()) throws it, on this rank only.
+  // the next call on this communicator (or synchronize()) throws it, on this rank only. A call kept
+  // inside NCCL past the timeout (connecting to a dead peer at an algorithm's first use) ends the
+  // job either way: NCCL cannot abort a communicator another thread is inside.
   bool abort_on_failure = true;
 };
 
@@ -51,6 +55,19 @@ class NcclCommunicator : public Communicator {
   // abort_on_failure, the job ends instead). Reading a result through the caller's stream (.cpu(),
   // .item()) needs no synchronize().
   void synchronize();
+
+  // A GPU timeline for benchmarks (CUDA timing events, recorded only while on): from
+  // start_timeline(), each collective's start and end on the own stream, and mark()s recorded on
+  // the caller's stream, in ms from start_timeline()'s position on the caller's stream.
+  // timeline() waits for the device, returns them in order of issue and stops recording.
+  struct TimelineEntry {
+    std::string what;  // the collective, or the mark's label
+    int64_t numel = 0;  // the collective's elements; 0 for a mark
+    double start_ms = 0, end_ms = 0;  // a mark: both its time
+  };
+  void start_timeline();
+  void mark(const std::string& label);
+  std::vector<TimelineEntry> timeline();
 
   void defer_stream_waits(bool defer) override;
   void order_after_collectives() override;

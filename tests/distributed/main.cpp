@@ -27,9 +27,11 @@ at::Device device() { return g_device; }
 
 namespace {
 
-// --failure=hang|kill: a job that must end with an error rather than hang. The last rank stops
-// taking part in the middle of a run (it sleeps, or is killed); the other ranks' next collective
-// must fail within --timeout seconds and end the whole job with an error naming it.
+// --failure=hang|kill|hang_first: a job that must end with an error rather than hang. The last rank
+// stops taking part in the middle of a run (it sleeps, or is killed), or (hang_first) right after
+// the communicator is made, so that the others' first collective is stuck inside NCCL connecting to
+// it; the other ranks' next collective must fail within --timeout seconds and end the whole job
+// with an error naming it.
 int run_failure(const std::string& mode, double timeout, bool cuda) {
   ld::InitOptions o;
   o.timeout_s = timeout;
@@ -37,10 +39,15 @@ int run_failure(const std::string& mode, double timeout, bool cuda) {
   auto comm = ld::init_from_env(o);
   const at::Device dev = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ld::launch_env().local_rank)) : at::Device(at::kCPU);
   std::vector<at::Tensor> params = lowbit_test::make_params(at::kFloat, dev);
-  ld::ShardedOptimizer sharded(std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-3)), comm);
   const bool victim = comm->rank() == comm->size() - 1 && comm->size() > 1;
+  if (mode == "hang_first" && victim) {
+    std::fprintf(stderr, "rank %d: hanging before the first collective\n", comm->rank());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  ld::ShardedOptimizer sharded(std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-3)), comm);
   for (int s = 1; s <= 3; ++s) {
-    if (s == 2 && victim) {
+    if (s == 2 && victim && mode != "hang_first") {
       std::fprintf(stderr, "rank %d: %s now\n", comm->rank(), mode == "kill" ? "killed" : "hanging");
       std::fflush(stderr);
       if (mode == "kill") std::raise(SIGKILL);

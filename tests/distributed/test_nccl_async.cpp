@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <thread>
 
@@ -158,6 +159,30 @@ TEST(NcclAsync, ACollectiveDuringAGraphCaptureIsRefusedAndChangesNothing) {
   c->all_reduce(x);  // still usable
   c->synchronize();
   EXPECT_TRUE(bitwise_equal(x, at::full({8}, static_cast<double>(n), at::kFloat)));
+}
+
+TEST(NcclAsync, TheTimelineHasEachCollectiveAndMarkInTheOrderTheGpuRanThem) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_nccl(60.0);
+  at::Tensor x = at::ones({1 << 20}, at::TensorOptions().device(device()));
+  c->all_reduce(x);  // connected before the timeline
+  c->synchronize();
+  c->start_timeline();
+  c->all_reduce(x);
+  c->mark("between");  // on the caller's stream, which waits for the all_reduce
+  c->all_reduce(x);
+  const auto t = c->timeline();
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].what, "all_reduce");
+  EXPECT_EQ(t[0].numel, 1 << 20);
+  EXPECT_GE(t[0].start_ms, 0.0);
+  EXPECT_LE(t[0].start_ms, t[0].end_ms);
+  EXPECT_EQ(t[1].what, "between");
+  EXPECT_EQ(t[1].numel, 0);
+  EXPECT_GE(t[1].start_ms, t[0].end_ms);
+  EXPECT_GE(t[2].start_ms, t[1].start_ms);
+  EXPECT_TRUE(c->timeline().empty()) << "timeline() stops the recording";
+  EXPECT_TRUE(bitwise_equal(x, at::full({1 << 20}, std::pow(static_cast<double>(c->size()), 3), at::kFloat)));
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // and parameter count, per parameter a fragment (element offset, numel), step, format, block size
 // and each slot's storage with its tensors (codes + absmax for quantized state, never expanded).
 // Version 2 adds a digest per tensor and one over the header (checkpoint_reader.h); version 1
-// still loads. A bad checkpoint is refused before anything is assigned.
+// still loads. A bad checkpoint is refused before anything is assigned, and so is state in another
+// layout than this optimizer's (format, block size, slot formats) unless the caller asks to convert
+// it (LoadOptions).
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -154,7 +156,128 @@ void LowbitOptimizer::load_torch_adam(torch::serialize::InputArchive& a) {
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options().set_lr(lrs[gi]);
 }
 
-void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
+namespace {
+
+// "parameter 1 of group 0 (param/0/1, shape [300])": how the loader names a parameter.
+std::string param_where(size_t g, size_t i, const at::Tensor& p) {
+  return c10::str("parameter ", i, " of group ", g, " (", param_key(g, i), ", shape ", p.sizes(), ")");
+}
+
+// What keeps a checkpoint's state from being the state this optimizer would create (`want`), in
+// words; "" when nothing does. Stepping it as stored would quietly use what the user did not
+// configure (another format, block size or float8 second moment).
+std::string layout_difference(const ParamState& stored, const StateLayout& want) {
+  const char* format = state_format_name(want.format);
+  if (stored.format != want.format)
+    return c10::str("the checkpoint holds its state in ", state_format_name(stored.format),
+                    " but this optimizer keeps it in ", format);
+  if (stored.block_size != want.block_size)
+    return c10::str("the checkpoint holds its ", format, " state in blocks of ", stored.block_size,
+                    " but this optimizer uses blocks of ", want.block_size);
+  for (size_t k = 0; k < want.slots.size() && k < stored.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
+    if (stored.slots[k].type != want.slots[k])
+      return c10::str("the checkpoint stores slot ", k, " of its ", format, " state as ",
+                      kernels::slot_type_name(stored.slots[k].type), " but this optimizer stores it as ",
+                      kernels::slot_type_name(want.slots[k]), " (fp8_second_moment)");
+  return "";
+}
+
+}  // namespace
+
+ParamState LowbitOptimizer::stored_state(const CheckpointParam& cp, const at::Tensor& p, size_t gi, size_t i) const {
+  const auto& options = param_groups_[gi].options();
+  const kernels::RuleSlots spec = kernels::rule_slots(config(options));
+  const std::string k = param_key(gi, i);
+  // A master-weight correction is the last slot; the checkpoint's must be what the options ask.
+  const int64_t master_bits = common(options).master_weight_bits;
+  const kernels::SlotType correction = correction_slot_type(master_bits, name());
+  const bool corrected = correction.storage != kernels::SlotStorage::None;
+  const int64_t nslots = static_cast<int64_t>(cp.slots.size());
+  TORCH_CHECK(nslots == spec.count || nslots == kernels::kMaxSlots, name(), ": the checkpoint's state of ", k,
+              " has ", nslots, " slots, expected ", corrected ? kernels::kMaxSlots : spec.count);
+  const int64_t stored_correction = nslots == kernels::kMaxSlots ? cp.slots[kernels::kCorrectionSlot].storage : -1;
+  const int64_t want_correction = !corrected ? -1
+                                  : correction.storage == kernels::SlotStorage::Int16 ? kStorageInt16Correction
+                                                                                      : kStorageInt8Correction;
+  TORCH_CHECK(stored_correction == want_correction, name(), ": the checkpoint's ", k, " has ",
+              stored_correction < 0 ? std::string("no master-weight correction")
+                                    : "a master-weight correction (storage id " + std::to_string(stored_correction) + ")",
+              " but master_weight_bits is ", master_bits);
+  TORCH_CHECK(!corrected || p.scalar_type() == at::kBFloat16, name(), ": ", k,
+              " carries a master-weight correction but the parameter is ", p.scalar_type(), ", not bfloat16");
+  for (int64_t s = spec.count; s < nslots; ++s)
+    TORCH_CHECK(s == kernels::kCorrectionSlot || cp.slots[s].storage < 0, name(), ": the checkpoint's ", k,
+                "/slot/", s, " is stored, but ", kernels::rule_name(rule()), " does not use it");
+  const auto format = static_cast<StateFormat>(cp.format);
+  // Dense state: the work block every writer of this format used.
+  if (!is_quantized(format)) {
+    const int64_t want = state_layout(config(options), format, p.numel(), 0, 0, QuantFormat::FP8E4M3, name()).block_size;
+    TORCH_CHECK(cp.block_size == want, name(), ": the checkpoint's ", k, "/block_size is ", cp.block_size, " for ",
+                state_format_name(format), " state, expected ", want);
+  }
+  ParamState st;
+  st.counters = at::zeros({2}, p.options().dtype(at::kLong));
+  st.counters[0] = cp.step;
+  st.format = format;
+  st.block_size = cp.block_size;
+  st.slots.resize(cp.slots.size());
+  if (corrected) {
+    StateSlot& slot = st.slots[kernels::kCorrectionSlot];
+    slot.type = correction;
+    slot.dense = cp.slots[kernels::kCorrectionSlot].values.reshape({cp.numel}).to(p.device()).clone();
+  }
+  for (int64_t s = 0; s < spec.count; ++s) {
+    const CheckpointSlot& cs = cp.slots[s];
+    const std::string sk = k + "/slot/" + std::to_string(s);
+    TORCH_CHECK(spec.used[s] == (cs.storage >= 0), name(), ": the checkpoint's ", sk, " is ",
+                cs.storage >= 0 ? "stored" : "absent", ", but ", kernels::rule_name(rule()),
+                spec.used[s] ? " uses it" : " does not use it", " with these options");
+    if (cs.storage < 0) continue;
+    TORCH_CHECK(!is_correction_storage(cs.storage), name(), ": the checkpoint's ", sk,
+                " holds a master-weight correction, which belongs in the last slot only");
+    // Every slot in the parameter's format; a quantized one in the QuantFormat of its sign
+    // (unsigned FP8 states may be in either float8 format: fp8_second_moment).
+    const StateFormat storage = state_format_of_storage(cs.storage);
+    TORCH_CHECK(storage == format, name(), ": the checkpoint's ", sk, " is stored as ", state_format_name(storage),
+                " but the parameter's state is ", state_format_name(format));
+    StateSlot& slot = st.slots[s];
+    if (is_quantized(storage)) {
+      const auto qf = static_cast<QuantFormat>(cs.qformat);
+      const bool fits = qf == quant_format_for(format, spec.is_signed[s]) ||
+                        (format == StateFormat::FP8 && !spec.is_signed[s] && qf == QuantFormat::FP8E5M2);
+      TORCH_CHECK(fits, name(), ": the checkpoint's ", sk, " is quantized as ", format_name(qf), ", which is not a ",
+                  spec.is_signed[s] ? "signed " : "unsigned ", state_format_name(format), " format");
+      slot.type = {kernels::SlotStorage::Quant, qf};
+      // Copies: the state never shares memory with the archive's tensors.
+      slot.quantized = QTensor(cs.codes.to(p.device()).clone(), cs.absmax.to(p.device()).clone(), {cp.numel}, qf,
+                               cp.block_size);
+    } else {
+      slot.type = {storage == StateFormat::BF16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32};
+      slot.dense = cs.values.reshape({cp.numel}).to(p.device()).clone();
+    }
+  }
+  return st;
+}
+
+// Each moment expanded to fp32 and quantized again by make_state, exactly as a fresh state in this
+// optimizer's layout would be from those values; the step count and the master-weight correction
+// (which does not depend on the moments' format) as stored.
+ParamState LowbitOptimizer::converted_state(const ParamState& stored, const at::Tensor& p,
+                                            const torch::optim::OptimizerOptions& options) const {
+  std::vector<at::Tensor> values;
+  for (size_t k = 0; k < stored.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
+    values.push_back(stored.slots[k].to_float());
+  ParamState st = make_state(p, options, values);
+  st.counters = stored.counters;
+  if (st.slots.size() > size_t(kernels::kCorrectionSlot) &&
+      kernels::is_correction(st.slots[kernels::kCorrectionSlot].type.storage))
+    st.slots[kernels::kCorrectionSlot] = stored.slots[kernels::kCorrectionSlot];
+  return st;
+}
+
+void LowbitOptimizer::load(torch::serialize::InputArchive& a) { load(a, LoadOptions()); }
+
+void LowbitOptimizer::load(torch::serialize::InputArchive& a, const LoadOptions& options) {
   c10::IValue torch_version;
   if (a.try_read("pytorch_version", torch_version)) return load_torch_adam(a);
   // Everything is read and checked (checkpoint_reader.h) and then checked against this optimizer's
@@ -169,82 +292,21 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
     const CheckpointGroup& cg = c.groups[gi];
     TORCH_CHECK(cg.params.size() == group.params().size(), name(), ": group ", gi, " of the checkpoint has ",
                 cg.params.size(), " parameters, this optimizer's has ", group.params().size());
-    const kernels::RuleSlots spec = kernels::rule_slots(config(group.options()));
     for (size_t i = 0; i < group.params().size(); ++i) {
       const at::Tensor& p = group.params()[i];
       const CheckpointParam& cp = cg.params[i];
-      const std::string k = param_key(gi, i);
       TORCH_CHECK(cp.numel == p.numel(), name(), ": parameter ", i, " of group ", gi, " has ", p.numel(),
                   " elements but the checkpoint's has ", cp.numel);
       if (!cp.has_state) continue;
-      // A master-weight correction is the last slot; the checkpoint's must be what the options ask.
-      const int64_t master_bits = common(group.options()).master_weight_bits;
-      const kernels::SlotType correction = correction_slot_type(master_bits, name());
-      const bool corrected = correction.storage != kernels::SlotStorage::None;
-      const int64_t nslots = static_cast<int64_t>(cp.slots.size());
-      TORCH_CHECK(nslots == spec.count || nslots == kernels::kMaxSlots, name(), ": the checkpoint's state of ", k,
-                  " has ", nslots, " slots, expected ", corrected ? kernels::kMaxSlots : spec.count);
-      const int64_t stored_correction = nslots == kernels::kMaxSlots ? cp.slots[kernels::kCorrectionSlot].storage : -1;
-      const int64_t want_correction = !corrected ? -1
-                                      : correction.storage == kernels::SlotStorage::Int16 ? kStorageInt16Correction
-                                                                                          : kStorageInt8Correction;
-      TORCH_CHECK(stored_correction == want_correction, name(), ": the checkpoint's ", k, " has ",
-                  stored_correction < 0 ? std::string("no master-weight correction")
-                                        : "a master-weight correction (storage id " + std::to_string(stored_correction) + ")",
-                  " but master_weight_bits is ", master_bits);
-      TORCH_CHECK(!corrected || p.scalar_type() == at::kBFloat16, name(), ": ", k,
-                  " carries a master-weight correction but the parameter is ", p.scalar_type(), ", not bfloat16");
-      for (int64_t s = spec.count; s < nslots; ++s)
-        TORCH_CHECK(s == kernels::kCorrectionSlot || cp.slots[s].storage < 0, name(), ": the checkpoint's ", k,
-                    "/slot/", s, " is stored, but ", kernels::rule_name(rule()), " does not use it");
-      const auto format = static_cast<StateFormat>(cp.format);
-      // Dense state: the work block every writer of this format used.
-      if (!is_quantized(format)) {
-        const int64_t want = state_layout(config(group.options()), format, p.numel(), 0, 0,
-                                          QuantFormat::FP8E4M3, name()).block_size;
-        TORCH_CHECK(cp.block_size == want, name(), ": the checkpoint's ", k, "/block_size is ", cp.block_size,
-                    " for ", state_format_name(format), " state, expected ", want);
-      }
-      ParamState st;
-      st.counters = at::zeros({2}, p.options().dtype(at::kLong));
-      st.counters[0] = cp.step;
-      st.format = format;
-      st.block_size = cp.block_size;
-      st.slots.resize(cp.slots.size());
-      if (corrected) {
-        StateSlot& slot = st.slots[kernels::kCorrectionSlot];
-        slot.type = correction;
-        slot.dense = cp.slots[kernels::kCorrectionSlot].values.reshape({cp.numel}).to(p.device()).clone();
-      }
-      for (int64_t s = 0; s < spec.count; ++s) {
-        const CheckpointSlot& cs = cp.slots[s];
-        const std::string sk = k + "/slot/" + std::to_string(s);
-        TORCH_CHECK(spec.used[s] == (cs.storage >= 0), name(), ": the checkpoint's ", sk, " is ",
-                    cs.storage >= 0 ? "stored" : "absent", ", but ", kernels::rule_name(rule()),
-                    spec.used[s] ? " uses it" : " does not use it", " with these options");
-        if (cs.storage < 0) continue;
-        TORCH_CHECK(!is_correction_storage(cs.storage), name(), ": the checkpoint's ", sk,
-                    " holds a master-weight correction, which belongs in the last slot only");
-        // Every slot in the parameter's format; a quantized one in the QuantFormat of its sign
-        // (unsigned FP8 states may be in either float8 format: fp8_second_moment).
-        const StateFormat storage = state_format_of_storage(cs.storage);
-        TORCH_CHECK(storage == format, name(), ": the checkpoint's ", sk, " is stored as ", state_format_name(storage),
-                    " but the parameter's state is ", state_format_name(format));
-        StateSlot& slot = st.slots[s];
-        if (is_quantized(storage)) {
-          const auto qf = static_cast<QuantFormat>(cs.qformat);
-          const bool fits = qf == quant_format_for(format, spec.is_signed[s]) ||
-                            (format == StateFormat::FP8 && !spec.is_signed[s] && qf == QuantFormat::FP8E5M2);
-          TORCH_CHECK(fits, name(), ": the checkpoint's ", sk, " is quantized as ", format_name(qf), ", which is not a ",
-                      spec.is_signed[s] ? "signed " : "unsigned ", state_format_name(format), " format");
-          slot.type = {kernels::SlotStorage::Quant, qf};
-          // Copies: the state never shares memory with the archive's tensors.
-          slot.quantized = QTensor(cs.codes.to(p.device()).clone(), cs.absmax.to(p.device()).clone(), {cp.numel}, qf,
-                                   cp.block_size);
-        } else {
-          slot.type = {storage == StateFormat::BF16 ? kernels::SlotStorage::BF16 : kernels::SlotStorage::F32};
-          slot.dense = cs.values.reshape({cp.numel}).to(p.device()).clone();
-        }
+      ParamState st = stored_state(cp, p, gi, i);
+      const std::string difference = layout_difference(st, layout_of(p, group.options()));
+      if (!difference.empty()) {
+        TORCH_CHECK(options.convert_state_format(), name(), ": ", param_where(gi, i, p), ": ", difference,
+                    ". To convert it on purpose, load with lowbit::optim::load_checkpoint(optimizer, path, "
+                    "LoadOptions().convert_state_format(true)) (the state is expanded to fp32 and requantized into "
+                    "this optimizer's layout), or configure this optimizer as the checkpoint's (state_format, "
+                    "override_state_format, min_quant_numel, block_size, fp8_second_moment)");
+        st = converted_state(st, p, group.options());
       }
       states.emplace(p.unsafeGetTensorImpl(), std::move(st));
     }
@@ -258,10 +320,10 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a) {
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options().set_lr(c.groups[gi].lr);
 }
 
-void load_checkpoint(LowbitOptimizer& optimizer, const std::string& path) {
+void load_checkpoint(LowbitOptimizer& optimizer, const std::string& path, const LoadOptions& options) {
   torch::serialize::InputArchive archive;
   load_checkpoint_archive(path, archive);
-  optimizer.load(archive);
+  optimizer.load(archive, options);
 }
 
 }  // namespace optim

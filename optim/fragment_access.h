@@ -20,11 +20,7 @@ struct FragmentAccess {
   // The layout of `p`'s state (decided by its whole numel, and any override_state_format), with
   // the master-weight correction slot where the group has one: make_state's layout.
   static StateLayout layout(const O& o, size_t group, const at::Tensor& p) {
-    const auto& options = o.param_groups_[group].options();
-    const CommonOptions c = o.common(options);
-    auto ov = o.overrides_.find(p.unsafeGetTensorImpl());
-    return state_layout(o.config(options), ov != o.overrides_.end() ? ov->second : c.state_format, p.numel(),
-                        c.block_size, c.min_quant_numel, c.fp8_second_moment, o.name(), c.master_weight_bits);
+    return o.layout_of(p, o.param_groups_[group].options());
   }
   // A fresh state for `numel` elements of `p` starting at a block boundary; slot k from values[k] if given.
   static ParamState make_state(const O& o, size_t group, const at::Tensor& p, int64_t numel,

@@ -202,16 +202,20 @@ void LowbitOptimizer::check_grad(const at::Tensor& p, const at::Tensor& g, int64
   TORCH_CHECK(g.sizes() == p.sizes(), name(), ": ", where(), " has a gradient of shape ", g.sizes());
 }
 
+StateLayout LowbitOptimizer::layout_of(const at::Tensor& p, const torch::optim::OptimizerOptions& options) const {
+  const CommonOptions c = common(options);
+  auto ov = overrides_.find(p.unsafeGetTensorImpl());
+  return state_layout(config(options), ov != overrides_.end() ? ov->second : c.state_format, p.numel(), c.block_size,
+                      c.min_quant_numel, c.fp8_second_moment, name(), c.master_weight_bits);
+}
+
 ParamState LowbitOptimizer::make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
                                        const std::vector<at::Tensor>& values, int64_t numel) const {
   if (numel < 0) numel = p.numel();
   const CommonOptions c = common(options);
   ParamState st;
   st.counters = at::zeros({2}, p.options().dtype(at::kLong));
-  auto ov = overrides_.find(p.unsafeGetTensorImpl());
-  const StateLayout layout =
-      state_layout(config(options), ov != overrides_.end() ? ov->second : c.state_format, p.numel(), c.block_size,
-                   c.min_quant_numel, c.fp8_second_moment, name(), c.master_weight_bits);
+  const StateLayout layout = layout_of(p, options);
   st.format = layout.format;
   st.block_size = layout.block_size;
   if (c.master_weight_bits != 0) {

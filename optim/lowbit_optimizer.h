@@ -45,11 +45,25 @@ struct ParamState {
   int64_t step() const;                    // steps taken (a device read for GPU parameters)
 };
 
+// How a checkpoint of lowbit's own format is taken (LowbitOptimizer::load, load_checkpoint).
+//   convert_state_format  a parameter whose checkpointed state is not in the layout this optimizer
+//                         gives it (state format after override_state_format and min_quant_numel,
+//                         block size, fp8_second_moment) is refused by default, before anything
+//                         changes. true converts it: the checkpoint's state is expanded to fp32 and
+//                         quantized again in this optimizer's layout (lossy where that is coarser);
+//                         step counts, master-weight corrections, lr, seed and skipped steps load
+//                         as stored.
+struct LoadOptions {
+  TORCH_ARG(bool, convert_state_format) = false;
+};
+
 struct StepTesting;     // optim/step_testing.h: the tests' switches (reference path, scalar loop)
 struct FragmentAccess;  // optim/fragment_access.h: what distributed/ needs to step a range of a parameter
 class StepGraph;        // optim/step_graph.h: steps recorded once and replayed
 struct StepInputs;
 struct GroupStep;       // optim/step_calls.h: what every op call of a group's step shares
+struct StateLayout;     // optim/state_layout.h
+struct CheckpointParam; // optim/checkpoint_reader.h
 
 class LowbitOptimizer : public torch::optim::Optimizer {
  public:
@@ -122,7 +136,9 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   void load_master_fp32(const at::Tensor& param, const at::Tensor& values);
 
   void save(torch::serialize::OutputArchive& archive) const override;
+  // torch::load's entry: load(archive, LoadOptions()).
   void load(torch::serialize::InputArchive& archive) override;
+  void load(torch::serialize::InputArchive& archive, const LoadOptions& options);
 
   static constexpr int64_t kCheckpointVersion = 2;  // 2: digests (optim/checkpoint_reader.h)
 
@@ -155,6 +171,13 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // the state of a block-aligned range of that many elements (a shard), laid out by p's whole numel.
   ParamState make_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options,
                         const std::vector<at::Tensor>& values, int64_t numel = -1) const;
+  // The layout make_state gives p's state: its group's options, any override, the master-weight slot.
+  StateLayout layout_of(const at::Tensor& p, const torch::optim::OptimizerOptions& options) const;
+  // Checkpoint loading (checkpoint.cpp): parameter (group, index)'s state as the checkpoint stores
+  // it, checked against the rule and options; and that state requantized into layout_of's layout.
+  ParamState stored_state(const CheckpointParam& cp, const at::Tensor& p, size_t group, size_t index) const;
+  ParamState converted_state(const ParamState& stored, const at::Tensor& p,
+                             const torch::optim::OptimizerOptions& options) const;
   // What every op call of the group's step shares (step_calls.h).
   GroupStep group_step(size_t group);
   // Reads a checkpoint of libtorch's torch::optim::Adam / AdamW into this (Adam / AdamW) optimizer.
@@ -194,7 +217,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
 
 // torch::load(optimizer, path) with the file's zip records checked first (a damaged size field
 // must not make libtorch allocate what it says): the way to load a checkpoint from an untrusted file.
-void load_checkpoint(LowbitOptimizer& optimizer, const std::string& path);
+void load_checkpoint(LowbitOptimizer& optimizer, const std::string& path, const LoadOptions& options = LoadOptions());
 
 }  // namespace optim
 }  // namespace lowbit

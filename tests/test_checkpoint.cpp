@@ -347,3 +347,222 @@ TEST(Checkpoint, InspectCommandListsParametersFormatsAndBytes) {
   std::filesystem::remove(path);
   std::filesystem::remove(out);
 }
+
+// ---- A checkpoint of another state layout (format, block size, float8 second moment) ----------
+
+namespace {
+
+std::vector<at::Tensor> clones(const std::vector<at::Tensor>& p) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : p) out.push_back(t.clone());
+  return out;
+}
+
+// Every bit of the optimizer's state of `t`: format, block size, counters and each slot's storage
+// and tensors (nothing before its first step).
+std::vector<at::Tensor> state_bits(const lo::LowbitOptimizer& opt, const at::Tensor& t) {
+  std::vector<at::Tensor> out;
+  const lo::ParamState* st = opt.state_of(t);
+  if (!st) return out;
+  out.push_back(at::tensor({int64_t(st->format), st->block_size}));
+  out.push_back(st->counters.clone());
+  for (const auto& s : st->slots) {
+    out.push_back(at::tensor({int64_t(s.type.storage), int64_t(s.type.format)}));
+    if (s.dense.defined()) out.push_back(s.dense.clone());
+    if (s.quantized.defined()) {
+      out.push_back(s.quantized.codes().clone());
+      out.push_back(s.quantized.absmax().clone());
+    }
+  }
+  return out;
+}
+
+// Every bit the optimizer holds for `p`: the parameters' values and their state.
+std::vector<at::Tensor> snapshot(const lo::LowbitOptimizer& opt, const std::vector<at::Tensor>& p) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : p) {
+    out.push_back(t.detach().clone());
+    for (auto& b : state_bits(opt, t)) out.push_back(b);
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!lowbit_test::bitwise_equal(a[i], b[i])) return false;
+  return true;
+}
+
+// An AdamW over `p`, `steps` steps into `gs`.
+std::unique_ptr<lo::AdamW> trained(std::vector<at::Tensor>& p, const lo::AdamWOptions& opts,
+                                   const std::vector<std::vector<at::Tensor>>& gs, int steps) {
+  auto opt = std::make_unique<lo::AdamW>(p, opts);
+  train(*opt, p, gs, 0, steps);
+  return opt;
+}
+
+// amsgrad: a third moment, so that every slot's conversion is seen.
+lo::AdamWOptions amsgrad(StateFormat f) { return lo::AdamWOptions(1e-2).amsgrad(true).state_format(f); }
+
+}  // namespace
+
+// The default: a parameter whose checkpointed state is not in the layout this optimizer gives it
+// is refused, naming the parameter and both layouts, and the optimizer (trained, with state of
+// its own) is bit-identical afterwards.
+TEST(Checkpoint, AnotherStateLayoutIsRefusedAndChangesNothing) {
+  const auto p0 = params();
+  const auto gs = grad_stream(p0, 3);
+  struct Case {
+    std::string name;
+    lo::AdamWOptions saved, loaded;
+    std::function<void(lo::AdamW&, const std::vector<at::Tensor>&)> setup;
+    std::vector<std::string> want;
+  };
+  const std::vector<Case> cases = {
+      {"Q8 into Q4", amsgrad(StateFormat::Q8), amsgrad(StateFormat::Q4), nullptr,
+       {"parameter 0 of group 0 (param/0/0, shape [5000])",
+        "the checkpoint holds its state in Q8 but this optimizer keeps it in Q4", "convert_state_format(true)"}},
+      {"FP32 into Q8", amsgrad(StateFormat::FP32), amsgrad(StateFormat::Q8), nullptr,
+       {"parameter 0 of group 0", "the checkpoint holds its state in FP32 but this optimizer keeps it in Q8",
+        "convert_state_format(true)"}},
+      {"Q8 into an FP32 override", amsgrad(StateFormat::Q8), amsgrad(StateFormat::Q8),
+       [](lo::AdamW& o, const std::vector<at::Tensor>& p) { o.override_state_format(p[2], StateFormat::FP32); },
+       {"parameter 2 of group 0 (param/0/2, shape [40001])", "in Q8 but this optimizer keeps it in FP32"}},
+      {"Q8 in blocks of 256 into blocks of 128", amsgrad(StateFormat::Q8), amsgrad(StateFormat::Q8).block_size(128),
+       nullptr, {"parameter 0 of group 0", "Q8 state in blocks of 256 but this optimizer uses blocks of 128"}},
+      {"FP8 with an E5M2 second moment into E4M3",
+       amsgrad(StateFormat::FP8).fp8_second_moment(lowbit::QuantFormat::FP8E5M2), amsgrad(StateFormat::FP8), nullptr,
+       {"parameter 0 of group 0", "slot 1 of its FP8 state as FP8E5M2", "FP8E4M3"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto ps = clones(p0);
+    auto source = trained(ps, c.saved, gs, 3);
+    const std::string path = temp_path("layout");
+    torch::save(*source, path);
+    auto pt = clones(p0);
+    lo::AdamW target(pt, lo::AdamWOptions(c.loaded).lr(1e-3));
+    if (c.setup) c.setup(target, pt);
+    train(target, pt, gs, 0, 2);
+    const auto before = snapshot(target, pt);
+    // load_checkpoint, and torch::load (the same loader behind libtorch's reader).
+    for (bool via_torch_load : {false, true}) {
+      const std::string err = lowbit_test::error_of([&] {
+        if (via_torch_load)
+          torch::load(target, path);
+        else
+          lo::load_checkpoint(target, path);
+      });
+      ASSERT_FALSE(err.empty()) << "loaded";
+      for (const auto& w : c.want) EXPECT_NE(err.find(w), std::string::npos) << "no '" << w << "' in: " << err;
+      EXPECT_TRUE(same_bits(before, snapshot(target, pt)));
+      EXPECT_DOUBLE_EQ(target.param_groups()[0].options().get_lr(), 1e-3);
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+// On purpose (LoadOptions::convert_state_format): each moment (amsgrad's third included) is the
+// file's dequantized and requantized in the optimizer's format and block size; the step count and
+// lr load as stored; the next step runs. A parameter already in the optimizer's layout (the small
+// one keeps FP32 state on both sides) loads bit for bit, as every same-layout load does.
+TEST(Checkpoint, ConvertStateFormatRequantizesOnPurpose) {
+  const auto p0 = params();
+  const auto gs = grad_stream(p0, 5);
+  const std::pair<StateFormat, StateFormat> pairs[] = {
+      {StateFormat::Q8, StateFormat::Q4}, {StateFormat::FP32, StateFormat::Q8}, {StateFormat::Q4, StateFormat::BF16},
+      {StateFormat::Q8, StateFormat::Q8}};
+  for (const auto& [from, to] : pairs) {
+    SCOPED_TRACE(std::string(lowbit::state_format_name(from)) + " into " + lowbit::state_format_name(to));
+    auto ps = clones(p0);
+    auto source = trained(ps, amsgrad(from), gs, 3);
+    const std::string path = temp_path("convert");
+    torch::save(*source, path);
+    auto pt = clones(p0);
+    lo::AdamW target(pt, amsgrad(to).lr(1e-3));
+    lo::load_checkpoint(target, path, lo::LoadOptions().convert_state_format(true));
+    EXPECT_DOUBLE_EQ(target.param_groups()[0].options().get_lr(), 1e-2);
+    for (size_t i = 0; i < pt.size(); ++i) {
+      const lo::ParamState& src = *source->state_of(ps[i]);
+      const lo::ParamState& got = *target.state_of(pt[i]);
+      EXPECT_EQ(got.step(), 3) << "param " << i;
+      const StateFormat want = lowbit::is_quantized(to) && pt[i].numel() < 4096 ? StateFormat::FP32 : to;
+      ASSERT_STREQ(lowbit::state_format_name(got.format), lowbit::state_format_name(want)) << "param " << i;
+      if (src.format == want) {
+        // Already in the optimizer's layout: loaded as stored, nothing requantized.
+        EXPECT_TRUE(same_bits(state_bits(*source, ps[i]), state_bits(target, pt[i]))) << "param " << i;
+        continue;
+      }
+      for (size_t k = 0; k < 3; ++k) {
+        SCOPED_TRACE(c10::str("param ", i, " slot ", k));
+        const lo::StateSlot& s = got.slots[k];
+        const at::Tensor values = src.slots[k].to_float();
+        if (s.type.storage == lowbit::kernels::SlotStorage::Quant) {
+          EXPECT_STREQ(lowbit::format_name(s.type.format), lowbit::format_name(lowbit::quant_format_for(to, k == 0)));
+          EXPECT_EQ(got.block_size, lowbit::default_block_size(lowbit::quant_format_for(to, true)));
+          const lowbit::QTensor requantized = lowbit::quantize(values, s.type.format, got.block_size);
+          EXPECT_TRUE(lowbit_test::bitwise_equal(s.quantized.codes(), requantized.codes()));
+          EXPECT_TRUE(lowbit_test::bitwise_equal(s.quantized.absmax(), requantized.absmax()));
+        } else {
+          EXPECT_TRUE(lowbit_test::bitwise_equal(s.dense, values.to(s.dense.scalar_type())));
+        }
+      }
+    }
+    // The next step runs from the converted state.
+    train(target, pt, gs, 3, 4);
+    for (size_t i = 0; i < pt.size(); ++i) {
+      EXPECT_EQ(target.state_of(pt[i])->step(), 4);
+      EXPECT_TRUE(at::isfinite(pt[i]).all().item<bool>());
+      EXPECT_FALSE(lowbit_test::bitwise_equal(pt[i], p0[i])) << "param " << i << " did not move";
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+// What is not a moment survives a conversion: bf16 parameters' master-weight corrections (the
+// master values bit for bit) and the step count; and without the opt-in the same file is refused.
+TEST(Checkpoint, ConvertStateFormatKeepsMasterWeights) {
+  std::vector<at::Tensor> p0 = {at::randn({5000}).to(at::kBFloat16), at::randn({40001}).to(at::kBFloat16)};
+  std::vector<std::vector<at::Tensor>> gs;
+  for (int s = 0; s < 3; ++s) gs.push_back({at::randn({5000}).to(at::kBFloat16), at::randn({40001}).to(at::kBFloat16)});
+  const auto opts = [](StateFormat f) { return lo::AdamWOptions(1e-2).master_weight_bits(32).state_format(f); };
+  auto ps = clones(p0);
+  auto source = trained(ps, opts(StateFormat::Q8), gs, 3);
+  const std::string path = temp_path("convert_master");
+  torch::save(*source, path);
+  auto pt = clones(ps);  // the trained bf16 weights, as a model checkpoint would restore them
+  lo::AdamW target(pt, opts(StateFormat::Q4));
+  EXPECT_NE(lowbit_test::error_of([&] { lo::load_checkpoint(target, path); }).find("Q8 but this optimizer keeps it in Q4"),
+            std::string::npos);
+  EXPECT_EQ(target.state_bytes(), 0);
+  lo::load_checkpoint(target, path, lo::LoadOptions().convert_state_format(true));
+  for (size_t i = 0; i < pt.size(); ++i) {
+    EXPECT_STREQ(lowbit::state_format_name(target.state_of(pt[i])->format), "Q4");
+    EXPECT_EQ(target.state_of(pt[i])->step(), 3);
+    EXPECT_TRUE(lowbit_test::bitwise_equal(target.export_master_fp32(pt[i]), source->export_master_fp32(ps[i])))
+        << "param " << i;
+  }
+  std::filesystem::remove(path);
+}
+
+// A load into the layout the checkpoint was written in is bit for bit, with or without the opt-in.
+TEST(Checkpoint, SameLayoutLoadIsBitExact) {
+  const auto p0 = params();
+  const auto gs = grad_stream(p0, 3);
+  for (StateFormat f : lowbit::kAllStateFormats) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    auto ps = clones(p0);
+    auto source = trained(ps, amsgrad(f), gs, 3);
+    const std::string path = temp_path("same_layout");
+    torch::save(*source, path);
+    for (bool convert : {false, true}) {
+      auto pt = clones(p0);
+      lo::AdamW target(pt, amsgrad(f));
+      lo::load_checkpoint(target, path, lo::LoadOptions().convert_state_format(convert));
+      for (size_t i = 0; i < pt.size(); ++i)
+        EXPECT_TRUE(same_bits(state_bits(*source, ps[i]), state_bits(target, pt[i]))) << "param " << i;
+    }
+    std::filesystem::remove(path);
+  }
+}

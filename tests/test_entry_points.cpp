@@ -345,6 +345,12 @@ void checkpoint_rows(std::vector<Row>& r) {
                               b[d + 38] ^= 0x10;  // external attributes: MS-DOS directory
                             })),
                {"marked as a directory"}});
+  r.push_back({"load_checkpoint: a Q8 checkpoint into a Q4 optimizer",
+               [good] {
+                 lo::AdamW o({at::zeros({5000})}, lo::AdamWOptions().state_format(lowbit::StateFormat::Q4));
+                 lo::load_checkpoint(o, good);
+               },
+               {"parameter 0 of group 0", "state in Q8 but this optimizer keeps it in Q4", "convert_state_format(true)"}});
   r.push_back({"load_checkpoint: the central directory's offset moved",
                load(damaged("offset.pt",
                             [](std::string& b) {

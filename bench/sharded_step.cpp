@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   struct Span {
     std::string what;
     int64_t numel;  // 0: a mark
-    double start_ms, end_ms;
+    double start_ms, end_ms, host_start_ms, host_end_ms;
   };
   std::vector<Span> timeline;
   int64_t timeline_mib = 0;
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       nccl->mark("backward() returned");
       overlapped.step();
       nccl->mark("step() returned");
-      for (const auto& e : nccl->timeline()) timeline.push_back({e.what, e.numel, e.start_ms, e.end_ms});
+      for (const auto& e : nccl->timeline()) timeline.push_back({e.what, e.numel, e.start_ms, e.end_ms, e.host_start_ms, e.host_end_ms});
       timeline_mib = mib;
     }
 #endif
@@ -220,19 +220,22 @@ int main(int argc, char** argv) {
                 backward_ms, rs_ms, update_ms, ag_ms, overlap_model);
     if (!timeline.empty()) {
       // The GPU's view of one overlapped iteration: where the collectives ran against the marks.
-      std::printf("  timeline (buckets of %lld MiB; ms from backward()'s start on the GPU; rank 0):\n",
-                  static_cast<long long>(timeline_mib));
-      double busy[2] = {0, 0};
+      std::printf("  timeline (buckets of %lld MiB; ms from backward()'s call, on the GPU and on the host "
+                  "(the call); rank 0):\n", static_cast<long long>(timeline_mib));
+      double busy[2] = {0, 0}, host[2] = {0, 0};
       for (const auto& e : timeline) {
         if (e.numel == 0) {
-          std::printf("    %8.3f  %s\n", e.start_ms, e.what.c_str());
+          std::printf("    gpu %8.3f             host %8.3f  %s\n", e.start_ms, e.host_start_ms, e.what.c_str());
           continue;
         }
-        busy[e.what == "all_gather"] += e.end_ms - e.start_ms;
-        std::printf("    %8.3f .. %8.3f  %s of %lld\n", e.start_ms, e.end_ms, e.what.c_str(),
-                    static_cast<long long>(e.numel));
+        const bool gather = e.what == "all_gather";
+        busy[gather] += e.end_ms - e.start_ms;
+        host[gather] += e.host_end_ms - e.host_start_ms;
+        std::printf("    gpu %8.3f .. %8.3f  host %8.3f .. %8.3f  %s of %lld\n", e.start_ms, e.end_ms, e.host_start_ms,
+                    e.host_end_ms, e.what.c_str(), static_cast<long long>(e.numel));
       }
-      std::printf("    collectives' GPU time: %.3f ms reduce-scatter / all-reduce, %.3f ms all-gather\n", busy[0], busy[1]);
+      std::printf("    collectives' GPU time: %.3f ms reduce-scatter / all-reduce, %.3f ms all-gather; their calls' "
+                  "host time: %.3f / %.3f ms\n", busy[0], busy[1], host[0], host[1]);
     }
   }
   return 0;

@@ -3,6 +3,7 @@
 // asynchronous errors (ncclCommAbort, then the job ends or later calls throw).
 #include "nccl_communicator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -111,9 +112,11 @@ struct NcclCommunicator::Impl {
     std::string what;
     int64_t numel;
     cudaEvent_t start, end;  // one event for a mark
+    Clock::time_point host_start, host_end;
   };
   bool timing = false;             // under nccl_mu: the timeline is recording
   cudaEvent_t origin = nullptr;    // under nccl_mu: start_timeline()'s position
+  Clock::time_point host_origin;   // under nccl_mu
   std::vector<Timed> timed;        // under nccl_mu
   cudaEvent_t timing_event();      // a new timing event, kept in `timed` or `origin` until timeline()
 
@@ -451,6 +454,7 @@ void NcclCommunicator::synchronize() {
 void NcclCommunicator::run(const char* collective, int64_t numel, const std::vector<at::Tensor>& tensors,
                            const std::function<int(void*)>& launch, const std::function<void()>& post) {
   Impl& m = *impl_;
+  const Clock::time_point called = Clock::now();
   for (const at::Tensor& t : tensors)
     TORCH_CHECK(t.is_cuda() && t.get_device() == device_, kWho, ": ", collective, ": a tensor is on ", t.device(),
                 "; this communicator carries tensors of cuda:", device_);
@@ -489,7 +493,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     if (failure.empty()) {
       Impl::Timed* t = nullptr;
       if (m.timing) {
-        m.timed.push_back({collective, numel, m.timing_event(), m.timing_event()});
+        m.timed.push_back({collective, numel, m.timing_event(), m.timing_event(), called, called});
         t = &m.timed.back();
         cudaEventRecord(t->start, own);
       }
@@ -504,7 +508,10 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     // The collective is on the own stream from here: the caching allocator must not hand these
     // tensors' memory to others before that stream is done, whatever happens next.
     if (failure.empty())
-      for (const at::Tensor& t : tensors) t.record_stream(m.stream);
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        const auto same = [&](const at::Tensor& u) { return u.storage().is_alias_of(tensors[k].storage()); };
+        if (std::none_of(tensors.begin(), tensors.begin() + k, same)) tensors[k].record_stream(m.stream);
+      }
     if (failure.empty() && post) {
       // A post-op that throws (out of memory, say) fails the collective like NCCL would: recorded,
       // the communicator aborted, the error thrown below; never a collective nobody tracks.
@@ -521,6 +528,9 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
           (!m.defer.load() && cudaStreamWaitEvent(caller, done, 0) != cudaSuccess))
         failure = c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", m.where());
     }
+    if (failure.empty() && m.timing && !m.timed.empty() && m.timed.back().numel == numel &&
+        m.timed.back().host_start == called)
+      m.timed.back().host_end = Clock::now();
     if (failure.empty()) {
       std::lock_guard<std::mutex> lock(m.mu);
       const bool idle = m.in_flight.empty();
@@ -599,6 +609,7 @@ void NcclCommunicator::start_timeline() {
   TORCH_CHECK(cudaEventRecord(m.origin, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream()) ==
                   cudaSuccess, kWho, ": start_timeline: cudaEventRecord failed", m.where());
   m.timing = true;
+  m.host_origin = Clock::now();
 }
 
 void NcclCommunicator::mark(const std::string& label) {
@@ -607,7 +618,8 @@ void NcclCommunicator::mark(const std::string& label) {
   std::lock_guard<std::mutex> nccl(m.nccl_mu);
   if (!m.timing) return;
   const cudaEvent_t e = m.timing_event();
-  m.timed.push_back({label, 0, e, e});
+  const Clock::time_point now = Clock::now();
+  m.timed.push_back({label, 0, e, e, now, now});
   TORCH_CHECK(cudaEventRecord(e, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream()) ==
                   cudaSuccess, kWho, ": mark: cudaEventRecord failed", m.where());
 }
@@ -617,12 +629,15 @@ std::vector<NcclCommunicator::TimelineEntry> NcclCommunicator::timeline() {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   std::vector<Impl::Timed> timed;
   cudaEvent_t origin = nullptr;
+  Clock::time_point host_origin;
   {
     std::lock_guard<std::mutex> nccl(m.nccl_mu);
     m.timing = false;
     timed.swap(m.timed);
     origin = m.origin;
+    host_origin = m.host_origin;
   }
+  const auto host_ms = [&](Clock::time_point t) { return std::chrono::duration<double, std::milli>(t - host_origin).count(); };
   std::vector<TimelineEntry> out;
   const auto ms = [&](cudaEvent_t e) {
     float v = 0;
@@ -631,7 +646,7 @@ std::vector<NcclCommunicator::TimelineEntry> NcclCommunicator::timeline() {
     return static_cast<double>(v);
   };
   for (const Impl::Timed& t : timed) {
-    out.push_back({t.what, t.numel, ms(t.start), ms(t.end)});
+    out.push_back({t.what, t.numel, ms(t.start), ms(t.end), host_ms(t.host_start), host_ms(t.host_end)});
     cudaEventDestroy(t.start);
     if (t.end != t.start) cudaEventDestroy(t.end);
   }

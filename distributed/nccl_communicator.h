@@ -56,14 +56,16 @@ class NcclCommunicator : public Communicator {
   // .item()) needs no synchronize().
   void synchronize();
 
-  // A GPU timeline for benchmarks (CUDA timing events, recorded only while on): from
-  // start_timeline(), each collective's start and end on the own stream, and mark()s recorded on
-  // the caller's stream, in ms from start_timeline()'s position on the caller's stream.
-  // timeline() waits for the device, returns them in order of issue and stops recording.
+  // A timeline for benchmarks (CUDA timing events, recorded only while on): from start_timeline(),
+  // each collective's start and end on the own stream, and mark()s recorded on the caller's stream,
+  // in ms from start_timeline()'s position on the caller's stream; and on the host, when each call
+  // was made and returned, in ms from start_timeline()'s call. timeline() waits for the device,
+  // returns them in order of issue and stops recording.
   struct TimelineEntry {
     std::string what;  // the collective, or the mark's label
     int64_t numel = 0;  // the collective's elements; 0 for a mark
-    double start_ms = 0, end_ms = 0;  // a mark: both its time
+    double start_ms = 0, end_ms = 0;  // on the GPU; a mark: both its time
+    double host_start_ms = 0, host_end_ms = 0;  // the call (a collective's: run() from its checks to its return)
   };
   void start_timeline();
   void mark(const std::string& label);

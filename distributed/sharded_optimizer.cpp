@@ -61,7 +61,17 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
         [this](size_t m, const at::Tensor& param) { on_gradient(m, param); });
   }
   // Buckets: the parameters are copied in, made identical on every rank, then become views.
-  for (std::vector<size_t>& members : plan_buckets()) {
+  std::vector<std::vector<size_t>> planned = plan_buckets();
+  int64_t float_chunks = 0;
+  for (const std::vector<size_t>& members : planned) {
+    if (options_.zero1 || params_[members[0]].param.scalar_type() != at::kFloat) continue;
+    std::vector<FlatEntry> entries;
+    for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
+    float_chunks += plan_flat_layout(entries, comm_->size()).chunk;
+  }
+  if (float_chunks > 0) float_shards_ = at::zeros({float_chunks}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  int64_t float_used = 0;
+  for (std::vector<size_t>& members : planned) {
     Bucket b;
     b.dtype = params_[members[0]].param.scalar_type();
     b.members = std::move(members);
@@ -71,12 +81,20 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     const auto opts = at::TensorOptions().dtype(b.dtype).device(device_);
     b.flat_param = at::zeros({b.layout.total}, opts);
     b.flat_grad = at::zeros({b.layout.total}, opts);
-    b.grad_shard = options_.zero1 ? b.flat_grad.narrow(0, rank * b.layout.chunk, b.layout.chunk)
-                                  : at::zeros({b.layout.chunk}, opts);
+    if (options_.zero1) {
+      b.grad_shard = b.flat_grad.narrow(0, rank * b.layout.chunk, b.layout.chunk);
+    } else if (b.dtype == at::kFloat) {
+      b.grad_shard = float_shards_.narrow(0, float_used, b.layout.chunk);
+      b.sum_only = true;
+      float_used += b.layout.chunk;
+    } else {
+      b.grad_shard = at::zeros({b.layout.chunk}, opts);
+    }
     for (size_t k = 0; k < b.members.size(); ++k) {
       Param& pr = params_[b.members[k]];
       pr.bucket = buckets_.size();
       pr.flat_offset = b.layout.offsets[k];
+      pr.in_flat_grad = b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes());
       b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
     }
     if (options_.broadcast_parameters) comm_->broadcast(b.flat_param, 0);
@@ -180,7 +198,7 @@ void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .
   TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kWho, ": the gradient of ", name(m), " has shape ",
               g.sizes(), "; expected ", pr.param.sizes());
   Bucket& b = buckets_[pr.bucket];
-  b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(g);
+  pr.in_flat_grad.copy_(g);
   if (options_.release_gradients) pr.param.mutable_grad().reset();
   pr.taken = pr.had = true;
   --b.waiting;
@@ -197,7 +215,7 @@ void ShardedOptimizer::reduce_ready_buckets() {
     if (options_.zero1)
       comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
     else
-      comm_->reduce_scatter(b.flat_grad, b.grad_shard, ReduceOp::Avg);
+      comm_->reduce_scatter(b.flat_grad, b.grad_shard, b.sum_only ? ReduceOp::Sum : ReduceOp::Avg);
   }
 }
 
@@ -319,13 +337,14 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
         take_gradient(m, g);
         continue;
       }
-      b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).zero_();  // overlap: zeros from this rank
+      pr.in_flat_grad.zero_();  // overlap: zeros from this rank
       pr.taken = true;
       --b.waiting;
     }
     reduce_ready_buckets();
   }
   comm_->order_after_collectives();
+  if (float_shards_.defined() && comm_->size() > 1) float_shards_.div_(comm_->size());  // the Avg (see float_shards_)
   TORCH_INTERNAL_ASSERT(next_bucket_ == buckets_.size());
   std::vector<char> had(params_.size());
   for (size_t m = 0; m < params_.size(); ++m) {

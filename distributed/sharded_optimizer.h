@@ -139,6 +139,7 @@ class ShardedOptimizer {
     at::Tensor flat_param, flat_grad, grad_shard;
     std::vector<size_t> fragments;  // this rank's pieces of the members, indices into fragments_
     size_t waiting = 0;             // members whose gradient of this step is not in flat_grad yet
+    bool sum_only = false;          // grad_shard is in float_shards_: reduced as a sum, divided in step()
   };
   struct Param {
     size_t group, index;
@@ -147,6 +148,7 @@ class ShardedOptimizer {
     int64_t flat_offset;
     int fragment = -1;  // index into fragments_ (this rank owns a piece), or -1
     optim::StateLayout layout;
+    at::Tensor in_flat_grad;  // its place in the bucket's flat_grad, shaped as the parameter
     bool taken = false;  // this step's gradient is in the bucket
     bool had = false;    // ... and it was a gradient, not zeros for a missing one
   };
@@ -168,6 +170,10 @@ class ShardedOptimizer {
   ShardedOptions options_;
   at::Device device_ = at::kCPU;
   std::vector<Bucket> buckets_;  // in the order they are reduced
+  // The float32 buckets' gradient shards (reduce-scatter without zero1), one buffer: reduced as sums
+  // from the hooks, divided by the world size once in step(), the same div_ Avg would make in each
+  // reduce-scatter, off the autograd thread.
+  at::Tensor float_shards_;
   size_t next_bucket_ = 0;       // the next bucket to reduce this step
   bool accumulating_ = false;
   std::unique_ptr<optim::GradHooks> hooks_;  // overlap only

@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
           std::printf("    gpu %8.3f             host %8.3f  %s\n", e.start_ms, e.host_start_ms, e.what.c_str());
           continue;
         }
-        const bool gather = e.what == "all_gather";
+        const bool gather = e.what.rfind("all_gather", 0) == 0;
         busy[gather] += e.end_ms - e.start_ms;
         host[gather] += e.host_end_ms - e.host_start_ms;
         std::printf("    gpu %8.3f .. %8.3f  host %8.3f .. %8.3f  %s of %lld\n", e.start_ms, e.end_ms, e.host_start_ms,

@@ -30,6 +30,15 @@ void check_chunked_collective(const char* who, const char* collective, const at:
               " elements; expected size() * ", part_name, ".numel() = ", size, " * ", part.numel());
 }
 
+void Communicator::all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  TORCH_CHECK(inputs.size() == outputs.size(), backend(), ": all_gather_many: ", inputs.size(), " inputs but ",
+              outputs.size(), " outputs");
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    at::Tensor out = outputs[k];
+    all_gather(inputs[k], out);
+  }
+}
+
 bool host_sums_natively(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kLong || t == at::kInt;
 }

@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace lowbit {
 namespace distributed {
@@ -31,6 +32,9 @@ class Communicator {
   // output receives size() chunks, chunk r = rank r's input. input may be output's chunk rank()
   // (in place: no copy).
   virtual void all_gather(const at::Tensor& input, at::Tensor& output) = 0;
+  // all_gather(inputs[k], outputs[k]) for each k, in order; a backend may launch them as one (NCCL:
+  // one group, whose kernels reach the bus bandwidth that small all-gathers alone do not).
+  virtual void all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   // In place: every rank ends with root's `tensor`.
   virtual void broadcast(at::Tensor& tensor, int root = 0) = 0;
   virtual void barrier() = 0;

@@ -590,6 +590,30 @@ void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   });
 }
 
+void NcclCommunicator::all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  const char* name = "all_gather_many";
+  check_usable(name);
+  TORCH_CHECK(inputs.size() == outputs.size(), kWho, ": ", name, ": ", inputs.size(), " inputs but ", outputs.size(),
+              " outputs");
+  if (inputs.empty()) return;
+  int64_t numel = 0;
+  std::vector<at::Tensor> tensors;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    check_chunked_collective(kWho, name, inputs[k], outputs[k], impl_->size, /*input_is_whole=*/false);
+    numel += outputs[k].numel();
+    tensors.push_back(inputs[k]);
+    tensors.push_back(outputs[k]);
+  }
+  run(name, numel, tensors, [&](void* s) {
+    ncclResult_t first = ncclGroupStart();
+    for (size_t k = 0; k < inputs.size() && first == ncclSuccess; ++k)
+      first = ncclAllGather(inputs[k].data_ptr(), outputs[k].data_ptr(), static_cast<size_t>(inputs[k].numel()),
+                            nccl_type(inputs[k].scalar_type()), impl_->comm, static_cast<cudaStream_t>(s));
+    const ncclResult_t end = ncclGroupEnd();  // always: a group once started must be ended
+    return static_cast<int>(first != ncclSuccess ? first : end);
+  });
+}
+
 void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
   const char* name = "broadcast";
   check_usable(name);

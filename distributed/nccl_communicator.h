@@ -46,6 +46,8 @@ class NcclCommunicator : public Communicator {
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum) override;
   void all_gather(const at::Tensor& input, at::Tensor& output) override;
+  // One NCCL group: the pairs' kernels launched together, one completion for all of them.
+  void all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) override;
   void broadcast(at::Tensor& tensor, int root = 0) override;
   // Waits on the host too (it ends with synchronize()): every rank has reached it when it returns.
   void barrier() override;

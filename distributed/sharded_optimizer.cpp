@@ -19,6 +19,11 @@ using optim::FragmentAccess;
 namespace {
 
 constexpr const char* kWho = "ShardedOptimizer";
+// step() all-gathers the buckets in groups of at least this many bytes (one NCCL group each):
+// smaller all-gathers run well under the bus bandwidth (32 MiB ones took 0.10 ms against 0.058 ms
+// at the rate of one 1 GiB all-gather, 2 x H200), while a group's all-gather still overlaps the
+// next group's update.
+constexpr int64_t kGatherBytes = int64_t{128} << 20;
 
 }  // namespace
 
@@ -430,6 +435,8 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   // (which touches only bucket k+1); the caller's stream is ordered after all of them at the end.
   {
     DeferredStreamWaits deferred(*comm_);
+    std::vector<at::Tensor> mine, whole;
+    int64_t gathering = 0;
     for (Bucket& b : buckets_) {
       for (size_t gi = 0; gi < groups.size(); ++gi) {
         if (FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite && cpu_found) continue;
@@ -438,8 +445,15 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
           if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
         if (!frags.empty()) update(gi, frags, found_inf, sumsq, lamb_rows);
       }
-      at::Tensor mine = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk);
-      comm_->all_gather(mine, b.flat_param);
+      mine.push_back(b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk));
+      whole.push_back(b.flat_param);
+      gathering += b.flat_param.nbytes();
+      if (gathering >= kGatherBytes || &b == &buckets_.back()) {
+        comm_->all_gather_many(mine, whole);
+        mine.clear();
+        whole.clear();
+        gathering = 0;
+      }
     }
   }
   comm_->order_after_collectives();

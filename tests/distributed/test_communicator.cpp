@@ -31,6 +31,14 @@ void expect_expected_values(ld::Communicator& c) {
     at::Tensor gw = (at::arange(n, at::kFloat) + 1).repeat_interleave(2).to(t);
     EXPECT_TRUE(bitwise_equal(g, gw));
     EXPECT_TRUE(bitwise_equal(g2, gw));
+    // all_gather_many: pairs of other sizes (one in place, one empty), as all_gather each.
+    at::Tensor m1 = at::zeros({3 * n}, opts.dtype(t)), m2 = at::zeros({0}, opts.dtype(t)), m3 = at::zeros({n}, opts.dtype(t));
+    m1.narrow(0, 3 * r, 3).fill_(r + 2);
+    c.all_gather_many({m1.narrow(0, 3 * r, 3), at::zeros({0}, opts.dtype(t)), at::full({1}, r + 5, opts.dtype(t))},
+                      {m1, m2, m3});
+    EXPECT_TRUE(bitwise_equal(m1, (at::arange(n, at::kFloat) + 2).repeat_interleave(3).to(t)));
+    EXPECT_TRUE(bitwise_equal(m3, (at::arange(n, at::kFloat) + 5).to(t)));
+    c.all_gather_many({}, {});
     at::Tensor b = at::full({5}, r == n - 1 ? 7.0 : 0.0, opts.dtype(t));
     c.broadcast(b, n - 1);
     EXPECT_TRUE(bitwise_equal(b, at::full({5}, 7.0, at::kFloat).to(t)));
@@ -54,6 +62,14 @@ void expect_bad_arguments_named(ld::Communicator& c) {
   at::Tensor b = at::zeros({2}, opts);
   EXPECT_THROW(c.broadcast(b, n), c10::Error);
   EXPECT_THROW(c.all_gather(at::zeros({2}, opts.dtype(at::kDouble)), out), c10::Error);
+  try {
+    c.all_gather_many({at::zeros({3}, opts)}, {});
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_gather_many: 1 inputs but 0 outputs"), std::string::npos) << e.what();
+  }
+  at::Tensor whole = at::zeros({3 * n}, opts);
+  EXPECT_THROW(c.all_gather_many({at::zeros({3}, opts), at::zeros({2}, opts)}, {whole, out}), c10::Error);
   c.barrier();  // still usable: nothing was started
 }
 

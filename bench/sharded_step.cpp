@@ -96,6 +96,12 @@ int main(int argc, char** argv) {
   const double rs_ms = time([&] { comm->reduce_scatter(flat, shard, ld::ReduceOp::Avg); });
   const double ag_ms = time([&] { comm->all_gather(flat.narrow(0, rank * chunk, chunk), flat); });
   const double ar_ms = time([&] { comm->all_reduce(flat, ld::ReduceOp::Sum); });
+  // The exchange a quantized reduce-scatter would make (issue 38's low-bit wire): the same
+  // elements as float32 and as bytes (8-bit codes).
+  at::Tensor exchanged = at::empty_like(flat);
+  const double a2a_ms = time([&] { comm->all_to_all(flat, exchanged); });
+  at::Tensor codes = at::zeros({chunk * n}, flat.options().dtype(at::kByte)), codes_in = at::empty_like(codes);
+  const double a2a8_ms = time([&] { comm->all_to_all(codes, codes_in); });
   std::vector<at::Tensor> local;
   for (int64_t k = 0; k < count; ++k) local.push_back(at::randn({(numel + n - 1) / n}, at::TensorOptions().device(dev)).set_requires_grad(true));
   lowbit::optim::AdamW local_opt(local, lowbit::optim::AdamWOptions(1e-4));
@@ -201,6 +207,10 @@ int main(int argc, char** argv) {
     std::printf("  all_gather alone      %9.3f ms   busbw %7.2f GB/s\n", ag_ms,
                 n > 1 ? bytes * (n - 1) / n / (ag_ms * 1e-3) / 1e9 : 0.0);
     std::printf("  all_reduce same bytes %9.3f ms   busbw %7.2f GB/s\n", ar_ms, ar_busbw);
+    std::printf("  all_to_all same bytes %9.3f ms   busbw %7.2f GB/s\n", a2a_ms,
+                n > 1 ? bytes * (n - 1) / n / (a2a_ms * 1e-3) / 1e9 : 0.0);
+    std::printf("  all_to_all as bytes   %9.3f ms   busbw %7.2f GB/s   (the same elements as 8-bit codes: %.2fx faster)\n",
+                a2a8_ms, n > 1 ? bytes / 4 * (n - 1) / n / (a2a8_ms * 1e-3) / 1e9 : 0.0, a2a_ms / a2a8_ms);
     std::printf("  model: rs + ag at that busbw + update = %.3f ms; step / model = %.2f (target <= 1.2)\n", model_ms,
                 step_ms / model_ms);
     std::printf("  state bytes: rank 0 %.1f MB, all ranks %.1f MB (= unsharded), ratio %.3f (1/N = %.3f)\n",

@@ -39,6 +39,18 @@ void Communicator::all_gather_many(const std::vector<at::Tensor>& inputs, const 
   }
 }
 
+void check_all_to_all(const char* who, const at::Tensor& input, const at::Tensor& output, int size) {
+  const char* name = "all_to_all";
+  check_collective_tensor(who, name, "input", input);
+  check_collective_tensor(who, name, "output", output);
+  check_same_kind(who, name, input, output);
+  TORCH_CHECK(input.numel() == output.numel() && input.numel() % size == 0, who, ": ", name, ": input has ",
+              input.numel(), " elements and output ", output.numel(), "; both need the same number, a multiple of size() = ",
+              size);
+  TORCH_CHECK(input.numel() == 0 || !input.storage().is_alias_of(output.storage()), who, ": ", name,
+              ": input and output share memory; the exchange needs two buffers");
+}
+
 bool host_sums_natively(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kLong || t == at::kInt;
 }

@@ -35,6 +35,10 @@ class Communicator {
   // all_gather(inputs[k], outputs[k]) for each k, in order; a backend may launch them as one (NCCL:
   // one group, whose kernels reach the bus bandwidth that small all-gathers alone do not).
   virtual void all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
+  // input and output hold size() chunks of equal size each: input's chunk r goes to rank r, and
+  // output's chunk r is what rank r sent this rank (the exchange of a quantized reduce-scatter,
+  // whose receiver sums the chunks itself). Any dtype; input and output must not share memory.
+  virtual void all_to_all(const at::Tensor& input, at::Tensor& output) = 0;
   // In place: every rank ends with root's `tensor`.
   virtual void broadcast(at::Tensor& tensor, int root = 0) = 0;
   virtual void barrier() = 0;
@@ -79,6 +83,8 @@ void check_same_kind(const char* who, const char* collective, const at::Tensor& 
 // kind, and the whole one holding `size` chunks of the other's numel.
 void check_chunked_collective(const char* who, const char* collective, const at::Tensor& input,
                               const at::Tensor& output, int size, bool input_is_whole);
+// all_to_all: both tensors checked, of one kind, of the same numel divisible by `size`, not sharing memory.
+void check_all_to_all(const char* who, const at::Tensor& input, const at::Tensor& output, int size);
 // True when `input` is exactly output's chunk `rank` of `chunks` (all_gather in place).
 bool is_chunk_of(const at::Tensor& input, const at::Tensor& output, int rank);
 // The dtypes the host backends (MPI, and c10d's, to give MPI's bits) sum as they are; every other

@@ -165,6 +165,18 @@ void MpiCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   wait(req, name, output.numel());
 }
 
+void MpiCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
+  const char* name = "all_to_all";
+  check_usable(name);
+  check_all_to_all(kWho, input, output, size_);
+  TORCH_CHECK(input.is_cpu(), kWho, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
+  const int chunk = count_of(name, input.numel()) / size_;
+  const MPI_Datatype type = mpi_type(input.scalar_type());
+  MPI_Request req;
+  check_rc(MPI_Ialltoall(input.data_ptr(), chunk, type, output.data_ptr(), chunk, type, comm_, &req), name);
+  wait(req, name, input.numel());
+}
+
 void MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
   const char* name = "broadcast";
   check_usable(name);

@@ -614,6 +614,29 @@ void NcclCommunicator::all_gather_many(const std::vector<at::Tensor>& inputs, co
   });
 }
 
+void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
+  const char* name = "all_to_all";
+  check_usable(name);
+  check_all_to_all(kWho, input, output, impl_->size);
+  if (input.numel() == 0) return;  // every rank has the same numel: none of them sends anything
+  const int n = impl_->size;
+  const size_t chunk = static_cast<size_t>(input.numel() / n);
+  const size_t chunk_bytes = chunk * input.element_size();
+  const ncclDataType_t type = nccl_type(input.scalar_type());
+  run(name, input.numel(), {input, output}, [&](void* s) {
+    const auto stream = static_cast<cudaStream_t>(s);
+    const char* in = static_cast<const char*>(input.data_ptr());
+    char* out = static_cast<char*>(output.data_ptr());
+    ncclResult_t first = ncclGroupStart();
+    for (int r = 0; r < n && first == ncclSuccess; ++r) {
+      first = ncclSend(in + r * chunk_bytes, chunk, type, r, impl_->comm, stream);
+      if (first == ncclSuccess) first = ncclRecv(out + r * chunk_bytes, chunk, type, r, impl_->comm, stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always: a group once started must be ended
+    return static_cast<int>(first != ncclSuccess ? first : end);
+  });
+}
+
 void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
   const char* name = "broadcast";
   check_usable(name);

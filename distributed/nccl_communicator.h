@@ -48,6 +48,8 @@ class NcclCommunicator : public Communicator {
   void all_gather(const at::Tensor& input, at::Tensor& output) override;
   // One NCCL group: the pairs' kernels launched together, one completion for all of them.
   void all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) override;
+  // One NCCL group of a send and a receive per rank (NCCL's own all-to-all is the same underneath).
+  void all_to_all(const at::Tensor& input, at::Tensor& output) override;
   void broadcast(at::Tensor& tensor, int root = 0) override;
   // Waits on the host too (it ends with synchronize()): every rank has reached it when it returns.
   void barrier() override;

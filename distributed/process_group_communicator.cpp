@@ -168,6 +168,16 @@ void ProcessGroupCommunicator::all_gather(const at::Tensor& input, at::Tensor& o
   run(name, out.numel(), [&] { return backend_->_allgather_base(out, in, o); });
 }
 
+void ProcessGroupCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
+  const char* name = "all_to_all";
+  check_usable(name);
+  check_all_to_all(who_.c_str(), input, output, size_);
+  at::Tensor in = input.view({-1}), out = output.view({-1});
+  std::vector<int64_t> equal_splits;  // empty: size() equal chunks
+  c10d::AllToAllOptions o;
+  run(name, in.numel(), [&] { return backend_->alltoall_base(out, in, equal_splits, equal_splits, o); });
+}
+
 void ProcessGroupCommunicator::broadcast(at::Tensor& tensor, int root) {
   const char* name = "broadcast";
   check_usable(name);

@@ -50,6 +50,7 @@ class ProcessGroupCommunicator : public Communicator {
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum) override;
   void all_gather(const at::Tensor& input, at::Tensor& output) override;
+  void all_to_all(const at::Tensor& input, at::Tensor& output) override;
   void broadcast(at::Tensor& tensor, int root = 0) override;
   void barrier() override;
 

@@ -39,10 +39,22 @@ void expect_expected_values(ld::Communicator& c) {
     EXPECT_TRUE(bitwise_equal(m1, (at::arange(n, at::kFloat) + 2).repeat_interleave(3).to(t)));
     EXPECT_TRUE(bitwise_equal(m3, (at::arange(n, at::kFloat) + 5).to(t)));
     c.all_gather_many({}, {});
+    // all_to_all: rank r's chunk c (3 elements) holds r * 100 + c; rank r receives s * 100 + r from each s.
+    const at::Tensor sent = (at::arange(n, opts.dtype(at::kFloat)).repeat_interleave(3) + r * 100).to(t);
+    at::Tensor got = at::full({3 * n}, -1.0, opts.dtype(t));
+    c.all_to_all(sent, got);
+    EXPECT_TRUE(bitwise_equal(got, (at::arange(n, at::kFloat).repeat_interleave(3) * 100 + r).to(t)));
+    at::Tensor none = at::empty({0}, opts.dtype(t));
+    c.all_to_all(at::empty({0}, opts.dtype(t)), none);
     at::Tensor b = at::full({5}, r == n - 1 ? 7.0 : 0.0, opts.dtype(t));
     c.broadcast(b, n - 1);
     EXPECT_TRUE(bitwise_equal(b, at::full({5}, 7.0, at::kFloat).to(t)));
   }
+  // all_to_all of bytes (a quantized wire's codes): rank r sends r * 16 + c to rank c.
+  const at::Tensor codes = (at::arange(n, opts.dtype(at::kLong)).repeat_interleave(5) + r * 16).to(at::kByte);
+  at::Tensor received = at::zeros({5 * n}, opts.dtype(at::kByte));
+  c.all_to_all(codes, received);
+  EXPECT_TRUE(bitwise_equal(received, (at::arange(n, at::kLong).repeat_interleave(5) * 16 + r).to(at::kByte)));
   c.barrier();
 }
 
@@ -70,6 +82,23 @@ void expect_bad_arguments_named(ld::Communicator& c) {
   }
   at::Tensor whole = at::zeros({3 * n}, opts);
   EXPECT_THROW(c.all_gather_many({at::zeros({3}, opts), at::zeros({2}, opts)}, {whole, out}), c10::Error);
+  try {
+    c.all_to_all(at::zeros({3 * n + 1}, opts), whole);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_to_all: input has " + std::to_string(3 * n + 1) + " elements and output " +
+                                         std::to_string(3 * n)),
+              std::string::npos) << e.what();
+  }
+  try {
+    at::Tensor both = at::zeros({6 * n}, opts);
+    at::Tensor second = both.narrow(0, 3 * n, 3 * n);
+    c.all_to_all(both.narrow(0, 0, 3 * n), second);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_to_all: input and output share memory"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c.all_to_all(at::zeros({3 * n}, opts.dtype(at::kDouble)), whole), c10::Error);
   c.barrier();  // still usable: nothing was started
 }
 
@@ -129,6 +158,11 @@ void expect_collectives_equal_the_jobs(ld::Communicator& c, const std::vector<at
       c.all_gather(ib[r], ib);
       EXPECT_TRUE(same_bits(ia.view({-1}), ga)) << "all_gather in place (the job's)";
       EXPECT_TRUE(same_bits(ib.view({-1}), ga)) << "all_gather in place";
+      const at::Tensor spread = rank_input(r, numel * n, t, ++salt);
+      at::Tensor xa = at::empty_like(spread), xb = at::empty_like(spread);
+      ref.all_to_all(spread, xa);
+      c.all_to_all(spread, xb);
+      EXPECT_TRUE(same_bits(xa, xb)) << "all_to_all";
       at::Tensor ba = rank_input(r, numel, t, ++salt), bb = ba.clone();
       ref.broadcast(ba, n - 1);
       c.broadcast(bb, n - 1);

@@ -1,6 +1,7 @@
 // Fragment checkpoints: write each holder's pieces (version 2: a digest per entry), read every
-// writer's file (zip CRC-32s, digests, every value's range, dtypes and sizes) and check the whole, then
-// load the ranges each optimizer needs. POSIX directory calls, not std::filesystem (the torch
+// writer's file (zip CRC-32s, digests, every value's range, dtypes and sizes) and check the whole,
+// convert a parameter saved in another layout where the caller asks to (LoadOptions), then load the
+// ranges each optimizer needs. POSIX directory calls, not std::filesystem (the torch
 // wheel exports std::filesystem symbols that clash with the toolchain's).
 #include "sharded_checkpoint.h"
 
@@ -48,7 +49,8 @@ struct FileFragment {
   Meta meta;
   std::vector<kernels::SlotType> slots;
   std::vector<at::Tensor> tensors;  // as append_state_range gives them
-  std::string where;                // "<file>: fragment <i>", for errors
+  std::string name;                 // "<file>: fragment <i> (parameter <j> of group <g>)"
+  std::string where;                // "load fragments: " + name, for errors
 };
 
 struct FileHeader {
@@ -61,6 +63,18 @@ int tensors_of(kernels::SlotStorage storage) {
 }
 
 std::string fragment_key(int64_t i) { return "f" + std::to_string(i); }
+
+// The work block every writer gives dense (FP32 / BF16) state, whatever the rule: state_layout's.
+int64_t dense_work_block(StateFormat f) {
+  return optim::state_layout(kernels::StepConfig{}, f, 1, 0, 0, QuantFormat::FP8E4M3, "load fragments").block_size;
+}
+
+// A quantized slot's codes are in a format of its state format: the signed or the unsigned one,
+// or for FP8 either float8 format (fp8_second_moment).
+bool in_state_format(StateFormat f, QuantFormat q) {
+  return q == quant_format_for(f, true) || q == quant_format_for(f, false) ||
+         (f == StateFormat::FP8 && (q == QuantFormat::FP8E4M3 || q == QuantFormat::FP8E5M2));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Writing (version 2): every entry a tensor, each followed by its digest
@@ -107,7 +121,7 @@ void write_file(const std::string& path, int rank, int world_size, uint64_t seed
 
 class FileReader {
  public:
-  explicit FileReader(const std::string& path) : who_("load fragments: " + path) {
+  explicit FileReader(const std::string& path) : path_(path), who_("load fragments: " + path) {
     try {
       optim::load_checkpoint_archive(path, ar_);
     } catch (const c10::Error& e) {
@@ -116,6 +130,7 @@ class FileReader {
   }
 
   int64_t version = 0;  // 0 until the header is read: no digests expected before
+  const std::string& path() const { return path_; }
   const std::string& who() const { return who_; }
 
   // A state tensor of `dtype` (flat, cpu), its digest checked in version 2.
@@ -156,7 +171,7 @@ class FileReader {
 
  private:
   torch::serialize::InputArchive ar_;
-  std::string who_;
+  std::string path_, who_;
   std::set<std::string> read_;
 };
 
@@ -208,6 +223,11 @@ Meta read_meta(FileReader& r, const std::string& key, const std::string& where) 
     optim::check_quant_block_size(where, key + ".meta block_size", quant_format_for(format, true), meta.block_size);
     TORCH_CHECK(meta.offset % meta.block_size == 0, where, ": offset ", meta.offset,
                 " is not a multiple of the block size ", meta.block_size);
+  } else {
+    // As the unsharded reader checks: a converting load would otherwise take any value here.
+    const int64_t work = dense_work_block(format);
+    TORCH_CHECK(meta.block_size == work, where, ": field block_size of '", key, ".meta' is ", meta.block_size,
+                ", expected ", work, " for ", state_format_name(format), " state");
   }
   return meta;
 }
@@ -226,7 +246,7 @@ kernels::SlotType read_slot_type(const std::string& where, const Meta& meta, con
     case kernels::SlotStorage::None: break;
     case kernels::SlotStorage::F32: fits = format == StateFormat::FP32; break;
     case kernels::SlotStorage::BF16: fits = format == StateFormat::BF16; break;
-    case kernels::SlotStorage::Quant: fits = is_quantized(format); break;
+    case kernels::SlotStorage::Quant: fits = is_quantized(format) && in_state_format(format, t.format); break;
     case kernels::SlotStorage::Int16:
     case kernels::SlotStorage::Int8: fits = k == kernels::kCorrectionSlot; break;
   }
@@ -272,9 +292,12 @@ void read_slot_tensors(FileReader& r, const std::string& key, const Meta& meta, 
 FileFragment read_fragment(FileReader& r, int64_t i) {
   const std::string key = fragment_key(i);
   FileFragment f;
-  f.where = c10::str(r.who(), ": fragment ", i);
+  f.name = c10::str(r.path(), ": fragment ", i);
+  f.where = "load fragments: " + f.name;
   f.meta = read_meta(r, key, f.where);
-  f.where += c10::str(" (parameter ", f.meta.index, " of group ", f.meta.group, ")");
+  const std::string param = c10::str(" (parameter ", f.meta.index, " of group ", f.meta.group, ")");
+  f.name += param;
+  f.where += param;
   const std::vector<int64_t> slots = r.ints(key + ".slots", 2 * f.meta.nslots);
   int64_t next = 0;
   for (int64_t k = 0; k < f.meta.nslots; ++k) {
@@ -340,16 +363,41 @@ std::vector<WriterFile> writer_files(const std::string& prefix) {
   return files;
 }
 
-// The whole state of one parameter from all fragments of it, checked against what the optimizer
-// would create for it (format, block size, slots) and for exact coverage.
+// The whole state of one parameter from all fragments of it, checked for exact coverage and against
+// what the optimizer would create for it (format, block size, slots), converted into that layout
+// where the load asks to.
 struct Whole {
   optim::ParamState state;
   bool present = false;
 };
 
-// Fragments of parameter (gi, i), sorted by offset, against the optimizer's layout `want` for `p`:
-// same whole numel, format, block size and slots, at one step, covering every element once.
-void check_fragments(const std::vector<FileFragment>& frags, const optim::StateLayout& want, const at::Tensor& p) {
+// What a load does with state saved in another layout than the optimizer's: convert it or refuse
+// it, naming the call that converts (ShardedOptimizer::load's or load_fragments').
+struct LoadRequest {
+  bool convert;
+  const char* convert_call;
+};
+
+// The layout fragment `f` was saved in.
+optim::StateLayout saved_layout(const FileFragment& f) {
+  optim::StateLayout l;
+  l.format = static_cast<StateFormat>(f.meta.format);
+  l.block_size = f.meta.block_size;
+  l.slots = f.slots;
+  return l;
+}
+
+// "Q8 in blocks of 256, slots Dyn8Signed, Dyn8Unsigned": a layout for errors.
+std::string layout_name(const optim::StateLayout& l) {
+  std::string slots;
+  for (const kernels::SlotType& t : l.slots) slots += (slots.empty() ? "" : ", ") + kernels::slot_type_name(t);
+  return c10::str(state_format_name(l.format), " in blocks of ", l.block_size, ", slots ", slots);
+}
+
+// Fragments of one parameter, sorted by offset: its whole numel, every element once, one step, and
+// one layout (what the ranks of one job write of one parameter, whatever the optimizer's layout).
+void check_coverage(const std::vector<FileFragment>& frags, const at::Tensor& p) {
+  const FileFragment& first = frags[0];
   int64_t next = 0;
   for (const FileFragment& f : frags) {
     const std::string& where = f.where;
@@ -359,38 +407,78 @@ void check_fragments(const std::vector<FileFragment>& frags, const optim::StateL
                 std::min(next, f.meta.offset + f.meta.numel), " are in two fragments (duplicated fragment)");
     TORCH_CHECK(f.meta.offset == next, where, ": elements ", next, "..", f.meta.offset,
                 " are in no fragment (missing fragment)");
-    TORCH_CHECK(f.meta.format == static_cast<int64_t>(want.format), where, " was saved with state format ",
-                state_format_name(static_cast<StateFormat>(f.meta.format)), " but this optimizer uses ",
-                state_format_name(want.format));
-    TORCH_CHECK(f.meta.block_size == want.block_size, where, " was saved with block size ", f.meta.block_size,
-                " but this optimizer uses ", want.block_size);
-    TORCH_CHECK(f.slots.size() == want.slots.size(), where, " has ", f.slots.size(),
-                " state slots but this optimizer has ", want.slots.size());
-    for (size_t k = 0; k < want.slots.size(); ++k)
-      TORCH_CHECK(f.slots[k] == want.slots[k], where, ": state slot ", k, " is stored as ",
-                  kernels::slot_type_name(f.slots[k]), " but this optimizer stores it as ",
-                  kernels::slot_type_name(want.slots[k]));
-    TORCH_CHECK(f.meta.step == frags[0].meta.step, where, ": fragments at different steps (", f.meta.step, " and ",
-                frags[0].meta.step, ")");
+    TORCH_CHECK(f.meta.format == first.meta.format && f.meta.block_size == first.meta.block_size &&
+                    f.slots == first.slots,
+                where, " holds its state as ", layout_name(saved_layout(f)), " but ", first.name, " as ",
+                layout_name(saved_layout(first)), " (fragments of two checkpoints?)");
+    TORCH_CHECK(f.meta.step == first.meta.step, where, ": fragments at different steps (", f.meta.step, " and ",
+                first.meta.step, ")");
     next = f.meta.offset + f.meta.numel;
   }
   TORCH_CHECK(next == p.numel(), frags.back().where, ": elements ", next, "..", p.numel(),
               " are in no fragment (missing fragment)");
 }
 
-// The checked fragments of `p` concatenated slot by slot (every fragment but the last is a whole
-// number of blocks: read_meta checked that each starts on a block boundary).
-optim::ParamState join_fragments(const std::vector<FileFragment>& frags, const optim::StateLayout& want,
-                                 const at::Tensor& p) {
-  optim::ParamState st;
-  st.format = want.format;
-  st.block_size = want.block_size;
-  st.counters = at::tensor(std::vector<int64_t>{frags[0].meta.step, 0}).to(p.device());
-  st.slots.resize(want.slots.size());
-  size_t t = 0;
+// What no conversion bridges: which slots the rule uses with these options (amsgrad's, say), and a
+// master-weight correction stored as master_weight_bits asks (it is loaded as stored, never requantized).
+void check_slots(const FileFragment& f, const optim::StateLayout& want) {
+  TORCH_CHECK(f.slots.size() == want.slots.size(), f.where, " has ", f.slots.size(),
+              " state slots but this optimizer has ", want.slots.size());
+  using S = kernels::SlotStorage;
   for (size_t k = 0; k < want.slots.size(); ++k) {
+    const kernels::SlotType have = f.slots[k], need = want.slots[k];
+    const bool correction = kernels::is_correction(have.storage) || kernels::is_correction(need.storage);
+    TORCH_CHECK((have.storage == S::None) == (need.storage == S::None) && (!correction || have == need), f.where,
+                ": state slot ", k, " is stored as ", kernels::slot_type_name(have), " but this optimizer stores it as ",
+                kernels::slot_type_name(need), correction ? " (master_weight_bits)" : "");
+  }
+}
+
+// What keeps the saved state from the layout this optimizer gives it, in the unsharded loader's words
+// (optim/checkpoint.cpp); "" when nothing does. Stepping it as stored would quietly use what the user
+// did not configure (another format, block size or float8 second moment).
+std::string layout_difference(const optim::StateLayout& saved, const optim::StateLayout& want) {
+  const char* format = state_format_name(want.format);
+  if (saved.format != want.format)
+    return c10::str("the checkpoint holds its state in ", state_format_name(saved.format),
+                    " but this optimizer keeps it in ", format);
+  if (saved.block_size != want.block_size)
+    return c10::str("the checkpoint holds its ", format, " state in blocks of ", saved.block_size,
+                    " but this optimizer uses blocks of ", want.block_size);
+  for (size_t k = 0; k < want.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
+    if (saved.slots[k] != want.slots[k])
+      return c10::str("the checkpoint stores slot ", k, " of its ", format, " state as ",
+                      kernels::slot_type_name(saved.slots[k]), " but this optimizer stores it as ",
+                      kernels::slot_type_name(want.slots[k]), " (fp8_second_moment)");
+  return "";
+}
+
+// Whether the parameter's state, saved as `first` says, must be converted into `want`: refused,
+// saying how to convert, unless the load asks to.
+bool needs_conversion(const FileFragment& first, const optim::StateLayout& want, const LoadRequest& request) {
+  const std::string difference = layout_difference(saved_layout(first), want);
+  if (difference.empty()) return false;
+  TORCH_CHECK(request.convert, first.where, ": ", difference, ". To convert it on purpose, load with ",
+              request.convert_call, " (the state is expanded to fp32 and requantized into this optimizer's layout), "
+              "or configure this optimizer as the checkpoint's (state_format, override_state_format, "
+              "min_quant_numel, block_size, fp8_second_moment)");
+  return true;
+}
+
+// The checked fragments of `p` concatenated slot by slot in the layout they were saved in (every
+// fragment but the last is a whole number of blocks: read_meta checked that each starts on a block
+// boundary, check_coverage that all have one block size).
+optim::ParamState join_fragments(const std::vector<FileFragment>& frags, const at::Tensor& p) {
+  const optim::StateLayout saved = saved_layout(frags[0]);
+  optim::ParamState st;
+  st.format = saved.format;
+  st.block_size = saved.block_size;
+  st.counters = at::tensor(std::vector<int64_t>{frags[0].meta.step, 0}).to(p.device());
+  st.slots.resize(saved.slots.size());
+  size_t t = 0;
+  for (size_t k = 0; k < saved.slots.size(); ++k) {
     optim::StateSlot& s = st.slots[k];
-    s.type = want.slots[k];
+    s.type = saved.slots[k];
     const int per = tensors_of(s.type.storage);
     std::vector<at::Tensor> a, b;
     for (const FileFragment& f : frags) {
@@ -406,10 +494,27 @@ optim::ParamState join_fragments(const std::vector<FileFragment>& frags, const o
   return st;
 }
 
+// The whole parameter's saved state in this optimizer's layout: each moment expanded to fp32 and
+// quantized again by make_state, as LowbitOptimizer::converted_state does for an unsharded load, so a
+// converting sharded load equals load_checkpoint's conversion sliced (blocks are global to the
+// parameter). The step count and the master-weight correction (independent of the moments' format)
+// as stored.
+optim::ParamState converted_state(const optim::LowbitOptimizer& o, size_t group, const at::Tensor& p,
+                                  const optim::ParamState& saved) {
+  std::vector<at::Tensor> values;
+  for (size_t k = 0; k < saved.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
+    values.push_back(saved.slots[k].to_float());
+  optim::ParamState st = FragmentAccess::make_state(o, group, p, p.numel(), values);
+  st.counters = saved.counters;
+  const size_t c = kernels::kCorrectionSlot;
+  if (st.slots.size() > c && kernels::is_correction(st.slots[c].type.storage)) st.slots[c] = saved.slots[c];
+  return st;
+}
+
 // Every writer's file read and checked whole, then every parameter's fragments against the
 // optimizer: throws before anything is changed.
 std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimizer& o, const std::string& prefix,
-                                                      uint64_t* seed, int64_t* skipped) {
+                                                      const LoadRequest& request, uint64_t* seed, int64_t* skipped) {
   std::map<std::pair<int64_t, int64_t>, std::vector<FileFragment>> by_param;
   for (const WriterFile& file : writer_files(prefix)) {
     FileHeader h;
@@ -436,10 +541,13 @@ std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimiz
     const optim::StateLayout want = FragmentAccess::layout(o, static_cast<size_t>(gi), p);
     std::sort(frags.begin(), frags.end(),
               [](const FileFragment& a, const FileFragment& b) { return a.meta.offset < b.meta.offset; });
-    check_fragments(frags, want, p);
+    check_coverage(frags, p);
+    check_slots(frags[0], want);
+    const bool convert = needs_conversion(frags[0], want, request);
     Whole w;
     w.present = true;
-    w.state = join_fragments(frags, want, p);
+    w.state = join_fragments(frags, p);
+    if (convert) w.state = converted_state(o, static_cast<size_t>(gi), p, w.state);
     out[kv.first] = std::move(w);
   }
   return out;
@@ -497,10 +605,13 @@ void save_fragments(const optim::LowbitOptimizer& o, const std::string& prefix) 
   write_file(fragment_file(prefix, 0, 1), 0, 1, FragmentAccess::seed(o), FragmentAccess::skipped(o), ptrs);
 }
 
-void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix) {
+void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix, const optim::LoadOptions& options) {
   uint64_t seed = 0;
   int64_t skipped = 0;
-  auto wholes = assemble(o, prefix, &seed, &skipped);  // throws before anything is changed
+  const LoadRequest request{options.convert_state_format(),
+                            "lowbit::distributed::load_fragments(optimizer, prefix, "
+                            "LoadOptions().convert_state_format(true))"};
+  auto wholes = assemble(o, prefix, request, &seed, &skipped);  // throws before anything is changed
   // The checkpoint's state replaces the whole state: a parameter it has no state for has none after
   // (as LowbitOptimizer::load does), not the state it had before.
   const auto& groups = o.param_groups();
@@ -525,14 +636,16 @@ void ShardedOptimizer::save(const std::string& prefix) const {
   comm_->barrier();  // every file is written when save returns on any rank
 }
 
-void ShardedOptimizer::load(const std::string& prefix) {
+void ShardedOptimizer::load(const std::string& prefix, const optim::LoadOptions& options) {
   uint64_t seed = 0;
   int64_t skipped = 0;
+  const LoadRequest request{options.convert_state_format(),
+                            "lowbit::distributed::ShardedOptimizer::load(prefix, LoadOptions().convert_state_format(true))"};
   // Every rank checks the files whole before any rank changes anything: one all_reduce of failures.
   std::map<std::pair<int64_t, int64_t>, Whole> wholes;
   std::string error;
   try {
-    wholes = assemble(*optimizer_, prefix, &seed, &skipped);
+    wholes = assemble(*optimizer_, prefix, request, &seed, &skipped);
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   }

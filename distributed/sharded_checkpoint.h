@@ -6,7 +6,11 @@
 // and size against its slot, finite codes), checks that they cover every parameter exactly once
 // and match the optimizer (shapes, formats, block sizes, slots), and only then takes the ranges it
 // needs: N ranks' files load on M ranks and into one unsharded optimizer, and an unsharded
-// optimizer's save_fragments loads on any number of ranks, bit-exact. A refused load changes
+// optimizer's save_fragments loads on any number of ranks, bit-exact. State saved in another layout
+// than the optimizer gives a parameter (state format, block size, float8 second-moment format) is
+// refused unless LoadOptions().convert_state_format(true) asks to convert it: the parameter's
+// fragments joined in the file's layout, expanded to fp32 and requantized whole into the
+// optimizer's, as load_checkpoint converts an unsharded checkpoint. A refused load changes
 // nothing; errors name the file, the fragment and the field or entry with its value.
 #pragma once
 
@@ -24,9 +28,11 @@ constexpr int64_t kFragmentFormatVersion = 2;
 // The file rank `rank` of `world_size` writes for `prefix`.
 std::string fragment_file(const std::string& prefix, int rank, int world_size);
 
-// An unsharded optimizer's state as fragments (one writer: `prefix`.rank-0-of-1), and back.
+// An unsharded optimizer's state as fragments (one writer: `prefix`.rank-0-of-1), and back from
+// the files of any number of writers (options: as ShardedOptimizer::load's).
 void save_fragments(const optim::LowbitOptimizer& optimizer, const std::string& prefix);
-void load_fragments(optim::LowbitOptimizer& optimizer, const std::string& prefix);
+void load_fragments(optim::LowbitOptimizer& optimizer, const std::string& prefix,
+                    const optim::LoadOptions& options = optim::LoadOptions());
 
 }  // namespace distributed
 }  // namespace lowbit

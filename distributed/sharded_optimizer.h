@@ -127,9 +127,11 @@ class ShardedOptimizer {
   const std::vector<Fragment>& fragments() const { return fragments_; }
 
   // Checkpoints (sharded_checkpoint.cpp): every rank writes `prefix`.rank-R-of-N; load() reads the
-  // files of any number of ranks, checks them whole, then takes the pieces this rank owns.
+  // files of any number of ranks, checks them whole, then takes the pieces this rank owns. State
+  // in another layout than this optimizer's is refused unless options.convert_state_format()
+  // (each parameter joined whole, expanded to fp32 and requantized, then sliced: as load_checkpoint).
   void save(const std::string& prefix) const;
-  void load(const std::string& prefix);
+  void load(const std::string& prefix, const optim::LoadOptions& options = optim::LoadOptions());
 
  private:
   struct Bucket {

@@ -1,7 +1,8 @@
 // Fragment checkpoints: N ranks' files load on one unsharded optimizer and back on N ranks,
 // bit-exact; resharding across runs of different sizes (the Reshard stages, chained by ctest);
 // missing, duplicated and mismatched fragments, and damaged files (each check of the reader), are
-// clear errors that load nothing.
+// clear errors that load nothing; state in another format is refused, or converted on purpose
+// exactly as one process converts it.
 #include "dist_util.h"
 
 #include <sys/stat.h>
@@ -119,9 +120,10 @@ TEST(ShardedCheckpoint, RanksToOneProcessAndBackAreBitExact) {
   }
 }
 
-std::string load_error(lo::LowbitOptimizer& o, const std::string& prefix) {
+std::string load_error(lo::LowbitOptimizer& o, const std::string& prefix,
+                       const lo::LoadOptions& options = lo::LoadOptions()) {
   try {
-    ld::load_fragments(o, prefix);
+    ld::load_fragments(o, prefix, options);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   }
@@ -169,7 +171,7 @@ TEST(ShardedCheckpoint, MissingDuplicatedOrMismatchedFragmentsLoadNothing) {
   std::vector<at::Tensor> q8p = make_params(at::kFloat, device());
   auto q8 = make_opt(q8p, StateFormat::Q8);
   e = load_error(*q8, whole);
-  EXPECT_NE(e.find("was saved with state format"), std::string::npos) << e;
+  EXPECT_NE(e.find("the checkpoint holds its state in Q4 but this optimizer keeps it in Q8"), std::string::npos) << e;
   EXPECT_EQ(q8->state_bytes(), 0);
   // Missing fragment inside: rank 0's piece of a sharded checkpoint without the others' pieces.
   if (world >= 2) {
@@ -294,7 +296,10 @@ std::vector<Damage> damages() {
       {"no_such_param", [](E& e) { set_int(e, "f0.meta", kGroup, 5); }, "this optimizer has no parameter 0 in group 5"},
       {"param_size", [](E& e) { set_int(e, "f0.meta", kParamNumel, 6000); },
        "the parameter has 6000 elements in the checkpoint but 5000 here"},
-      {"dense_block", [](E& e) { set_int(e, "f2.meta", kBlockSize, 512); }, "was saved with block size 512 but this optimizer uses 1024"},
+      {"dense_block", [](E& e) { set_int(e, "f2.meta", kBlockSize, 512); },
+       "field block_size of 'f2.meta' is 512, expected 1024 for FP32 state"},
+      {"slot_family", [](E& e) { set_int(e, "f0.slots", 1, 0); },
+       "slot 0 is stored as Dyn8Signed, which a Q4 state in this slot does not hold"},
       {"slot_count", [](E& e) { set_int(e, "f2.meta", kNslots, 1); set_int(e, "f2.slots", 2, 0); e.erase("f2.t1");
          e["f2.slots"] = tensor_of(e, "f2.slots").narrow(0, 0, 2).clone(); e.erase("f2.t1.digest"); },
        "has 1 state slots but this optimizer has 2"},
@@ -310,10 +315,13 @@ TEST(ShardedCheckpoint, EveryCheckOfADamagedFragmentFileRefusesItWhole) {
     d.edit(e);
     if (std::string(d.name) != "digest") resign_fragments(e);
     const std::string pre = write_set(std::string("check_") + d.name, {e});
-    const std::string err = load_error(*victim.opt, pre);
-    EXPECT_NE(err.find(d.expect), std::string::npos) << err;
-    EXPECT_NE(err.find(ld::fragment_file(pre, 0, 1)), std::string::npos) << "the error names the file: " << err;
-    EXPECT_TRUE(victim.unchanged());
+    // A load that converts state in another layout skips none of these checks.
+    for (bool convert : {false, true}) {
+      const std::string err = load_error(*victim.opt, pre, lo::LoadOptions().convert_state_format(convert));
+      EXPECT_NE(err.find(d.expect), std::string::npos) << "convert " << convert << ": " << err;
+      EXPECT_NE(err.find(ld::fragment_file(pre, 0, 1)), std::string::npos) << "the error names the file: " << err;
+      EXPECT_TRUE(victim.unchanged());
+    }
   }
 }
 
@@ -501,6 +509,171 @@ TEST(ShardedCheckpoint, ParametersWithoutStateInTheFileHaveNoneAfterTheLoad) {
   EXPECT_EQ(victim.opt->state_of(victim.params[5]), nullptr);
   ASSERT_NE(victim.opt->state_of(victim.params[0]), nullptr);
   EXPECT_EQ(victim.opt->state_of(victim.params[0])->step(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// State in another layout than the optimizer's (LoadOptions::convert_state_format): refused by
+// default, naming the file, the parameter, both layouts and the call that converts, changing nothing
+// on any rank; converted on purpose, each parameter's state equals what one process's
+// load_checkpoint(..., convert_state_format(true)) makes of the same state, sliced, and steps on
+// like that process.
+// ---------------------------------------------------------------------------------------------
+
+const lo::LoadOptions kConvert = lo::LoadOptions().convert_state_format(true);
+
+// Every state tensor of a sharded optimizer's fragments and its counters.
+std::vector<at::Tensor> fragment_state(const ld::ShardedOptimizer& s) {
+  std::vector<at::Tensor> out;
+  for (const ld::Fragment& f : s.fragments())
+    if (f.state.counters.defined()) {
+      lowbit::optim::append_state_range(f.state, 0, f.numel, out);
+      out.push_back(f.state.counters.clone());
+    }
+  return out;
+}
+
+bool all_bitwise_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  bool same = a.size() == b.size();
+  for (size_t t = 0; same && t < a.size(); ++t) same = bitwise_equal(a[t], b[t]);
+  return same;
+}
+
+// One process's conversion of `source`'s state (its own checkpoint, load_checkpoint) into an
+// optimizer of `to` over a copy of `start`.
+std::unique_ptr<lo::LowbitOptimizer> converted_by_one_process(const lo::LowbitOptimizer& source, StateFormat to,
+                                                              int64_t master_bits, const std::vector<at::Tensor>& start,
+                                                              std::vector<at::Tensor>& params, const std::string& name) {
+  params = make_params(start[0].scalar_type(), device());
+  for (size_t k = 0; k < params.size(); ++k) params[k].detach().copy_(start[k].detach());
+  auto one = make_opt(params, to, master_bits);
+  const std::string path = prefix_for(name + "_r" + std::to_string(comm().rank()) + ".pt");
+  torch::save(source, path);
+  lo::load_checkpoint(*one, path, kConvert);
+  std::remove(path.c_str());
+  return one;
+}
+
+// N ranks save `from` state; N ranks of `to` refuse it, then convert it.
+void convert_on_load(StateFormat from, StateFormat to, int64_t master_bits) {
+  const int world = comm().size();
+  const std::string name = std::string("convert_") + lowbit::state_format_name(from) + "_" +
+                           lowbit::state_format_name(to) + "_" + std::to_string(master_bits);
+  std::vector<at::Tensor> params = make_params(at::kBFloat16, device()), ref_params = make_params(at::kBFloat16, device());
+  auto ref = make_opt(ref_params, from, master_bits);
+  ld::ShardedOptimizer source(std::shared_ptr<lo::LowbitOptimizer>(make_opt(params, from, master_bits)), comm_ptr());
+  for (int s = 1; s <= 2; ++s) {
+    set_grads(params, ref_params, s, world);
+    source.step();
+    ref->step();
+  }
+  const std::string pre = prefix_for(name);
+  source.save(pre);
+  // The target has stepped once: state of its own, which a refused load keeps.
+  std::vector<at::Tensor> tp = make_params(at::kBFloat16, device());
+  ld::ShardedOptimizer target(std::shared_ptr<lo::LowbitOptimizer>(make_opt(tp, to, master_bits)), comm_ptr());
+  for (size_t k = 0; k < tp.size(); ++k)
+    tp[k].mutable_grad() = rank_grad(comm().rank(), 9, static_cast<int>(k), tp[k].sizes(), at::kBFloat16).to(device());
+  target.step();
+  const auto before = fragment_state(target);
+  const std::string err = lowbit_test::error_of([&] { target.load(pre); });
+  for (const std::string& want :
+       {std::string("the checkpoint holds its state in ") + lowbit::state_format_name(from) +
+            " but this optimizer keeps it in " + lowbit::state_format_name(to),
+        std::string("ShardedOptimizer::load(prefix, LoadOptions().convert_state_format(true))"),
+        ld::fragment_file(pre, 0, world) + ": fragment 0 (parameter 0 of group 0)", std::string("nothing was loaded")})
+    EXPECT_NE(err.find(want), std::string::npos) << "no '" << want << "' in: " << err;
+  EXPECT_TRUE(all_bitwise_equal(before, fragment_state(target)));
+  // On purpose: one process's conversion of the same state, sliced, and its next steps.
+  std::vector<at::Tensor> one_params;
+  auto one = converted_by_one_process(*ref, to, master_bits, tp, one_params, name);
+  target.load(pre, kConvert);
+  expect_fragments_match(target, *one, one_params);
+  for (int s = 3; s <= 4; ++s) {
+    set_grads(tp, one_params, s, world);
+    target.step();
+    one->step();
+  }
+  for (size_t k = 0; k < tp.size(); ++k) EXPECT_TRUE(bitwise_equal(tp[k], one_params[k])) << "parameter " << k;
+  expect_fragments_match(target, *one, one_params);
+  // What no conversion bridges: a master-weight correction of another width.
+  if (master_bits != 0) {
+    std::vector<at::Tensor> wp = make_params(at::kBFloat16, device());
+    auto wider = make_opt(wp, to, master_bits == 24 ? 32 : 24);
+    const std::string e = lowbit_test::error_of([&] { ld::load_fragments(*wider, pre, kConvert); });
+    EXPECT_NE(e.find("state slot 3 is stored as int8_correction but this optimizer stores it as int16_correction "
+                     "(master_weight_bits)"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(wider->state_bytes(), 0);
+  }
+}
+
+TEST(ShardedCheckpoint, AnotherStateFormatIsRefusedOrConvertedOnPurpose) {
+  {
+    SCOPED_TRACE("Q8 into Q4");
+    convert_on_load(StateFormat::Q8, StateFormat::Q4, 0);
+  }
+  {
+    // The master-weight correction loads as stored beside the converted moments.
+    SCOPED_TRACE("Q8 into Q4, 24-bit master weights");
+    convert_on_load(StateFormat::Q8, StateFormat::Q4, 24);
+  }
+}
+
+// Three writers' Q4 files (every parameter cut across two of them) into an optimizer of another
+// format on 1, 2 or 3 ranks, and into one unsharded optimizer with load_fragments: refused by
+// default (load_fragments names itself), converted on purpose as one process converts them.
+TEST(ShardedCheckpoint, ConvertingLoadsReshardThreeWritersOntoAnyRanks) {
+  Saved saved(StateFormat::Q4, "convert3");
+  const std::string pre = write_set("convert3_split", split_fragment_file(saved.entries, 3));
+  {
+    // A parameter's fragments in two layouts (the files of two jobs spliced) convert into nothing.
+    Saved q8(StateFormat::Q8, "convert3_q8");
+    std::vector<Entries> spliced = split_fragment_file(saved.entries, 3);
+    spliced[1] = split_fragment_file(q8.entries, 3)[1];
+    Victim victim(StateFormat::Q8);
+    const std::string spliced_pre = write_set("convert3_spliced", spliced);
+    const std::string err = lowbit_test::error_of([&] { ld::load_fragments(*victim.opt, spliced_pre, kConvert); });
+    EXPECT_NE(err.find(ld::fragment_file(spliced_pre, 1, 3) +
+                       ": fragment 0 (parameter 0 of group 0) holds its state as Q8 in blocks of 256, slots Dyn8Signed, "
+                       "Dyn8Unsigned but " + ld::fragment_file(spliced_pre, 0, 3) +
+                       ": fragment 0 (parameter 0 of group 0) as Q4 in blocks of 128, slots DE4Signed, Linear4Unsigned "
+                       "(fragments of two checkpoints?)"),
+              std::string::npos)
+        << err;
+    EXPECT_TRUE(victim.unchanged());
+  }
+  for (StateFormat to : {StateFormat::Q8, StateFormat::FP32}) {
+    SCOPED_TRACE(lowbit::state_format_name(to));
+    Victim victim(to);
+    const std::string err = load_error(*victim.opt, pre);
+    for (const std::string& want :
+         {std::string("the checkpoint holds its state in Q4 but this optimizer keeps it in ") +
+              lowbit::state_format_name(to),
+          std::string("load_fragments(optimizer, prefix, LoadOptions().convert_state_format(true))"),
+          ld::fragment_file(pre, 0, 3)})
+      EXPECT_NE(err.find(want), std::string::npos) << "no '" << want << "' in: " << err;
+    EXPECT_TRUE(victim.unchanged());
+    std::vector<at::Tensor> one_params;
+    auto one = converted_by_one_process(*saved.opt, to, 0, saved.params, one_params,
+                                        std::string("convert3_") + lowbit::state_format_name(to));
+    // One unsharded optimizer.
+    std::vector<at::Tensor> up = make_params(at::kFloat, device());
+    auto unsharded = make_opt(up, to);
+    ld::load_fragments(*unsharded, pre, kConvert);
+    EXPECT_TRUE(all_bitwise_equal(all_state(*one, one_params), all_state(*unsharded, up)));
+    // This job's ranks, then a step on each side.
+    std::vector<at::Tensor> tp = make_params(at::kFloat, device());
+    for (size_t k = 0; k < tp.size(); ++k) tp[k].detach().copy_(saved.params[k].detach());
+    ld::ShardedOptimizer target(std::shared_ptr<lo::LowbitOptimizer>(make_opt(tp, to)), comm_ptr());
+    target.load(pre, kConvert);
+    expect_fragments_match(target, *one, one_params);
+    set_grads(tp, one_params, 3, comm().size());
+    target.step();
+    one->step();
+    for (size_t k = 0; k < tp.size(); ++k) EXPECT_TRUE(bitwise_equal(tp[k], one_params[k])) << "parameter " << k;
+    expect_fragments_match(target, *one, one_params);
+  }
 }
 
 // Resharding across jobs of different sizes: ctest runs stage 0 on 3 ranks, stage 1 on 2, stage 2 on

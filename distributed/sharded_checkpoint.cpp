@@ -434,29 +434,10 @@ void check_slots(const FileFragment& f, const optim::StateLayout& want) {
   }
 }
 
-// What keeps the saved state from the layout this optimizer gives it, in the unsharded loader's words
-// (optim/checkpoint.cpp); "" when nothing does. Stepping it as stored would quietly use what the user
-// did not configure (another format, block size or float8 second moment).
-std::string layout_difference(const optim::StateLayout& saved, const optim::StateLayout& want) {
-  const char* format = state_format_name(want.format);
-  if (saved.format != want.format)
-    return c10::str("the checkpoint holds its state in ", state_format_name(saved.format),
-                    " but this optimizer keeps it in ", format);
-  if (saved.block_size != want.block_size)
-    return c10::str("the checkpoint holds its ", format, " state in blocks of ", saved.block_size,
-                    " but this optimizer uses blocks of ", want.block_size);
-  for (size_t k = 0; k < want.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
-    if (saved.slots[k] != want.slots[k])
-      return c10::str("the checkpoint stores slot ", k, " of its ", format, " state as ",
-                      kernels::slot_type_name(saved.slots[k]), " but this optimizer stores it as ",
-                      kernels::slot_type_name(want.slots[k]), " (fp8_second_moment)");
-  return "";
-}
-
 // Whether the parameter's state, saved as `first` says, must be converted into `want`: refused,
 // saying how to convert, unless the load asks to.
 bool needs_conversion(const FileFragment& first, const optim::StateLayout& want, const LoadRequest& request) {
-  const std::string difference = layout_difference(saved_layout(first), want);
+  const std::string difference = optim::layout_difference(saved_layout(first), want);
   if (difference.empty()) return false;
   TORCH_CHECK(request.convert, first.where, ": ", difference, ". To convert it on purpose, load with ",
               request.convert_call, " (the state is expanded to fp32 and requantized into this optimizer's layout), "

@@ -163,23 +163,13 @@ std::string param_where(size_t g, size_t i, const at::Tensor& p) {
   return c10::str("parameter ", i, " of group ", g, " (", param_key(g, i), ", shape ", p.sizes(), ")");
 }
 
-// What keeps a checkpoint's state from being the state this optimizer would create (`want`), in
-// words; "" when nothing does. Stepping it as stored would quietly use what the user did not
-// configure (another format, block size or float8 second moment).
-std::string layout_difference(const ParamState& stored, const StateLayout& want) {
-  const char* format = state_format_name(want.format);
-  if (stored.format != want.format)
-    return c10::str("the checkpoint holds its state in ", state_format_name(stored.format),
-                    " but this optimizer keeps it in ", format);
-  if (stored.block_size != want.block_size)
-    return c10::str("the checkpoint holds its ", format, " state in blocks of ", stored.block_size,
-                    " but this optimizer uses blocks of ", want.block_size);
-  for (size_t k = 0; k < want.slots.size() && k < stored.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
-    if (stored.slots[k].type != want.slots[k])
-      return c10::str("the checkpoint stores slot ", k, " of its ", format, " state as ",
-                      kernels::slot_type_name(stored.slots[k].type), " but this optimizer stores it as ",
-                      kernels::slot_type_name(want.slots[k]), " (fp8_second_moment)");
-  return "";
+// The layout a checkpoint's state is stored in, for layout_difference.
+StateLayout stored_layout(const ParamState& stored) {
+  StateLayout l;
+  l.format = stored.format;
+  l.block_size = stored.block_size;
+  for (const StateSlot& slot : stored.slots) l.slots.push_back(slot.type);
+  return l;
 }
 
 }  // namespace
@@ -299,7 +289,7 @@ void LowbitOptimizer::load(torch::serialize::InputArchive& a, const LoadOptions&
                   " elements but the checkpoint's has ", cp.numel);
       if (!cp.has_state) continue;
       ParamState st = stored_state(cp, p, gi, i);
-      const std::string difference = layout_difference(st, layout_of(p, group.options()));
+      const std::string difference = layout_difference(stored_layout(st), layout_of(p, group.options()));
       if (!difference.empty()) {
         TORCH_CHECK(options.convert_state_format(), name(), ": ", param_where(gi, i, p), ": ", difference,
                     ". To convert it on purpose, load with lowbit::optim::load_checkpoint(optimizer, path, "

@@ -77,6 +77,22 @@ std::tuple<std::vector<std::string>, int64_t> state_layout_op(std::string_view r
 }
 
 }  // namespace
+std::string layout_difference(const StateLayout& saved, const StateLayout& want) {
+  const char* format = state_format_name(want.format);
+  if (saved.format != want.format)
+    return c10::str("the checkpoint holds its state in ", state_format_name(saved.format),
+                    " but this optimizer keeps it in ", format);
+  if (saved.block_size != want.block_size)
+    return c10::str("the checkpoint holds its ", format, " state in blocks of ", saved.block_size,
+                    " but this optimizer uses blocks of ", want.block_size);
+  for (size_t k = 0; k < want.slots.size() && k < saved.slots.size() && k < size_t(kernels::kMomentSlots); ++k)
+    if (saved.slots[k] != want.slots[k])
+      return c10::str("the checkpoint stores slot ", k, " of its ", format, " state as ",
+                      kernels::slot_type_name(saved.slots[k]), " but this optimizer stores it as ",
+                      kernels::slot_type_name(want.slots[k]), " (fp8_second_moment)");
+  return "";
+}
+
 }  // namespace optim
 }  // namespace lowbit
 

@@ -3,6 +3,7 @@
 // users of torch.ops.lowbit (python/lowbit/optim.py) lay state out exactly as the C++ optimizers do.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <lowbit/kernels/common/state_slots.h>
@@ -24,6 +25,11 @@ struct StateLayout {
 StateLayout state_layout(const kernels::StepConfig& config, StateFormat requested, int64_t numel, int64_t block_size,
                          int64_t min_quant_numel, QuantFormat fp8_second_moment, const char* who,
                          int64_t master_weight_bits = 0);
+
+// What keeps state saved in layout `saved` from the layout this optimizer gives it (`want`), in
+// words for a checkpoint loader's error; "" when nothing does. Stepping it as stored would quietly
+// use what the user did not configure (another format, block size or float8 second moment).
+std::string layout_difference(const StateLayout& saved, const StateLayout& want);
 
 // The correction slot's type for master_weight_bits (None for 0); an error naming `who` otherwise.
 kernels::SlotType correction_slot_type(int64_t master_weight_bits, const char* who);

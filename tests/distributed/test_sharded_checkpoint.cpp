@@ -70,6 +70,19 @@ void set_grads(std::vector<at::Tensor>& sharded, std::vector<at::Tensor>& ref, i
   }
 }
 
+// Steps 3 and 4 on the sharded optimizer and on one process's, then parameters and fragments
+// compared bit for bit.
+void expect_next_steps_match(ld::ShardedOptimizer& s, std::vector<at::Tensor>& params, lo::LowbitOptimizer& ref,
+                             std::vector<at::Tensor>& ref_params, int world) {
+  for (int step = 3; step <= 4; ++step) {
+    set_grads(params, ref_params, step, world);
+    s.step();
+    ref.step();
+  }
+  for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(bitwise_equal(params[k], ref_params[k])) << "parameter " << k;
+  expect_fragments_match(s, ref, ref_params);
+}
+
 // N ranks' checkpoint -> one process -> N ranks, compared with one process that never stopped.
 void ranks_to_one_and_back(StateFormat fmt, int64_t master_bits = 0) {
   const int world = comm().size();
@@ -99,13 +112,7 @@ void ranks_to_one_and_back(StateFormat fmt, int64_t master_bits = 0) {
   ld::ShardedOptimizer resumed(std::shared_ptr<lo::LowbitOptimizer>(make_opt(p2, fmt, master_bits)), comm_ptr());
   resumed.load(back);
   expect_fragments_match(resumed, *ref, ref_params);
-  for (int s = 3; s <= 4; ++s) {
-    set_grads(p2, ref_params, s, world);
-    resumed.step();
-    ref->step();
-  }
-  for (size_t k = 0; k < p2.size(); ++k) EXPECT_TRUE(bitwise_equal(p2[k], ref_params[k])) << "parameter " << k;
-  expect_fragments_match(resumed, *ref, ref_params);
+  expect_next_steps_match(resumed, p2, *ref, ref_params, world);
 }
 
 TEST(ShardedCheckpoint, RanksToOneProcessAndBackAreBitExact) {
@@ -588,13 +595,7 @@ void convert_on_load(StateFormat from, StateFormat to, int64_t master_bits) {
   auto one = converted_by_one_process(*ref, to, master_bits, tp, one_params, name);
   target.load(pre, kConvert);
   expect_fragments_match(target, *one, one_params);
-  for (int s = 3; s <= 4; ++s) {
-    set_grads(tp, one_params, s, world);
-    target.step();
-    one->step();
-  }
-  for (size_t k = 0; k < tp.size(); ++k) EXPECT_TRUE(bitwise_equal(tp[k], one_params[k])) << "parameter " << k;
-  expect_fragments_match(target, *one, one_params);
+  expect_next_steps_match(target, tp, *one, one_params, world);
   // What no conversion bridges: a master-weight correction of another width.
   if (master_bits != 0) {
     std::vector<at::Tensor> wp = make_params(at::kBFloat16, device());

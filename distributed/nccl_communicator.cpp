@@ -490,17 +490,17 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     if (cudaEventRecord(m.ready, caller) != cudaSuccess || cudaStreamWaitEvent(own, m.ready, 0) != cudaSuccess)
       failure = c10::str(kWho, ": ", collective, ": ordering after the caller's stream failed", m.where());
     ncclResult_t r = ncclSuccess;
+    // On the timeline: its entry stays m.timed.back() to the end, nccl_mu being held throughout.
+    const bool timed = failure.empty() && m.timing;
+    if (timed) {
+      m.timed.push_back({collective, numel, m.timing_event(), m.timing_event(), called, called});
+      cudaEventRecord(m.timed.back().start, own);
+    }
     if (failure.empty()) {
-      Impl::Timed* t = nullptr;
-      if (m.timing) {
-        m.timed.push_back({collective, numel, m.timing_event(), m.timing_event(), called, called});
-        t = &m.timed.back();
-        cudaEventRecord(t->start, own);
-      }
       m.enter(collective);
       r = static_cast<ncclResult_t>(launch(own));
       m.leave();
-      if (t) cudaEventRecord(t->end, own);
+      if (timed) cudaEventRecord(m.timed.back().end, own);
     }
     if (failure.empty() && r != ncclSuccess)
       failure = c10::str(kWho, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
@@ -528,9 +528,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
           (!m.defer.load() && cudaStreamWaitEvent(caller, done, 0) != cudaSuccess))
         failure = c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", m.where());
     }
-    if (failure.empty() && m.timing && !m.timed.empty() && m.timed.back().numel == numel &&
-        m.timed.back().host_start == called)
-      m.timed.back().host_end = Clock::now();
+    if (failure.empty() && timed) m.timed.back().host_end = Clock::now();
     if (failure.empty()) {
       std::lock_guard<std::mutex> lock(m.mu);
       const bool idle = m.in_flight.empty();

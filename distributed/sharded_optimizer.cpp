@@ -34,6 +34,12 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   TORCH_CHECK(comm_, kWho, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
               options_.bucket_bytes);
+  if (options_.gradient_wire) {
+    check_wire_compression(*options_.gradient_wire, "ShardedOptions::gradient_wire");
+    TORCH_CHECK(!options_.zero1, kWho, ": ShardedOptions::gradient_wire compresses the reduce-scatter; with zero1 "
+                "the gradients are all-reduced, which it does not compress (unset one of the two)");
+  }
+  if (options_.update_wire) check_wire_compression(*options_.update_wire, "ShardedOptions::update_wire");
   torch::NoGradGuard no_grad;
   const int rank = comm_->rank();
   auto& groups = optimizer_->param_groups();
@@ -52,9 +58,10 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                   device_, "; shard parameters of one device per optimizer");
       TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kWho, ": ", where(),
                   " already has optimizer state; wrap a fresh optimizer and load checkpoints into the ShardedOptimizer");
-      params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p)});
+      params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p), at::Tensor()});
     }
   }
+  check_ranks_agree();
   // The hooks check every parameter before any collective, so a refusal is the same on every rank
   // and leaves the parameters as they were. They fire only in backward(), never before the end of
   // this constructor.
@@ -108,6 +115,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       pr.param.set_data(b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
     }
     b.waiting = b.members.size();
+    make_wire_buffers(b);
     buckets_.push_back(std::move(b));
   }
   // This rank's fragments, in (group, index) order (params_ is in that order).
@@ -137,6 +145,75 @@ ShardedOptimizer::~ShardedOptimizer() = default;  // hooks_ removes the hooks
 
 std::string ShardedOptimizer::name(size_t m) const {
   return c10::str("parameter ", params_[m].index, " of group ", params_[m].group);
+}
+
+void ShardedOptimizer::check_ranks_agree() {
+  // What every rank must share, each with the name an error gives it.
+  std::vector<std::pair<std::string, int64_t>> v = {
+      {"ShardedOptions::zero1", options_.zero1},
+      {"ShardedOptions::overlap", options_.overlap},
+      {"ShardedOptions::bucket_bytes", options_.bucket_bytes},
+      {"ShardedOptions::release_gradients", options_.release_gradients},
+      {"ShardedOptions::broadcast_parameters", options_.broadcast_parameters},
+  };
+  for (const auto& [what, w] : {std::make_pair("ShardedOptions::gradient_wire", &options_.gradient_wire),
+                                std::make_pair("ShardedOptions::update_wire", &options_.update_wire)}) {
+    const WireCompression c = w->value_or(WireCompression{});
+    const std::string name = what;
+    v.push_back({name + " (set or not)", w->has_value()});
+    v.push_back({name + ".format", static_cast<int64_t>(c.format)});
+    v.push_back({name + ".block_size", c.block_size});
+    v.push_back({name + ".error_feedback", c.error_feedback});
+  }
+  int64_t elements = 0;
+  for (const Param& pr : params_) elements += pr.param.numel();
+  v.push_back({"the number of parameters", static_cast<int64_t>(params_.size())});
+  v.push_back({"the parameters' total number of elements", elements});
+  const int64_t n = static_cast<int64_t>(v.size());
+  at::Tensor mine = at::empty({n}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) mine.data_ptr<int64_t>()[i] = v[static_cast<size_t>(i)].second;
+  at::Tensor all = at::empty({comm_->size() * n}, at::TensorOptions().dtype(at::kLong).device(device_));
+  comm_->all_gather(mine.to(device_), all);
+  const at::Tensor host = all.cpu();
+  const int64_t* a = host.data_ptr<int64_t>();
+  for (int r = 1; r < comm_->size(); ++r)
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(a[r * n + i] == a[i], kWho, ": the ranks disagree on ", v[static_cast<size_t>(i)].first,
+                  ": rank 0 has ", a[i], ", rank ", r, " has ", a[r * n + i],
+                  "; every rank must construct its ShardedOptimizer with the same options and parameters");
+}
+
+void ShardedOptimizer::make_wire_buffers(Bucket& b) {
+  const int world = comm_->size();
+  const int64_t chunk = b.layout.chunk, elt = static_cast<int64_t>(c10::elementSize(b.dtype));
+  wire_stats_.parameters += [&] {
+    int64_t n = 0;
+    for (size_t m : b.members) n += params_[m].param.numel();
+    return n;
+  }();
+  const auto bytes = at::TensorOptions().dtype(at::kByte).device(device_);
+  const auto floats = at::TensorOptions().dtype(at::kFloat).device(device_);
+  const bool grad_wire = options_.gradient_wire && world > 1, update_wire = options_.update_wire && world > 1;
+  if (grad_wire) {
+    const int64_t row = wire_row_bytes(*options_.gradient_wire, chunk);
+    b.grad_send = at::zeros({world, row}, bytes);
+    b.grad_recv = at::zeros({world, row}, bytes);
+    if (options_.gradient_wire->error_feedback) b.grad_residual = at::zeros({b.layout.total}, floats);
+    wire_stats_.gradient_bytes += (world - 1) * row;
+  } else {
+    wire_stats_.gradient_bytes += (options_.zero1 ? 2 : 1) * (world - 1) * chunk * elt;
+  }
+  if (update_wire) {
+    const int64_t row = wire_row_bytes(*options_.update_wire, chunk);
+    b.update_rows = at::zeros({world, row}, bytes);
+    b.before = at::zeros({chunk}, at::TensorOptions().dtype(b.dtype).device(device_));
+    b.update_residual = at::zeros({chunk}, floats);
+    wire_stats_.parameter_bytes += (world - 1) * row;
+  } else {
+    wire_stats_.parameter_bytes += (world - 1) * chunk * elt;
+  }
+  if ((grad_wire || update_wire) && (!wire_scratch_.defined() || wire_scratch_.numel() < chunk))
+    wire_scratch_ = at::zeros({chunk}, floats);
 }
 
 std::vector<std::vector<size_t>> ShardedOptimizer::plan_buckets() const {
@@ -219,6 +296,8 @@ void ShardedOptimizer::reduce_ready_buckets() {
     Bucket& b = buckets_[next_bucket_++];
     if (options_.zero1)
       comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
+    else if (b.grad_send.defined())
+      send_gradient_chunks(*comm_, *options_.gradient_wire, b.flat_grad, b.grad_residual, b.grad_send, b.grad_recv);
     else
       comm_->reduce_scatter(b.flat_grad, b.grad_shard, b.sum_only ? ReduceOp::Sum : ReduceOp::Avg);
   }
@@ -349,6 +428,19 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     reduce_ready_buckets();
   }
   comm_->order_after_collectives();
+  for (Bucket& b : buckets_) {
+    if (!b.grad_send.defined()) continue;
+    const int64_t chunk = b.layout.chunk;
+    const at::Tensor own = b.flat_grad.narrow(0, rank * chunk, chunk);
+    const at::Tensor scratch = wire_scratch_.narrow(0, 0, chunk);
+    if (b.sum_only) {
+      sum_gradient_chunks(*options_.gradient_wire, rank, own, b.grad_recv, b.grad_shard, scratch);
+    } else {  // summed in float32, divided once, rounded once to the bucket's dtype
+      const at::Tensor sum = at::empty({chunk}, scratch.options());
+      sum_gradient_chunks(*options_.gradient_wire, rank, own, b.grad_recv, sum, scratch);
+      b.grad_shard.copy_(sum.div_(comm_->size()));
+    }
+  }
   if (float_shards_.defined() && comm_->size() > 1) float_shards_.div_(comm_->size());  // the Avg (see float_shards_)
   TORCH_INTERNAL_ASSERT(next_bucket_ == buckets_.size());
   std::vector<char> had(params_.size());
@@ -438,6 +530,8 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     std::vector<at::Tensor> mine, whole;
     int64_t gathering = 0;
     for (Bucket& b : buckets_) {
+      const at::Tensor own = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk);
+      if (b.update_rows.defined()) b.before.copy_(own);
       for (size_t gi = 0; gi < groups.size(); ++gi) {
         if (FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite && cpu_found) continue;
         std::vector<size_t> frags;
@@ -445,9 +539,15 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
           if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
         if (!frags.empty()) update(gi, frags, found_inf, sumsq, lamb_rows);
       }
-      mine.push_back(b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk));
-      whole.push_back(b.flat_param);
-      gathering += b.flat_param.nbytes();
+      if (b.update_rows.defined()) {
+        pack_update(*options_.update_wire, rank, own, b.before, b.update_residual, b.update_rows);
+        mine.push_back(b.update_rows.narrow(0, rank, 1));
+        whole.push_back(b.update_rows);
+      } else {
+        mine.push_back(own);
+        whole.push_back(b.flat_param);
+      }
+      gathering += whole.back().nbytes();
       if (gathering >= kGatherBytes || &b == &buckets_.back()) {
         comm_->all_gather_many(mine, whole);
         mine.clear();
@@ -457,6 +557,10 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     }
   }
   comm_->order_after_collectives();
+  for (Bucket& b : buckets_)
+    if (b.update_rows.defined())
+      apply_updates(*options_.update_wire, rank, b.flat_param, b.before, b.update_residual, b.update_rows,
+                    wire_scratch_.narrow(0, 0, b.layout.chunk));
   // Overflow of quantized state (CPU: free to read): reported once per piece, as a warning, since
   // only the owning rank sees it and an error there would leave the others waiting.
   for (Fragment& f : fragments_) {

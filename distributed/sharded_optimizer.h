@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include <lowbit/optim/state_layout.h>
 
 #include "communicator.h"
+#include "compressed_wire.h"
 #include "flat_layout.h"
 
 namespace lowbit {
@@ -76,6 +78,30 @@ struct ShardedOptions {
   // Drop each .grad once it is copied into its bucket (by the hook with overlap, else in step()):
   // the gradients then live only in the buckets, not twice.
   bool release_gradients = false;
+
+  // Low-bit collectives (compressed_wire.h), for runs the wire bounds (across nodes). Unset, the
+  // default: full precision, and every result bit for bit one process's. Either leg on its own:
+  //   gradient_wire: gradients reduce-scattered as quantized chunks (all-to-all) summed in float32
+  //     by their owner, its own chunk exact (not with zero1). 8 bits: 1/4 of float32's bytes.
+  //   update_wire: instead of the parameters, each owner all-gathers its chunk's update (new - old)
+  //     quantized; every replica, the owner's too, adds the decoded update, so all stay identical.
+  //     Use error feedback (WireCompression::updates()): without it an update smaller than its
+  //     block's quantization step is lost every step. Not in checkpoints: the residual (what the
+  //     replicas lack, under one update's quantization error) starts at zero after load().
+  // Every rank must give the same options (checked when constructed, naming the option and rank).
+  std::optional<WireCompression> gradient_wire;
+  std::optional<WireCompression> update_wire;
+};
+
+// Bytes this rank sends per step (the collectives' algorithms: a ring's (world - 1) / world of the
+// buffer for reduce-scatter and all-gather, twice that for all-reduce; (world - 1) rows for an
+// all-to-all), with the parameters they carry: what the wire options save.
+struct WireStats {
+  int64_t gradient_bytes = 0, parameter_bytes = 0;
+  int64_t parameters = 0;  // elements of all parameters
+  double bytes_per_parameter() const {
+    return parameters ? static_cast<double>(gradient_bytes + parameter_bytes) / static_cast<double>(parameters) : 0.0;
+  }
 };
 
 // One rank's piece of one parameter: elements [offset, offset + numel) of parameter `index` of
@@ -117,6 +143,8 @@ class ShardedOptimizer {
   int buckets() const { return static_cast<int>(buckets_.size()); }
   int buckets_pending() const { return static_cast<int>(buckets_.size() - next_bucket_); }
 
+  WireStats wire_stats() const { return wire_stats_; }
+
   // Bytes of optimizer state this rank holds (its fragments only).
   int64_t state_bytes() const;
   int64_t skipped_steps() const;
@@ -142,6 +170,12 @@ class ShardedOptimizer {
     std::vector<size_t> fragments;  // this rank's pieces of the members, indices into fragments_
     size_t waiting = 0;             // members whose gradient of this step is not in flat_grad yet
     bool sum_only = false;          // grad_shard is in float_shards_: reduced as a sum, divided in step()
+    // gradient_wire: packed chunks sent and received (uint8 [world, row bytes]), and with error
+    // feedback what quantization lost (float32 [total]).
+    at::Tensor grad_send, grad_recv, grad_residual;
+    // update_wire: every rank's packed update (uint8 [world, row bytes]), this rank's chunk before
+    // the update (parameter dtype) and the update's residual (float32 [chunk]).
+    at::Tensor update_rows, before, update_residual;
   };
   struct Param {
     size_t group, index;
@@ -155,6 +189,9 @@ class ShardedOptimizer {
     bool had = false;    // ... and it was a gradient, not zeros for a missing one
   };
   std::vector<std::vector<size_t>> plan_buckets() const;
+  // Every rank's options, parameter count and sizes against rank 0's, before any other collective.
+  void check_ranks_agree();
+  void make_wire_buffers(Bucket& b);
   std::string name(size_t m) const;
   void on_gradient(size_t m, const at::Tensor& param);  // the overlap hook
   void take_gradient(size_t m, at::Tensor grad);
@@ -176,6 +213,8 @@ class ShardedOptimizer {
   // from the hooks, divided by the world size once in step(), the same div_ Avg would make in each
   // reduce-scatter, off the autograd thread.
   at::Tensor float_shards_;
+  at::Tensor wire_scratch_;  // float32, the largest chunk: one decoded chunk at a time
+  WireStats wire_stats_;
   size_t next_bucket_ = 0;       // the next bucket to reduce this step
   bool accumulating_ = false;
   std::unique_ptr<optim::GradHooks> hooks_;  // overlap only

@@ -4,6 +4,7 @@
 #include <lowbit/kernels/cpu/quantize_cpu.h>
 
 #include "blockwise_ops.h"
+#include "wire_ops.h"
 
 namespace lowbit {
 namespace ops {
@@ -31,6 +32,17 @@ at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& absmax, std
   return out;
 }
 
+// Rows one after another, each over OpenMP's threads; a flagged block is carried, not refused.
+void wire_pack_cpu(const at::Tensor& input, const at::Tensor& packed, std::string_view format, int64_t block_size) {
+  const WireArgs a = check_wire_args(input, packed, std::string(format), block_size, false, "lowbit::wire_pack_");
+  for (int64_t r = 0; r < a.rows; ++r) kernels::quantize_blockwise_cpu(wire_pack_params(a, r));
+}
+
+void wire_unpack_cpu(const at::Tensor& packed, const at::Tensor& output, std::string_view format, int64_t block_size) {
+  const WireArgs a = check_wire_args(output, packed, std::string(format), block_size, true, "lowbit::wire_unpack_");
+  for (int64_t r = 0; r < a.rows; ++r) kernels::dequantize_blockwise_cpu(wire_unpack_params(a, r));
+}
+
 }  // namespace
 }  // namespace ops
 }  // namespace lowbit
@@ -38,4 +50,6 @@ at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& absmax, std
 TORCH_LIBRARY_IMPL(lowbit, CPU, m) {
   m.impl("quantize_blockwise", &lowbit::ops::quantize_cpu);
   m.impl("dequantize_blockwise", &lowbit::ops::dequantize_cpu);
+  m.impl("wire_pack_", &lowbit::ops::wire_pack_cpu);
+  m.impl("wire_unpack_", &lowbit::ops::wire_unpack_cpu);
 }

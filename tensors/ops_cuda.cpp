@@ -6,6 +6,7 @@
 
 #include "blockwise_ops.h"
 #include "gpu_runtime.h"
+#include "wire_ops.h"
 
 namespace lowbit {
 namespace ops {
@@ -37,6 +38,27 @@ at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& absmax, st
   return out;
 }
 
+// One launch per row on the current stream; a flagged block is carried, not refused (no wait).
+void wire_pack_cuda(const at::Tensor& input, const at::Tensor& packed, std::string_view format, int64_t block_size) {
+  const char* op = "lowbit::wire_pack_";
+  const WireArgs a = check_wire_args(input, packed, std::string(format), block_size, false, op);
+  const GpuGuard guard(a.flat.device());
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const char* err = kernels::quantize_blockwise_gpu(wire_pack_params(a, r), current_gpu_stream());
+    TORCH_CHECK(err == nullptr, op, ": CUDA launch failed: ", err);
+  }
+}
+
+void wire_unpack_cuda(const at::Tensor& packed, const at::Tensor& output, std::string_view format, int64_t block_size) {
+  const char* op = "lowbit::wire_unpack_";
+  const WireArgs a = check_wire_args(output, packed, std::string(format), block_size, true, op);
+  const GpuGuard guard(a.flat.device());
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const char* err = kernels::dequantize_blockwise_gpu(wire_unpack_params(a, r), current_gpu_stream());
+    TORCH_CHECK(err == nullptr, op, ": CUDA launch failed: ", err);
+  }
+}
+
 }  // namespace
 }  // namespace ops
 }  // namespace lowbit
@@ -44,4 +66,6 @@ at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& absmax, st
 TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
   m.impl("quantize_blockwise", &lowbit::ops::quantize_cuda);
   m.impl("dequantize_blockwise", &lowbit::ops::dequantize_cuda);
+  m.impl("wire_pack_", &lowbit::ops::wire_pack_cuda);
+  m.impl("wire_unpack_", &lowbit::ops::wire_unpack_cuda);
 }

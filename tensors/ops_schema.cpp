@@ -15,6 +15,9 @@ TORCH_LIBRARY(lowbit, m) {
   m.def(
       "dequantize_blockwise_reference(Tensor codes, Tensor absmax, str format, int block_size, int[] shape, "
       "ScalarType? dtype=None) -> Tensor");
+  // A low-bit collective's rows on and off the wire (tensors/wire_ops.h).
+  m.def("wire_pack_(Tensor input, Tensor(a!) packed, str format, int block_size=0) -> ()");
+  m.def("wire_unpack_(Tensor packed, Tensor(a!) output, str format, int block_size=0) -> ()");
   // The optimizer step and its gradient pre-pass (tensors/optim_ops.h explains the arguments).
   m.def("grad_check(Tensor[] grads, int[] groups, int num_groups, bool want_sumsq) -> (Tensor found_inf, Tensor sumsq)");
   const std::string args = lowbit::ops::step_arguments();

@@ -177,10 +177,16 @@ void ShardedOptimizer::check_ranks_agree() {
   const at::Tensor host = all.cpu();
   const int64_t* a = host.data_ptr<int64_t>();
   for (int r = 1; r < comm_->size(); ++r)
-    for (int64_t i = 0; i < n; ++i)
-      TORCH_CHECK(a[r * n + i] == a[i], kWho, ": the ranks disagree on ", v[static_cast<size_t>(i)].first,
-                  ": rank 0 has ", a[i], ", rank ", r, " has ", a[r * n + i],
+    for (int64_t i = 0; i < n; ++i) {
+      const std::string& what = v[static_cast<size_t>(i)].first;
+      const bool is_format = what.size() > 7 && what.compare(what.size() - 7, 7, ".format") == 0;
+      const auto show = [&](int64_t x) {
+        return is_format ? std::string(format_name(static_cast<QuantFormat>(x))) : std::to_string(x);
+      };
+      TORCH_CHECK(a[r * n + i] == a[i], kWho, ": the ranks disagree on ", what, ": rank 0 has ", show(a[i]),
+                  ", rank ", r, " has ", show(a[r * n + i]),
                   "; every rank must construct its ShardedOptimizer with the same options and parameters");
+    }
 }
 
 void ShardedOptimizer::make_wire_buffers(Bucket& b) {

@@ -7,15 +7,19 @@
 // per-rank optimizer state against the unsharded optimizer's. Then with the gradients coming from a
 // backward() (of sum(p * g)): backward + step without buckets, and with ShardedOptions::overlap
 // (buckets of bucket_mib MiB reduce-scattered from backward()'s hooks, then larger buckets), and its
-// step() alone; over NCCL, a GPU timeline of one overlapped iteration (CUDA timing events).
+// step() alone; over NCCL, a GPU timeline of one overlapped iteration (CUDA timing events). Last,
+// the low-bit wire (ShardedOptions::gradient_wire / update_wire): the sharded step and the bytes
+// each rank sends per parameter, against float32 and bfloat16 parameters on a full-precision wire
+// (--wire: only that part).
 // Medians over the repetitions.
-//   mpirun -np 2 bench_sharded_step [--cuda] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
+//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,14 +39,16 @@ using lowbit_bench::now_ms;
 
 int main(int argc, char** argv) {
   if (lowbit_tools::wants_help(argc, argv,
-                               "usage: mpirun -np N bench_sharded_step [--cuda] [PARAMS [NUMEL [REPS]]]\n"
+                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
                                "The sharded step's parts against NCCL's (or MPI's) bus bandwidth.\n"))
     return 0;
-  bool cuda = false;
+  bool cuda = false, wire_only = false;
   std::vector<int64_t> nums;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--cuda") == 0)
       cuda = true;
+    else if (std::strcmp(argv[i], "--wire") == 0)
+      wire_only = true;
     else
       nums.push_back(std::atoll(argv[i]));
   }
@@ -70,6 +76,52 @@ int main(int argc, char** argv) {
     }
     return median(ms);
   };
+
+  // The low-bit wire: the sharded step (gradients in .grad, no overlap) of fresh parameters per
+  // configuration, and the bytes each rank sends per parameter per step.
+  const auto wire_section = [&] {
+    struct Config {
+      const char* name;
+      at::ScalarType dtype;
+      std::optional<ld::WireCompression> grads, updates;
+    };
+    const std::vector<Config> configs = {
+        {"fp32 wire (fp32 parameters)", at::kFloat, std::nullopt, std::nullopt},
+        {"bf16 wire (bf16 parameters)", at::kBFloat16, std::nullopt, std::nullopt},
+        {"8-bit gradients, fp32 updates", at::kFloat, ld::WireCompression::gradients(), std::nullopt},
+        {"8-bit gradients + 8-bit updates", at::kFloat, ld::WireCompression::gradients(), ld::WireCompression::updates()},
+        {"4-bit gradients + 8-bit updates", at::kFloat, ld::WireCompression::gradients(lowbit::QuantFormat::DE4Signed),
+         ld::WireCompression::updates()},
+        {"4-bit gradients + 4-bit updates", at::kFloat, ld::WireCompression::gradients(lowbit::QuantFormat::DE4Signed),
+         ld::WireCompression::updates(lowbit::QuantFormat::DE4Signed)},
+    };
+    std::vector<std::pair<double, double>> results;  // (ms, bytes per parameter)
+    for (const Config& c : configs) {
+      std::vector<at::Tensor> pw;
+      for (int64_t k = 0; k < count; ++k)
+        pw.push_back(at::randn({numel}, at::TensorOptions().device(dev).dtype(c.dtype)).set_requires_grad(true));
+      ld::ShardedOptions so;
+      so.gradient_wire = c.grads;
+      so.update_wire = c.updates;
+      ld::ShardedOptimizer sw(std::make_shared<lowbit::optim::AdamW>(pw, lowbit::optim::AdamWOptions(1e-4)), comm, so);
+      for (auto& p : pw) p.mutable_grad() = at::randn_like(p) * 1e-3;
+      results.push_back({time([&] { sw.step(); }), sw.wire_stats().bytes_per_parameter()});
+    }
+    if (rank != 0) return;
+    std::printf("  low-bit wire: sharded step (AdamW Q8, no overlap), bytes each rank sends per parameter per step\n");
+    for (size_t i = 0; i < configs.size(); ++i)
+      std::printf("    %-34s %9.3f ms  %6.3f B/param   vs fp32 wire: %.2fx faster, %.2fx fewer bytes; vs bf16: %.2fx, %.2fx\n",
+                  configs[i].name, results[i].first, results[i].second, results[0].first / results[i].first,
+                  results[0].second / results[i].second, results[1].first / results[i].first,
+                  results[1].second / results[i].second);
+  };
+  if (wire_only) {
+    if (rank == 0)
+      std::printf("bench_sharded_step --wire: %d rank(s) (%s), %lld params x %lld elements\n", comm->size(),
+                  comm->backend(), static_cast<long long>(count), static_cast<long long>(numel));
+    wire_section();
+    return 0;
+  }
 
   std::vector<at::Tensor> params;
   for (int64_t k = 0; k < count; ++k) params.push_back(at::randn({numel}, at::TensorOptions().device(dev)).set_requires_grad(true));
@@ -248,5 +300,6 @@ int main(int argc, char** argv) {
                   "host time: %.3f / %.3f ms\n", busy[0], busy[1], host[0], host[1]);
     }
   }
+  wire_section();
   return 0;
 }

@@ -67,6 +67,8 @@ std::string usage() {
          "            --state-format FP32|BF16|Q8|Q4|FP8|C8 --fp8-second-moment E4M3|E5M2 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
+         "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
+         "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
@@ -129,6 +131,14 @@ Flags parse_flags(int argc, char** argv) {
     } else if (a == "--stochastic-round") f.stochastic_round = true;
     else if (a == "--gradient-release") f.gradient_release = true;
     else if (a == "--no-step-graphs") f.step_graphs = false;
+    else if (a == "--sharded") f.sharded = true;
+    else if (a == "--wire-gradients" || a == "--wire-updates") {
+      const std::string v = next();
+      lowbit::QuantFormat q;
+      if (v != "none" && !(lowbit::parse_format(v, &q) && lowbit::format_is_signed(q)))
+        bad(a, "'" + v + "'", "none or a signed format: Dyn8Signed, DE4Signed, FP8E4M3, FP8E5M2, Pow8Signed");
+      (a == "--wire-gradients" ? f.wire_gradients : f.wire_updates) = v;
+    }
     else if (a == "--seed") f.seed = static_cast<uint64_t>(to_int(a, next(), 0, kMax));
     else if (a == "--device") {
       f.device = next();
@@ -182,6 +192,12 @@ Flags parse_flags(int argc, char** argv) {
   if (f.gradient_release && f.clip > 0)
     throw std::invalid_argument("--gradient-release steps each parameter before the others have gradients, so "
                                 "global-norm clipping (--clip " + std::to_string(f.clip) + ") cannot work: pass --clip 0");
+  if (!f.sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
+    throw std::invalid_argument("--wire-gradients / --wire-updates compress the collectives of --sharded; add it");
+  if (f.sharded && (f.optimizer == "torch-adamw" || f.gradient_release || !f.save.empty() || !f.resume.empty() ||
+                    f.check_resume || f.qat_steps || f.probe))
+    throw std::invalid_argument("--sharded takes a lowbit optimizer, without --gradient-release, --save / --resume, "
+                                "the checks, --qat-steps or --probe-max-size");
   if (f.stop_after > f.steps)
     throw std::invalid_argument("--stop-after " + std::to_string(f.stop_after) + " is past --steps " + std::to_string(f.steps));
   if (f.check_resume && (!f.save.empty() || !f.resume.empty() || f.stop_after))

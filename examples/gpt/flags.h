@@ -34,6 +34,11 @@ struct Flags {
   int threads = 0;                  // 0: libtorch's default
   bool tf32 = true;                 // fp32 matmuls on CUDA through TF32
   bool deterministic = false;       // at::globalContext().setDeterministicAlgorithms (CUDA: attention backward)
+  // ---- data parallel (under mpirun): every rank takes 1/N of each batch, ShardedOptimizer averages
+  // the gradients and keeps 1/N of the state; the low-bit wire (ShardedOptions::gradient_wire /
+  // update_wire): "none" or a signed QuantFormat name (Dyn8Signed, DE4Signed, ...)
+  bool sharded = false;
+  std::string wire_gradients = "none", wire_updates = "none";
   // ---- output
   int64_t log_every = 10, eval_every = 100, eval_batches = 8, sample = 0;
   std::string out = "gpt";          // prefix of OUT.csv, OUT.png

@@ -12,6 +12,7 @@
 #include "data.h"
 #include "flags.h"
 #include "probe.h"
+#include "parallel.h"
 #include "train.h"
 
 namespace {
@@ -97,6 +98,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (f.sharded) {  // rank 0 reports; every rank trains on its slice of each batch, on its own GPU
+      const gpt::Job& j = gpt::job(f);
+      if (f.batch % j.size != 0)
+        throw std::invalid_argument("--batch " + std::to_string(f.batch) + " (the global batch) is not a multiple of the " +
+                                    std::to_string(j.size) + " ranks");
+      if (j.rank != 0) {
+        f.quiet = true;
+        f.out += ".rank" + std::to_string(j.rank);
+      }
+      if (f.device == "cuda") f.device = "cuda:" + std::to_string(j.local_rank);
+    }
     if (f.probe) return gpt::run_probe(f);
     const std::string data = f.data.empty() ? gpt::kDefaultData : f.data;
     const auto t0 = std::chrono::steady_clock::now();

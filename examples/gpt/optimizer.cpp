@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "parallel.h"
+
 namespace gpt {
 
 namespace {
@@ -93,6 +95,7 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   auto opt = std::make_unique<Opt>(params, o);
   opt->set_step_graphs(f.step_graphs);
   if (!f.step_graphs) s << ", no step graphs";
+  if (f.sharded) return make_sharded(f, std::move(opt), s.str());
   return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release);
 }
 

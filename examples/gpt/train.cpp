@@ -14,6 +14,7 @@
 #include "qat_study.h"
 #include "model.h"
 #include "optimizer.h"
+#include "parallel.h"
 
 namespace gpt {
 
@@ -233,7 +234,11 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   for (int64_t step = start + 1; step <= end; ++step) {
     const double lr = lr_at(f, step - 1);
     opt->set_lr(lr);
-    const auto xy = train_batch(c, f.batch, f.context, f.seed, step, dev);
+    auto xy = train_batch(c, f.batch, f.context, f.seed, step, dev);
+    if (f.sharded) {  // this rank's slice of the global batch; the sharded step averages the gradients
+      const int64_t b = f.batch / job(f).size;
+      xy = {xy.first.narrow(0, job(f).rank * b, b), xy.second.narrow(0, job(f).rank * b, b)};
+    }
     opt->zero_grad();
     at::Tensor loss = model->loss(xy.first, xy.second);
     loss.backward();
@@ -243,6 +248,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     if (record_losses) r.losses.push_back(loss.item<double>());
     const bool eval_now = step % f.eval_every == 0 || step == f.steps;
     if (step % f.log_every == 0 || eval_now || step == end) {
+      job(f).average(loss_sum);  // the global batch's loss (every rank logs at the same steps)
       const double train_loss = loss_sum.item<double>() / static_cast<double>(in_interval);  // waits for the device
       const double secs = seconds_since(t_interval);
       const double tok_s = static_cast<double>(in_interval * f.batch * f.context) / secs;

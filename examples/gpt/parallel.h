@@ -1,0 +1,28 @@
+// --sharded: data parallel under mpirun. The job's communicator (made once, from the launcher's
+// environment), and the lowbit optimizer wrapped in a ShardedOptimizer with the --wire-* options.
+#pragma once
+
+#include <lowbit/lowbit.h>
+
+#include <memory>
+#include <string>
+
+#include "flags.h"
+#include "optimizer.h"
+
+namespace gpt {
+
+struct Job {
+  int rank = 0, size = 1, local_rank = 0;
+  // Averages `t` (on the job's device) over the ranks, in place: the training loss of the global batch.
+  void average(at::Tensor& t) const;
+};
+
+// One process (rank 0 of 1) without --sharded; with it the job under mpirun (its device type from
+// --device; CUDA ranks use cuda:<local rank>).
+const Job& job(const Flags& f);
+
+std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt,
+                                             std::string what);
+
+}  // namespace gpt

@@ -643,6 +643,11 @@ void ShardedOptimizer::load(const std::string& prefix, const optim::LoadOptions&
   FragmentAccess::set_seed(*optimizer_, seed);
   skipped_ = at::Tensor();
   skipped_loaded_ = skipped;
+  // The low-bit wire's residuals are not in checkpoints (ShardedOptions::update_wire): they start
+  // again from zero, as after construction.
+  for (Bucket& b : buckets_)
+    for (at::Tensor* r : {&b.grad_residual, &b.update_residual})
+      if (r->defined()) r->zero_();
 }
 
 }  // namespace distributed

@@ -364,17 +364,16 @@ at::Tensor ShardedOptimizer::lamb_norms(size_t group, const std::vector<size_t>&
     sums.narrow(0, base[m] + f.offset / bs, part.size(0)).copy_(part);
   }
   comm_->all_reduce(sums, ReduceOp::Sum);
-  const at::Tensor host = sums.cpu();
-  const double* s = host.data_ptr<double>();
-  at::Tensor out = at::zeros({static_cast<int64_t>(frags.size()), 2}, at::TensorOptions().dtype(at::kDouble));
-  double* o = out.data_ptr<double>();
-  for (size_t j = 0; j < frags.size(); ++j) {
-    const auto it = std::find_if(params_.begin(), params_.end(), [&](const Param& p) { return p.fragment == static_cast<int>(frags[j]); });
-    const size_t m = static_cast<size_t>(it - params_.begin());
-    const int64_t bs = params_[m].layout.block_size, nb = (params_[m].param.numel() + bs - 1) / bs;
-    kernels::lamb_add_block_sum_pairs(s + 2 * base[m], nb, o + 2 * j);
+  // Each piece's whole parameter: its blocks' sums added in LAMB's order, where they lie (no trip
+  // to the host).
+  std::vector<int64_t> first, count;
+  for (size_t fi : frags) {
+    const size_t m = fragment_param_[fi];
+    const int64_t bs = params_[m].layout.block_size;
+    first.push_back(base[m]);
+    count.push_back((params_[m].param.numel() + bs - 1) / bs);
   }
-  return out.to(device_);
+  return ops::lamb_add_block_sums(sums, first, count);
 }
 
 void ShardedOptimizer::update(size_t gi, const std::vector<size_t>& frags, const at::Tensor& found_inf,

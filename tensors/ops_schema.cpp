@@ -20,6 +20,7 @@ TORCH_LIBRARY(lowbit, m) {
   m.def("wire_unpack_(Tensor packed, Tensor(a!) output, str format, int block_size=0) -> ()");
   // The optimizer step and its gradient pre-pass (tensors/optim_ops.h explains the arguments).
   m.def("grad_check(Tensor[] grads, int[] groups, int num_groups, bool want_sumsq) -> (Tensor found_inf, Tensor sumsq)");
+  m.def("lamb_add_block_sums(Tensor block_sums, int[] first, int[] count) -> Tensor");
   const std::string args = lowbit::ops::step_arguments();
   m.def(("optim_step_" + args + " -> ()").c_str());
   m.def(("optim_step_reference_" + args + " -> ()").c_str());

@@ -58,6 +58,12 @@
 //     r^2 over the elements it is given (element i of a block into partial sum i mod 16, a block's
 //     16 partials in order, the blocks' sums as kernels::lamb_add_block_sums adds them).
 //
+//   lamb_add_block_sums(Tensor block_sums, int[] first, int[] count) -> Tensor
+//     block_sums float64 [blocks, 2] (per norm block: sum of p^2, sum of r^2, as optim_lamb_norms
+//     sums a block) -> float64 [n, 2]: range i's blocks [first[i], first[i] + count[i]) added in
+//     LAMB's order (kernels::lamb_add_block_sums), on the sums' device: a sharded parameter's whole
+//     sums from its pieces' block sums without a trip to the host.
+//
 //   optim_step_reference_ / optim_lamb_norms_reference: the same, always the ATen reference.
 #pragma once
 
@@ -143,6 +149,11 @@ void check_lr(double lr, const char* who);
 // grad_check's arguments: as many group ids as gradients, each in [0, num_groups), every gradient
 // float32 / bfloat16 / float16 on the device of the first.
 void check_grad_check_args(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups);
+// lamb_add_block_sums' arguments: float64 [blocks, 2] contiguous sums, as many firsts as counts,
+// every range inside [0, blocks).
+void check_lamb_add_block_sums_args(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count);
+// The op on the CPU (the reference of every other backend): the ranges added in LAMB's order.
+at::Tensor lamb_add_block_sums_host(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count);
 
 // What the call's device scalars say (read on the host: the CPU kernel and the reference).
 bool call_skipped(const StepCall& c);
@@ -156,6 +167,7 @@ void optim_step(StepArgs a, bool reference = false);
 at::Tensor optim_lamb_norms(StepArgs a, bool reference = false);
 std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                               bool want_sumsq);
+at::Tensor lamb_add_block_sums(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count);
 
 // The reference step of one parameter at step t (ATen ops; any device); returns the blocks of
 // quantized state that became non-finite. trust: LAMB's trust ratio.

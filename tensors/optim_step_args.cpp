@@ -409,6 +409,29 @@ void check_grad_check_args(at::TensorList grads, at::IntArrayRef groups, int64_t
   }
 }
 
+void check_lamb_add_block_sums_args(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count) {
+  const char* op = "lowbit::lamb_add_block_sums";
+  TORCH_CHECK(block_sums.defined() && block_sums.scalar_type() == at::kDouble && block_sums.dim() == 2 &&
+                  block_sums.size(1) == 2 && block_sums.is_contiguous(),
+              op, ": block_sums must be a contiguous float64 tensor [blocks, 2], got ",
+              block_sums.defined() ? c10::str(block_sums.scalar_type(), " ", block_sums.sizes()) : "undefined");
+  TORCH_CHECK(first.size() == count.size(), op, ": first has ", first.size(), " entries, count ", count.size());
+  const int64_t blocks = block_sums.size(0);
+  for (size_t i = 0; i < first.size(); ++i)
+    TORCH_CHECK(first[i] >= 0 && count[i] >= 0 && first[i] <= blocks - count[i], op, ": range ", i, " (first ",
+                first[i], ", count ", count[i], ") is not inside the ", blocks, " blocks");
+}
+
+at::Tensor lamb_add_block_sums_host(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count) {
+  check_lamb_add_block_sums_args(block_sums, first, count);
+  const at::Tensor host = block_sums.cpu();
+  const double* s = host.const_data_ptr<double>();
+  at::Tensor out = at::empty({static_cast<int64_t>(first.size()), 2}, at::kDouble);
+  double* o = out.data_ptr<double>();
+  for (size_t i = 0; i < first.size(); ++i) kernels::lamb_add_block_sum_pairs(s + 2 * first[i], count[i], o + 2 * i);
+  return out.to(block_sums.device());
+}
+
 bool call_skipped(const StepCall& c) { return c.found_inf && c.found_inf->item<float>() != 0.0f; }
 
 float call_grad_multiplier(const StepCall& c) {

@@ -180,6 +180,13 @@ at::Tensor optim_lamb_norms(StepArgs a, bool reference) {
   return stack.back().toTensor();
 }
 
+at::Tensor lamb_add_block_sums(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lowbit::lamb_add_block_sums", "")
+                             .typed<at::Tensor(const at::Tensor&, at::IntArrayRef, at::IntArrayRef)>();
+  return op.call(block_sums, first, count);
+}
+
 std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArrayRef groups, int64_t num_groups,
                                               bool want_sumsq) {
   static const auto op = c10::Dispatcher::singleton()

@@ -185,4 +185,5 @@ TORCH_LIBRARY_IMPL(lowbit, CPU, m) {
   m.impl("optim_step_", torch::CppFunction::makeFromBoxedFunction<&boxed_step<&step_cpu>>());
   m.impl("optim_lamb_norms", torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_cpu>>());
   m.impl("grad_check", &grad_check_cpu);
+  m.impl("lamb_add_block_sums", &lamb_add_block_sums_host);
 }

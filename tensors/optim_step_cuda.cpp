@@ -205,6 +205,18 @@ std::tuple<at::Tensor, at::Tensor> grad_check_cuda(at::TensorList grads, at::Int
   return {found_inf, sumsq};
 }
 
+// The first and count arrays travel in the launches' parameters: nothing is uploaded or read back.
+at::Tensor lamb_add_block_sums_cuda(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count) {
+  check_lamb_add_block_sums_args(block_sums, first, count);
+  const GpuGuard guard(block_sums.device());
+  at::Tensor out = at::empty({static_cast<int64_t>(first.size()), 2}, block_sums.options());
+  if (first.empty()) return out;
+  check(kernels::lamb_add_block_sums_gpu(block_sums.const_data_ptr<double>(), first.data(), count.data(),
+                                         static_cast<int64_t>(first.size()), out.data_ptr<double>(), current_gpu_stream()),
+        "lowbit::lamb_add_block_sums");
+  return out;
+}
+
 }  // namespace
 }  // namespace ops
 }  // namespace lowbit
@@ -214,4 +226,5 @@ TORCH_LIBRARY_IMPL(lowbit, CUDA, m) {
   m.impl("optim_step_", torch::CppFunction::makeFromBoxedFunction<&boxed_step<&step_cuda>>());
   m.impl("optim_lamb_norms", torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_cuda>>());
   m.impl("grad_check", &grad_check_cuda);
+  m.impl("lamb_add_block_sums", &lamb_add_block_sums_cuda);
 }

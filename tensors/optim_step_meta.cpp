@@ -35,4 +35,8 @@ TORCH_LIBRARY_IMPL(lowbit, Meta, m) {
   m.impl("optim_lamb_norms_reference",
          torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_meta>>());
   m.impl("grad_check", &grad_check_meta);
+  m.impl("lamb_add_block_sums", [](const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count) {
+    check_lamb_add_block_sums_args(block_sums, first, count);
+    return at::empty({static_cast<int64_t>(first.size()), 2}, block_sums.options());
+  });
 }

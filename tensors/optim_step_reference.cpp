@@ -277,4 +277,5 @@ TORCH_LIBRARY_IMPL(lowbit, CompositeExplicitAutograd, m) {
   m.impl("optim_lamb_norms_reference",
          torch::CppFunction::makeFromBoxedFunction<&boxed_lamb_norms<&lamb_norms_reference>>());
   m.impl("grad_check", &grad_check_reference);
+  m.impl("lamb_add_block_sums", &lamb_add_block_sums_host);
 }

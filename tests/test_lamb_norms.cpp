@@ -111,3 +111,72 @@ TEST(LambNorms, BothLoopsAddInTheDocumentedOrder) {
   }
   omp_set_num_threads(saved);
 }
+
+// lowbit::lamb_add_block_sums: ranges of block sums added in LAMB's order (groups of 256 blocks in
+// order, then the groups), against an fp64 loop written here; the CUDA kernel (one thread per
+// group, the groups added by thread 0) bit for bit the CPU; bad ranges refused naming the range.
+namespace {
+
+at::Tensor add_block_sums_op(const at::Tensor& sums, const std::vector<int64_t>& first, const std::vector<int64_t>& count) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lowbit::lamb_add_block_sums", "")
+                             .typed<at::Tensor(const at::Tensor&, at::IntArrayRef, at::IntArrayRef)>();
+  return op.call(sums, first, count);
+}
+
+TEST(LambNorms, BlockSumsOfRangesAddInLambsOrderOnEveryDevice) {
+  const int64_t blocks = 70001;
+  // Values spread over many binades, so another order of the additions changes the bits.
+  const at::Tensor sums = at::rand({blocks, 2}, at::kDouble) * at::exp(at::randn({blocks, 2}, at::kDouble) * 8);
+  const std::vector<int64_t> first = {0, 5, 100, 0, 3000, 69000, 7};
+  const std::vector<int64_t> count = {0, 1, 255, 256 * 3 + 1, 66000, 1001, 257};
+  const at::Tensor got = add_block_sums_op(sums, first, count);
+  ASSERT_EQ(got.sizes(), at::IntArrayRef({7, 2}));
+  const double* s = sums.data_ptr<double>();
+  for (size_t i = 0; i < first.size(); ++i)
+    for (int k = 0; k < 2; ++k) {
+      double total = 0.0;
+      for (int64_t g = 0; g < count[i]; g += 256) {
+        double group = 0.0;
+        for (int64_t b = g; b < std::min<int64_t>(g + 256, count[i]); ++b) group += s[2 * (first[i] + b) + k];
+        total += group;
+      }
+      EXPECT_EQ(got[i][k].item<double>(), total) << "range " << i << " sum " << k;
+    }
+  // One chain through every block (the order before the groups) differs: the test sees the order.
+  double chain = 0.0;
+  for (int64_t b = 3000; b < 69000; ++b) chain += s[2 * b];
+  EXPECT_NE(got[4][0].item<double>(), chain);
+  if (torch::cuda::is_available() && c10::Dispatcher::singleton()
+                                         .findOp({"lowbit::lamb_add_block_sums", ""})
+                                         ->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+    const at::Tensor on_gpu = add_block_sums_op(sums.cuda(), first, count);
+    EXPECT_TRUE(on_gpu.is_cuda());
+    EXPECT_TRUE(at::equal(on_gpu.cpu(), got));
+    // More ranges than one launch carries.
+    std::vector<int64_t> f(300), c(300);
+    for (int i = 0; i < 300; ++i) f[i] = i * 200, c[i] = 300 + i;
+    EXPECT_TRUE(at::equal(add_block_sums_op(sums.cuda(), f, c).cpu(), add_block_sums_op(sums, f, c)));
+  }
+  EXPECT_EQ(add_block_sums_op(sums, {}, {}).size(0), 0);
+}
+
+TEST(LambNorms, BlockSumRangesOutsideTheSumsAreRefused) {
+  const at::Tensor sums = at::zeros({10, 2}, at::kDouble);
+  const auto error = [&](const at::Tensor& t, std::vector<int64_t> f, std::vector<int64_t> c) {
+    try {
+      add_block_sums_op(t, f, c);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(sums, {5}, {6}).find("range 0 (first 5, count 6) is not inside the 10 blocks"), std::string::npos);
+  EXPECT_NE(error(sums, {-1}, {1}).find("range 0"), std::string::npos);
+  EXPECT_NE(error(sums, {0, 2}, {1, -1}).find("range 1"), std::string::npos);
+  EXPECT_NE(error(sums, {0}, {}).find("first has 1 entries, count 0"), std::string::npos);
+  EXPECT_NE(error(sums.to(at::kFloat), {0}, {1}).find("float64 tensor [blocks, 2]"), std::string::npos);
+  EXPECT_NE(error(at::zeros({10, 3}, at::kDouble), {0}, {1}).find("[blocks, 2]"), std::string::npos);
+}
+
+}  // namespace

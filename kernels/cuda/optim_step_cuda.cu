@@ -102,15 +102,11 @@ __device__ __forceinline__ double2 lamb_group_sum(const double2* sums, int64_t b
   return make_double2(sp, sr);
 }
 
-__global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
-                                                                   const double* block_sums, const float* found_inf,
-                                                                   ParamScalars* scalars, double* out) {
+// A parameter's sums of p^2 and r^2 over its norm blocks [first, last) in LAMB's order, in thread 0
+// (the others return zeros). Every thread of the block calls it: it synchronizes.
+__device__ double2 lamb_param_sums(const double2* sums, int64_t first, int64_t last) {
   __shared__ double2 groups[2][kTrustThreads];  // two buffers: thread 0 reads one while the others fill the other
-  const int i = blockIdx.x;
-  if (found_inf && *found_inf != 0.0f) return;  // the same for the whole thread block
-  const int64_t first = chunk.first_block[i], last = chunk.first_block[i + 1];
   const int64_t num_groups = (last - first + kLambSumGroup - 1) / kLambSumGroup;
-  const double2* sums = reinterpret_cast<const double2*>(block_sums);  // block b: (sum of p^2, sum of r^2)
   double sp = 0.0, sr = 0.0;
   int buf = 0;
   for (int64_t round = 0; round < num_groups; round += kTrustThreads, buf ^= 1) {
@@ -131,14 +127,41 @@ __global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_
       }
     }
   }
+  return make_double2(sp, sr);
+}
+
+__global__ void __launch_bounds__(kTrustThreads) lamb_trust_kernel(const LOWBIT_GRID_CONSTANT Chunk chunk,
+                                                                   const double* block_sums, const float* found_inf,
+                                                                   ParamScalars* scalars, double* out) {
+  const int i = blockIdx.x;
+  if (found_inf && *found_inf != 0.0f) return;  // the same for the whole thread block
+  // Block b of block_sums: (sum of p^2, sum of r^2).
+  const double2 s = lamb_param_sums(reinterpret_cast<const double2*>(block_sums), chunk.first_block[i],
+                                    chunk.first_block[i + 1]);
   if (threadIdx.x != 0) return;
   const int64_t g = chunk.first_param + i;
   if (out) {
-    out[2 * g] = sp;
-    out[2 * g + 1] = sr;
+    out[2 * g] = s.x;
+    out[2 * g + 1] = s.y;
   } else {
-    scalars[g].hyper.trust = lamb_trust(sp, sr);
+    scalars[g].hyper.trust = lamb_trust(s.x, s.y);
   }
+}
+
+// lamb_add_block_sums_gpu: up to kSumRanges ranges of block sums per launch, one thread block each.
+constexpr int kSumRanges = 128;
+struct SumRanges {
+  int64_t first[kSumRanges], count[kSumRanges];
+};
+
+__global__ void __launch_bounds__(kTrustThreads) lamb_add_block_sums_kernel(const LOWBIT_GRID_CONSTANT SumRanges r,
+                                                                            const double* block_sums, double* out) {
+  const int i = blockIdx.x;
+  const double2 s =
+      lamb_param_sums(reinterpret_cast<const double2*>(block_sums), r.first[i], r.first[i] + r.count[i]);
+  if (threadIdx.x != 0) return;
+  out[2 * i] = s.x;
+  out[2 * i + 1] = s.y;
 }
 
 cudaError_t launch_lamb_trust(const Chunk& c, const Args& a, const float* found_inf, double* out, cudaStream_t stream) {
@@ -363,6 +386,23 @@ const char* optim_step_gpu(const GpuStep& s, void* stream) {
 const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream) {
   if (s.config.rule != Rule::LAMB) return "lamb_norms_gpu needs the LAMB rule";
   return gpu_step::run(s, static_cast<cudaStream_t>(stream), out);
+}
+
+const char* lamb_add_block_sums_gpu(const double* block_sums, const int64_t* first, const int64_t* count, int64_t n,
+                                    double* out, void* stream) {
+  for (int64_t done = 0; done < n; done += gpu_step::kSumRanges) {
+    gpu_step::SumRanges r;
+    const int k = static_cast<int>(std::min<int64_t>(n - done, gpu_step::kSumRanges));
+    for (int i = 0; i < k; ++i) {
+      r.first[i] = first[done + i];
+      r.count[i] = count[done + i];
+    }
+    gpu_step::lamb_add_block_sums_kernel<<<k, gpu_step::kTrustThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        r, block_sums, out + 2 * done);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  return nullptr;
 }
 
 namespace gpu_step {

@@ -56,6 +56,11 @@ size_t gpu_step_scratch_bytes(const GpuStep& s);
 const char* optim_step_gpu(const GpuStep& s, void* stream);
 // LAMB's sums of p^2 and r^2 per parameter (kernels/cpu/optim_step_cpu.h's order) into out [n][2].
 const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream);
+// LAMB's block sums (block_sums [blocks][2], device) added in LAMB's order (lamb_add_block_sums)
+// over n ranges of blocks [first[i], first[i] + count[i]) into out [n][2] (device); first and count
+// are host arrays. A sharded parameter's whole sums, without a trip to the host.
+const char* lamb_add_block_sums_gpu(const double* block_sums, const int64_t* first, const int64_t* count, int64_t n,
+                                    double* out, void* stream);
 // For tests: the step kernels' division a / b, square root of a and reciprocal of a
 // (speculative_arith.cuh) for n pairs, and per element whether each was in the short sequences'
 // range (bit 0: the quotient, bit 1: the root, bit 2: the reciprocal). Where it was, the result

@@ -105,6 +105,44 @@ TEST(ShardedBuckets, OverlapStepsNeverSynchronizeWithTheHost) {
             "");
 }
 
+// The same for LAMB (whose whole-parameter norms add the ranks' block sums on the device) and for
+// the low-bit wire (quantize, exchange, decode and sums all enqueued), with and without overlap.
+TEST(ShardedBuckets, LambAndTheLowBitWireNeverSynchronizeWithTheHost) {
+  if (!device().is_cuda()) GTEST_SKIP() << "on the GPU (--cuda)";
+  for (bool overlap : {true, false})
+    for (bool wire : {false, true}) {
+      SCOPED_TRACE(c10::str(overlap ? "overlap" : "no overlap", wire ? ", low-bit wire" : ""));
+      std::vector<at::Tensor> params = make_params(at::kFloat, device());
+      ld::ShardedOptions so = overlap ? bucketed() : ld::ShardedOptions();
+      if (wire) {
+        so.gradient_wire = ld::WireCompression::gradients();
+        so.update_wire = ld::WireCompression::updates(lowbit::QuantFormat::DE4Signed);
+      }
+      ld::ShardedOptimizer sharded(
+          std::make_shared<lo::LAMB>(params, lo::LAMBOptions(1e-3).state_format(StateFormat::Q8).max_grad_norm(1.0)),
+          comm_ptr(), so);
+      std::vector<std::vector<at::Tensor>> grads(3);  // uploaded before the check: an upload waits
+      for (int s = 0; s < 3; ++s)
+        for (size_t k = 0; k < params.size(); ++k)
+          grads[s].push_back(rank_grad(comm().rank(), s, static_cast<int>(k), params[k].sizes(), at::kFloat).to(device()));
+      const auto step = [&](int s) {
+        sharded.zero_grad();
+        if (overlap) {
+          backward_with(params, grads[s]);
+        } else {
+          for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[s][k];
+        }
+        sharded.step();
+      };
+      step(0);  // the first step creates the state
+      EXPECT_EQ(first_host_sync([&] {
+                  step(1);
+                  step(2);
+                }),
+                "");
+    }
+}
+
 TEST(ShardedBuckets, AccumulatesMicroBatchesAndReducesOnTheLast) {
   const int rank = comm().rank(), world = comm().size();
   std::vector<at::Tensor> params = make_params(at::kFloat, device()), ref_params = make_params(at::kFloat, device());

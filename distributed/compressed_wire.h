@@ -14,7 +14,7 @@
 
 #include <ATen/ATen.h>
 
-#include <lowbit/kernels/common/quant_format.h>
+#include <lowbit/kernels/common/format_table.h>
 
 #include "communicator.h"
 

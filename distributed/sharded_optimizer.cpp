@@ -62,6 +62,17 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     }
   }
   check_ranks_agree();
+  if (options_.gradient_wire && comm_->size() > 1) {
+    // The wire's exchange, tried once on every rank (the same backend refuses on every rank).
+    at::Tensor probe = at::zeros({comm_->size()}, at::TensorOptions().dtype(at::kByte).device(device_));
+    at::Tensor out = at::empty_like(probe);
+    try {
+      comm_->all_to_all(probe, out);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, kWho, ": ShardedOptions::gradient_wire exchanges quantized chunks with all_to_all, which the ",
+                  comm_->backend(), " communicator refused on rank ", comm_->rank(), ": ", e.what_without_backtrace());
+    }
+  }
   // The hooks check every parameter before any collective, so a refusal is the same on every rank
   // and leaves the parameters as they were. They fire only in backward(), never before the end of
   // this constructor.

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <lowbit/kernels/common/quant_format.h>
+#include <lowbit/kernels/common/format_table.h>
 
 namespace lowbit {
 namespace optim {

@@ -4,7 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <lowbit/kernels/common/fake_quant_math.h>
-#include <lowbit/tensors/float_codes.h>
+#include <lowbit/tensors/float_code_tensors.h>
 
 namespace lowbit {
 namespace qat {

@@ -4,7 +4,7 @@
 //   MXFP4: two e2m1 codes per byte + one e8m0 byte per 32 weights              (4.25 bits / weight)
 //   NVFP4: two e2m1 codes per byte + one e4m3 byte per 16 weights + a float32 tensor scale (4.5)
 // Decoding gives back exactly what the fake quantizer produced: the codes are the values the
-// fake-quant kernels rounded to (tensors/float_codes.h), and value * scale is the same float32 product.
+// fake-quant kernels rounded to (tensors/float_code_tensors.h), and value * scale is the same float32 product.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,5 +1,5 @@
 // The fake-quant dispatcher ops (QAT): shared argument checks and the entry points each backend
-// registers (fake_quant_cpu.cpp, fake_quant_cuda.cpp, fake_quant_reference.cpp).
+// registers (fake_quant_op_cpu.cpp, fake_quant_op_cuda.cpp, fake_quant_reference.cpp).
 //
 // Schema (TORCH_LIBRARY_FRAGMENT(lowbit), tensors/fake_quant_schema.cpp):
 //   fake_quant_dynamic(Tensor input, int group_size, int bits, bool is_signed, bool symmetric, float eps)

@@ -5,7 +5,7 @@
 
 #include "blockwise_ops.h"  // first_true
 #include "fake_quant_ops.h"
-#include "float_codes.h"  // round_to_float_format: the rounding convert() stores too
+#include "float_code_tensors.h"  // round_to_float_format: the rounding convert() stores too
 
 namespace lowbit {
 namespace ops {

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include <lowbit/kernels/common/float_codes.h>
-#include <lowbit/tensors/float_codes.h>
+#include <lowbit/tensors/float_code_tensors.h>
 
 #include "test_qat_util.h"
 

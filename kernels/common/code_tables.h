@@ -19,7 +19,7 @@
 
 #include "compand.h"
 #include "encode.h"
-#include "quant_format.h"
+#include "format_table.h"
 
 namespace lowbit {
 namespace kernels {

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "quant_format.h"
+#include "format_table.h"
 
 namespace lowbit {
 namespace kernels {

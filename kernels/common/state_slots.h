@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "quant_format.h"
+#include "format_table.h"
 #include "step_config.h"
 
 namespace lowbit {

@@ -6,7 +6,7 @@
 
 #include "../common/encode.h"
 #include "../common/float_convert.h"
-#include "../common/quant_format.h"
+#include "../common/format_table.h"
 #include "format_tables.h"
 
 namespace lowbit {

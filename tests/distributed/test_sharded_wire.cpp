@@ -238,6 +238,42 @@ TEST(ShardedWire, WireStatsCountTheBytesEachRankSends) {
   if (world > 1) EXPECT_GT(plain.bytes_per_parameter() / both.bytes_per_parameter(), 3.9);
 }
 
+// The job's communicator with an all_to_all it refuses, as a backend without one would.
+class NoAllToAll : public ld::Communicator {
+ public:
+  explicit NoAllToAll(std::shared_ptr<ld::Communicator> c) : c_(std::move(c)) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  const char* backend() const override { return "no-all-to-all"; }
+  void all_reduce(at::Tensor& t, ld::ReduceOp op) override { c_->all_reduce(t, op); }
+  void reduce_scatter(const at::Tensor& in, at::Tensor& out, ld::ReduceOp op) override { c_->reduce_scatter(in, out, op); }
+  void all_gather(const at::Tensor& in, at::Tensor& out) override { c_->all_gather(in, out); }
+  void all_to_all(const at::Tensor&, at::Tensor&) override { TORCH_CHECK(false, "all_to_all is not supported here"); }
+  void broadcast(at::Tensor& t, int root) override { c_->broadcast(t, root); }
+  void barrier() override { c_->barrier(); }
+
+ private:
+  std::shared_ptr<ld::Communicator> c_;
+};
+
+TEST(ShardedWire, ACommunicatorWithoutAllToAllIsNamedWhenConstructed) {
+  auto c = std::make_shared<NoAllToAll>(comm_ptr());
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  const auto make = [&](const ld::ShardedOptions& so) {
+    return error_of([&] { ld::ShardedOptimizer s(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-2)), c, so); });
+  };
+  const std::string e = make(wires(WireCompression::gradients(), std::nullopt));
+  if (comm().size() > 1)
+    EXPECT_NE(e.find("ShardedOptions::gradient_wire exchanges quantized chunks with all_to_all, which the no-all-to-all "
+                     "communicator refused on rank " + std::to_string(comm().rank()) + ": all_to_all is not supported here"),
+              std::string::npos)
+        << e;
+  else
+    EXPECT_EQ(e, "");  // one rank exchanges nothing
+  // The update leg all-gathers: no all_to_all needed.
+  EXPECT_EQ(make(wires(std::nullopt, WireCompression::updates())), "");
+}
+
 TEST(ShardedWire, BadOptionsAreRefusedOnEveryRankNamingTheOptionAndTheRank) {
   const int rank = comm().rank(), world = comm().size();
   const auto error_with = [&](const ld::ShardedOptions& so) {

@@ -3,7 +3,7 @@
 // another writer's, and cut one writer's file into several writers' files, as a sharded job saves.
 #pragma once
 
-#include <lowbit/kernels/common/quant_format.h>
+#include <lowbit/kernels/common/format_table.h>
 #include <lowbit/kernels/common/state_slots.h>
 
 #include "../checkpoint_edit.h"

@@ -1,5 +1,5 @@
-// Small-float code tables and ATen encode / decode: see float_codes.h.
-#include "float_codes.h"
+// Small-float code tables and ATen encode / decode: see float_code_tensors.h.
+#include "float_code_tensors.h"
 
 #include <lowbit/kernels/common/float_codes.h>
 

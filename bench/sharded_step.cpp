@@ -10,13 +10,17 @@
 // step() alone; over NCCL, a GPU timeline of one overlapped iteration (CUDA timing events). Last,
 // the low-bit wire (ShardedOptions::gradient_wire / update_wire): the sharded step and the bytes
 // each rank sends per parameter, against float32 and bfloat16 parameters on a full-precision wire
-// (--wire: only that part).
+// (--wire: only that part). --matmul ROWS: the gradients come from a matmul backward instead
+// (each parameter a square matrix W, loss sum((X @ W) * G) with X, G of ROWS rows, TF32 on), which
+// leaves the memory bus to the collectives as a model's backward does; sum(p * g)'s backward is pure
+// memory traffic, like the reduce-scatters beside it.
 // Medians over the repetitions.
-//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
+//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -39,16 +43,19 @@ using lowbit_bench::now_ms;
 
 int main(int argc, char** argv) {
   if (lowbit_tools::wants_help(argc, argv,
-                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
+                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--matmul ROWS] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
                                "The sharded step's parts against NCCL's (or MPI's) bus bandwidth.\n"))
     return 0;
   bool cuda = false, wire_only = false;
+  int64_t matmul_rows = 0;
   std::vector<int64_t> nums;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--cuda") == 0)
       cuda = true;
     else if (std::strcmp(argv[i], "--wire") == 0)
       wire_only = true;
+    else if (std::strcmp(argv[i], "--matmul") == 0 && i + 1 < argc)
+      matmul_rows = std::atoll(argv[++i]);
     else
       nums.push_back(std::atoll(argv[i]));
   }
@@ -164,9 +171,21 @@ int main(int argc, char** argv) {
   // overlap (the hooks reduce each bucket as backward() fills it; step() then updates and gathers).
   std::vector<at::Tensor> g;
   for (auto& p : params) g.push_back(at::randn_like(p) * 1e-3);
+  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(numel))));
+  if (matmul_rows > 0 && side * side != numel) {
+    if (rank == 0) std::fprintf(stderr, "bench_sharded_step: --matmul needs NUMEL a square (%lld)\n", static_cast<long long>(numel));
+    return 2;
+  }
+  at::Tensor mx, mg;  // --matmul: X and G, [rows, side]
+  if (matmul_rows > 0) {
+    at::globalContext().setAllowTF32CuBLAS(true);
+    mx = at::randn({matmul_rows, side}, at::TensorOptions().device(dev));
+    mg = at::randn({matmul_rows, side}, at::TensorOptions().device(dev)) * 1e-3;
+  }
   const auto backward = [&] {
     at::Tensor loss = at::zeros({}, at::TensorOptions().device(dev));
-    for (size_t k = 0; k < params.size(); ++k) loss = loss + (params[k] * g[k]).sum();
+    for (size_t k = 0; k < params.size(); ++k)
+      loss = loss + (matmul_rows > 0 ? (mx.mm(params[k].view({side, side})) * mg).sum() : (params[k] * g[k]).sum());
     loss.backward();
   };
   const double backward_ms = time([&] {
@@ -247,8 +266,10 @@ int main(int argc, char** argv) {
   comm->all_reduce(bytes_t);
   const double all_state = bytes_t.cpu()[0].item<double>();
   if (rank == 0) {
-    std::printf("bench_sharded_step: %d rank(s) (%s), %lld params x %lld elements (fp32), AdamW Q8\n", n, comm->backend(),
-                static_cast<long long>(count), static_cast<long long>(numel));
+    std::printf("bench_sharded_step: %d rank(s) (%s), %lld params x %lld elements (fp32), AdamW Q8; backward of %s\n", n,
+                comm->backend(), static_cast<long long>(count), static_cast<long long>(numel),
+                matmul_rows > 0 ? c10::str("sum((X @ W) * G), X and G of ", matmul_rows, " rows (TF32)").c_str()
+                                : "sum(p * g)");
     std::printf("  sharded step          %9.3f ms\n", step_ms);
     for (const auto& b : bucketed_ms)
       std::printf("  sharded step          %9.3f ms   (buckets of %lld MiB; step / model = %.2f)\n", b.second,

@@ -13,10 +13,9 @@
 // (--wire: only that part). --matmul ROWS: the gradients come from a matmul backward instead
 // (each parameter a square matrix W, loss sum((X @ W) * G) with X, G of ROWS rows, TF32 on), which
 // leaves the memory bus to the collectives as a model's backward does; sum(p * g)'s backward is pure
-// memory traffic, like the reduce-scatters beside it. --background-ctas N: the overlap's
-// reduce-scatters on a second NCCL communicator of at most N CTAs (NcclOptions::background_max_ctas).
+// memory traffic, like the reduce-scatters beside it.
 // Medians over the repetitions.
-//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--matmul ROWS] [--background-ctas N] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
+//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -44,12 +43,11 @@ using lowbit_bench::now_ms;
 
 int main(int argc, char** argv) {
   if (lowbit_tools::wants_help(argc, argv,
-                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--matmul ROWS] [--background-ctas N] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
+                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--matmul ROWS] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
                                "The sharded step's parts against NCCL's (or MPI's) bus bandwidth.\n"))
     return 0;
   bool cuda = false, wire_only = false;
   int64_t matmul_rows = 0;
-  int background_ctas = 0;
   std::vector<int64_t> nums;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--cuda") == 0)
@@ -58,8 +56,6 @@ int main(int argc, char** argv) {
       wire_only = true;
     else if (std::strcmp(argv[i], "--matmul") == 0 && i + 1 < argc)
       matmul_rows = std::atoll(argv[++i]);
-    else if (std::strcmp(argv[i], "--background-ctas") == 0 && i + 1 < argc)
-      background_ctas = std::atoi(argv[++i]);
     else
       nums.push_back(std::atoll(argv[i]));
   }
@@ -68,7 +64,6 @@ int main(int argc, char** argv) {
   const int64_t bucket_mib = nums.size() > 3 ? nums[3] : 25;
   ld::InitOptions io;
   io.device_type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  io.nccl_background_max_ctas = background_ctas;
   auto comm = ld::init_from_env(io);
   const int n = comm->size(), rank = comm->rank();
   const at::Device dev = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ld::launch_env().local_rank)) : at::Device(at::kCPU);

@@ -50,10 +50,6 @@ class Communicator {
   // collective issued so far. Backends that complete collectives before returning ignore both.
   virtual void defer_stream_waits(bool defer) { (void)defer; }
   virtual void order_after_collectives() {}
-  // Collectives issued while on run beside compute (the overlap's reduce-scatters beside backward()):
-  // a backend may give them fewer GPU resources (NcclOptions::background_max_ctas). Every rank must
-  // issue the same collectives with it on; backends without such resources ignore it.
-  virtual void set_background(bool on) { (void)on; }
 };
 
 // defer_stream_waits(true) for a scope. A scope left by an exception also orders the caller's

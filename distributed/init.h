@@ -17,7 +17,6 @@ struct InitOptions {
   c10::DeviceType device_type = c10::DeviceType::CPU;  // CPU: MpiCommunicator; CUDA: NcclCommunicator
   double timeout_s = 300.0;      // per collective (failure_test and users shorten it)
   bool abort_on_failure = true;  // a failed collective aborts the whole job (see MpiOptions)
-  int nccl_background_max_ctas = 0;  // NcclOptions::background_max_ctas
 };
 
 std::shared_ptr<Communicator> init_from_env(const InitOptions& options = {});

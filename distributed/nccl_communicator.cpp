@@ -105,11 +105,6 @@ struct NcclCommunicator::Impl {
   // initialization the timeout bounds; `comm`, split from it, the blocking one every collective uses.
   ncclComm_t setup = nullptr;
   ncclComm_t comm = nullptr;
-  // NcclOptions::background_max_ctas: split from `setup` like `comm`, with at most that many CTAs;
-  // used (under nccl_mu) while `background` is on.
-  ncclComm_t narrow = nullptr;
-  std::atomic<bool> background{false};
-  ncclComm_t active() const { return background && narrow ? narrow : comm; }
   cudaEvent_t ready = nullptr;  // under nccl_mu: the caller's stream position, for the next enqueue
   cudaEvent_t joined = nullptr;  // under nccl_mu: the own stream's position, for order_after_collectives
   std::atomic<bool> defer{false};  // defer_stream_waits
@@ -146,10 +141,9 @@ struct NcclCommunicator::Impl {
   void record(const std::string& message);
   // Ends this rank's NCCL kernels, which would otherwise spin on a dead peer. nccl_mu held.
   void abort_comm() {
-    if (narrow) ncclCommAbort(narrow);
     if (comm) ncclCommAbort(comm);
     if (setup) ncclCommAbort(setup);
-    narrow = comm = setup = nullptr;
+    comm = setup = nullptr;
   }
   // Brackets a blocking NCCL call (nccl_mu held) for the watchdog's timeout.
   void enter(const char* call) {
@@ -276,10 +270,6 @@ void NcclCommunicator::Impl::watch() {
         if (nccl.owns_lock() && comm) {
           const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
           if (q != ncclSuccess) async = q;
-          if (async == ncclSuccess && narrow) {
-            const ncclResult_t w = ncclCommGetAsyncError(narrow, &async);
-            if (w != ncclSuccess) async = w;
-          }
         }
       }
       lock.lock();
@@ -386,14 +376,6 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   blocking.blocking = 1;
   settle(ncclCommSplit(m.setup, 0, m.rank, &m.comm, &blocking), "ncclCommSplit");
   TORCH_CHECK(m.comm, kWho, ": NCCL setup (ncclCommSplit) made no communicator", m.where());
-  if (options_.background_max_ctas > 0) {
-    ncclConfig_t narrow = NCCL_CONFIG_INITIALIZER;
-    narrow.blocking = 1;
-    narrow.minCTAs = 1;
-    narrow.maxCTAs = options_.background_max_ctas;
-    settle(ncclCommSplit(m.setup, 0, m.rank, &m.narrow, &narrow), "ncclCommSplit, background communicator");
-    TORCH_CHECK(m.narrow, kWho, ": NCCL setup (ncclCommSplit) made no background communicator", m.where());
-  }
   m.watchdog = std::thread([&m] {
     try {
       m.watch();
@@ -426,10 +408,9 @@ NcclCommunicator::~NcclCommunicator() {
     std::lock_guard<std::mutex> nccl(m.nccl_mu);
     // ncclCommDestroy waits for the communicator's work, so only after all of it finished.
     if (clean) {
-      if (m.narrow) ncclCommDestroy(m.narrow);
       if (m.comm) ncclCommDestroy(m.comm);
       if (m.setup) ncclCommDestroy(m.setup);
-      m.narrow = m.comm = m.setup = nullptr;
+      m.comm = m.setup = nullptr;
     } else {
       m.abort_comm();
     }
@@ -571,7 +552,7 @@ void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   at::Tensor buf = reduces_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
   run(name, buf.numel(), {buf, tensor}, [&](void* s) {
     return static_cast<int>(ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
-                                          nccl_type(buf.scalar_type()), ncclSum, impl_->active(), static_cast<cudaStream_t>(s)));
+                                          nccl_type(buf.scalar_type()), ncclSum, impl_->comm, static_cast<cudaStream_t>(s)));
   }, [&] {
     // Sum, then one division: the same rounding as MpiCommunicator (ncclAvg may pre-scale).
     if (op == ReduceOp::Avg) buf.div_(impl_->size);
@@ -589,7 +570,7 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
   at::Tensor out = native ? output : at::empty({output.numel()}, in.options());
   run(name, in.numel(), {in, out, output}, [&](void* s) {
     return static_cast<int>(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
-                                              nccl_type(in.scalar_type()), ncclSum, impl_->active(), static_cast<cudaStream_t>(s)));
+                                              nccl_type(in.scalar_type()), ncclSum, impl_->comm, static_cast<cudaStream_t>(s)));
   }, [&] {
     if (op == ReduceOp::Avg) out.div_(impl_->size);
     if (!native) output.copy_(out.view(output.sizes()));
@@ -603,7 +584,7 @@ void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   // In place when input is output's own chunk (NCCL reads sendbuff == recvbuff + rank * count).
   run(name, output.numel(), {input, output}, [&](void* s) {
     return static_cast<int>(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
-                                          nccl_type(input.scalar_type()), impl_->active(), static_cast<cudaStream_t>(s)));
+                                          nccl_type(input.scalar_type()), impl_->comm, static_cast<cudaStream_t>(s)));
   });
 }
 
@@ -625,7 +606,7 @@ void NcclCommunicator::all_gather_many(const std::vector<at::Tensor>& inputs, co
     ncclResult_t first = ncclGroupStart();
     for (size_t k = 0; k < inputs.size() && first == ncclSuccess; ++k)
       first = ncclAllGather(inputs[k].data_ptr(), outputs[k].data_ptr(), static_cast<size_t>(inputs[k].numel()),
-                            nccl_type(inputs[k].scalar_type()), impl_->active(), static_cast<cudaStream_t>(s));
+                            nccl_type(inputs[k].scalar_type()), impl_->comm, static_cast<cudaStream_t>(s));
     const ncclResult_t end = ncclGroupEnd();  // always: a group once started must be ended
     return static_cast<int>(first != ncclSuccess ? first : end);
   });
@@ -646,8 +627,8 @@ void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
     char* out = static_cast<char*>(output.data_ptr());
     ncclResult_t first = ncclGroupStart();
     for (int r = 0; r < n && first == ncclSuccess; ++r) {
-      first = ncclSend(in + r * chunk_bytes, chunk, type, r, impl_->active(), stream);
-      if (first == ncclSuccess) first = ncclRecv(out + r * chunk_bytes, chunk, type, r, impl_->active(), stream);
+      first = ncclSend(in + r * chunk_bytes, chunk, type, r, impl_->comm, stream);
+      if (first == ncclSuccess) first = ncclRecv(out + r * chunk_bytes, chunk, type, r, impl_->comm, stream);
     }
     const ncclResult_t end = ncclGroupEnd();  // always: a group once started must be ended
     return static_cast<int>(first != ncclSuccess ? first : end);
@@ -661,7 +642,7 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
   TORCH_CHECK(root >= 0 && root < impl_->size, kWho, ": ", name, ": root must be in [0, ", impl_->size, "), got ", root);
   run(name, tensor.numel(), {tensor}, [&](void* s) {
     return static_cast<int>(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                                          nccl_type(tensor.scalar_type()), root, impl_->active(), static_cast<cudaStream_t>(s)));
+                                          nccl_type(tensor.scalar_type()), root, impl_->comm, static_cast<cudaStream_t>(s)));
   });
 }
 
@@ -718,8 +699,6 @@ std::vector<NcclCommunicator::TimelineEntry> NcclCommunicator::timeline() {
 }
 
 void NcclCommunicator::defer_stream_waits(bool defer) { impl_->defer.store(defer); }
-
-void NcclCommunicator::set_background(bool on) { impl_->background.store(on); }
 
 void NcclCommunicator::order_after_collectives() {
   Impl& m = *impl_;

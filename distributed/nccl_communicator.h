@@ -28,10 +28,6 @@ struct NcclOptions {
   // inside NCCL past the timeout (connecting to a dead peer at an algorithm's first use) ends the
   // job either way: NCCL cannot abort a communicator another thread is inside.
   bool abort_on_failure = true;
-  // > 0: collectives issued under set_background(true) go to a second communicator split with at
-  // most this many CTAs (ncclConfig_t::maxCTAs) on the same stream, leaving SMs to the compute
-  // beside them; the rest keep NCCL's full width. 0: one communicator for all. Same on every rank.
-  int background_max_ctas = 0;
 };
 
 class NcclCommunicator : public Communicator {
@@ -80,7 +76,6 @@ class NcclCommunicator : public Communicator {
   std::vector<TimelineEntry> timeline();
 
   void defer_stream_waits(bool defer) override;
-  void set_background(bool on) override;
   void order_after_collectives() override;
 
  private:

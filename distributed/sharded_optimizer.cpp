@@ -309,18 +309,6 @@ void ShardedOptimizer::reduce_ready_buckets() {
   // The caller's stream is not held up by the reductions (backward goes on); step() orders it
   // after them before the first read of a gradient shard.
   DeferredStreamWaits deferred(*comm_);
-  // With overlap every gradient reduction is background work (Communicator::set_background), from
-  // the hooks and in step() alike, so that every rank puts each bucket on the same NCCL communicator.
-  struct Background {
-    Communicator& c;
-    bool on;
-    Background(Communicator& comm, bool b) : c(comm), on(b) {
-      if (on) c.set_background(true);
-    }
-    ~Background() {
-      if (on) c.set_background(false);
-    }
-  } background(*comm_, options_.overlap);
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].waiting == 0) {
     Bucket& b = buckets_[next_bucket_++];
     if (options_.zero1)

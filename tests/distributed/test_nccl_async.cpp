@@ -72,41 +72,18 @@ class StreamHold {
 };
 
 // A communicator of the job's ranks of its own (collective: every rank makes it), failures thrown.
-std::unique_ptr<ld::NcclCommunicator> make_nccl(double timeout_s, int background_max_ctas = 0) {
+std::unique_ptr<ld::NcclCommunicator> make_nccl(double timeout_s) {
   ld::MpiOptions mo;
   mo.timeout_s = 120;
   auto bootstrap = std::make_shared<ld::MpiCommunicator>(MPI_COMM_WORLD, mo);
   ld::NcclOptions no;
   no.timeout_s = timeout_s;
   no.abort_on_failure = false;
-  no.background_max_ctas = background_max_ctas;
   return std::make_unique<ld::NcclCommunicator>(bootstrap, device().index(), no);
 }
 
 #define SKIP_WITHOUT_NCCL() \
   if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
-
-// NcclOptions::background_max_ctas: the overlap's reduce-scatters on a communicator of 2 CTAs give
-// one process's bits (every rule, small buckets), and collectives in and out of background mode mix.
-TEST(NcclAsync, BackgroundCollectivesOnANarrowCommunicatorGiveTheSameBits) {
-  SKIP_WITHOUT_NCCL();
-  std::shared_ptr<ld::Communicator> c = make_nccl(60.0, 2);
-  const int n = c->size();
-  at::Tensor x = at::ones({1000}, at::TensorOptions().device(device()));
-  c->set_background(true);
-  c->all_reduce(x);
-  c->set_background(false);
-  c->all_reduce(x);
-  EXPECT_TRUE(bitwise_equal(x, at::full({1000}, static_cast<double>(n) * n, at::kFloat)));
-  ld::ShardedOptions overlap;
-  overlap.overlap = true;
-  overlap.bucket_bytes = 8192;
-  for (const RuleCase& rc : rule_cases()) {
-    SCOPED_TRACE(rc.name);
-    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q8, false); },
-                               at::kFloat, overlap, 2, default_grad, c);
-  }
-}
 
 TEST(NcclAsync, ACollectiveThatCannotFinishFailsTheCommunicatorAfterTheTimeout) {
   SKIP_WITHOUT_NCCL();

@@ -15,6 +15,9 @@
 #include "checkpoint_edit.h"
 #include "test_util.h"
 
+#include <lowbit/tensors/optim_ops.h>
+#include <lowbit/tensors/wire_ops.h>
+
 namespace lo = lowbit::optim;
 
 namespace {
@@ -90,6 +93,23 @@ std::vector<Row> rows() {
   r.push_back({"dequantize: unknown format", [c = codes, m = absmax] { dequant(c, m, "nope", 0, {1000}); }, {"nope"}});
   r.push_back({"dequantize: block_size 0 resolved, 3 refused", [c = codes, m = absmax] { dequant(c, m, "Dyn8Signed", 3, {1000}); },
                {"block_size", "3"}});
+
+  // ---- the low-bit wire's ops and LAMB's block sums (sharded steps)
+  const auto rows2 = at::zeros({2, 260}, at::kByte);  // 2 rows of 256 Dyn8Signed codes + 1 absmax
+  const auto flat = at::randn({512});
+  r.push_back({"wire_pack_: unsigned format", [=] { lowbit::ops::wire_pack_(flat, rows2, "Dyn8Unsigned", 256); },
+               {"wire_pack_", "Dyn8Unsigned", "unsigned"}});
+  r.push_back({"wire_pack_: packed row bytes", [=] { lowbit::ops::wire_pack_(flat, rows2, "Dyn8Signed", 128); },
+               {"wire_pack_", "260 bytes", "264"}});
+  r.push_back({"wire_pack_: input not whole chunks", [=] { lowbit::ops::wire_pack_(flat.narrow(0, 0, 511), rows2, "Dyn8Signed", 256); },
+               {"input", "511"}});
+  r.push_back({"wire_unpack_: bf16 output", [=] { lowbit::ops::wire_unpack_(rows2, flat.to(at::kBFloat16), "Dyn8Signed", 256); },
+               {"wire_unpack_", "output must be float32"}});
+  const auto sums = at::zeros({10, 2}, at::kDouble);
+  r.push_back({"lamb_add_block_sums: range past the blocks", [=] { lowbit::ops::lamb_add_block_sums(sums, {8}, {3}); },
+               {"lamb_add_block_sums", "range 0", "first 8", "count 3", "10 blocks"}});
+  r.push_back({"lamb_add_block_sums: float32 sums", [=] { lowbit::ops::lamb_add_block_sums(sums.to(at::kFloat), {0}, {1}); },
+               {"lamb_add_block_sums", "float64"}});
 
   // ---- optimizer options: common ones and each optimizer's hyper-parameters
   r.push_back({"lr NaN", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions(kNaN)); }, {"lr must be", "nan"}});

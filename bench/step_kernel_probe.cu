@@ -1,6 +1,7 @@
 // bench/step_kernel_probe: the GPU step kernels alone, without torch or the op layer, so that a
-// tuning variant (other compile definitions, e.g. -DLOWBIT_STEP_MIN_BLOCKS=2) builds in a minute
-// with nvcc and runs beside the default in one device call (scripts/gpu_session probe).
+// tuning variant (step_probe_tuning.cuh's definitions, e.g. -DLOWBIT_STEP_MIN_BLOCKS=2; CMake's
+// LOWBIT_STEP_PROBE_VARIANTS) builds in a minute and runs beside the library's kernels in one device
+// call (scripts/gpu_session probe).
 // Prints ms per step (median of CUDA-event timings) and % of a device copy of the bytes the step
 // moves (p read + written, g read, each state slot read + written; no gradient pre-pass here: the
 // full op's numbers come from bench/optim_step_gpu). PROBE_BLOCK=N: another quantization block.

@@ -1,4 +1,4 @@
-// The fused step on CUDA (kernels/cuda/optim_step_kernels.cuh) against the CPU kernel, bit for bit:
+// The fused step on CUDA (kernels/cuda/step_kernel.cuh) against the CPU kernel, bit for bit:
 // every rule x state format x parameter dtype, odd sizes, tensors smaller than a block, empty
 // ones, thousands of tiny ones, large blocks, clipping; no host synchronization inside a step;
 // CUDA graph capture; parameters on two devices; checkpoints across devices. Skipped without a GPU.
@@ -101,7 +101,7 @@ TEST(OptimCuda, EveryRuleFormatAndDtypeEqualsTheCpuKernel) {
 }
 
 // bf16 parameters take a kernel compiled for their gradients' dtype, master-weight correction and
-// rounding (optim_step_kernels.cuh: Companions) where every gradient of a launch is bf16, else the
+// rounding (kernels/cuda/step_args.cuh: Companions) where every gradient of a launch is bf16, else the
 // kernel that reads those at run time. Both equal the CPU kernel bit for bit: every rule and
 // quantized family, each way to store the parameter, gradients of each dtype and of mixed dtypes
 // in one group.
@@ -462,7 +462,7 @@ TEST(OptimCuda, SpeculativeSqrtIsTheIeeeSqrtOverItsWholeRange) {
   EXPECT_EQ(speculate(odd, at::ones_like(odd)).ok.bitwise_and(2).sum().item<int64_t>(), 0);
 }
 
-// The reciprocal of the step's block scales (optim_step_kernels.cuh: step_normalizer) over every
+// The reciprocal of the step's block scales (kernels/cuda/step_tables.cuh: step_normalizer) over every
 // float of its range, biased exponents 1 .. 252 (they use 42 .. 191), against 1 / x.
 TEST(OptimCuda, ShortReciprocalIsTheIeeeReciprocalOverItsWholeRange) {
   SKIP_WITHOUT_CUDA();

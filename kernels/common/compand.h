@@ -5,7 +5,7 @@
 // does for Adam's second moment (arXiv 2602.23349), here for both moments. Against the dynamic
 // tree map: the same 8 bits, and a rule simple enough to encode and decode by arithmetic (the GPU
 // quantize kernels do). The GPU step kernels use the tables built from it (code_tables.h): with
-// the window-bucket encode (encode.h) they ran faster there (optim_step_kernels.cuh: Family).
+// the window-bucket encode (encode.h) they ran faster there (kernels/cuda/step_args.cuh: Family).
 //
 // Encode rounds in the companded domain: |y| gets the grid step c whose square-root interval holds
 // it, the boundary between steps c and c+1 being the threshold

@@ -1,5 +1,5 @@
-// The GPU step kernels of Adam and AdamW (optim_step_kernels.cuh), in a file of their own to keep compile times short.
-#include "optim_step_kernels.cuh"
+// The GPU step kernels of Adam and AdamW (step_kernel.cuh), in a file of their own to keep compile times short.
+#include "step_launch.cuh"
 
 namespace lowbit {
 namespace kernels {

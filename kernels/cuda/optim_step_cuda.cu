@@ -1,8 +1,10 @@
 // Drives one fused optimizer step on a GPU (optim_step_cuda.h): the prologue derives each
 // parameter's per-step values from its counters and lr on the device, LAMB's first pass and
-// trust ratios where asked, then the step kernels of optim_step_kernels.cuh, one launch per chunk of
+// trust ratios where asked, then the step kernels of step_kernel.cuh, one launch per chunk of
 // parameters. Everything is enqueued on `stream`; nothing waits for the device.
-#include "optim_step_kernels.cuh"
+#include "lamb_sums_kernel.cuh"
+#include "step_launch.cuh"
+#include "step_tuning.cuh"
 
 namespace lowbit {
 namespace kernels {
@@ -17,10 +19,6 @@ template <> cudaError_t launch_step<Rule::RMSprop>(const Chunk&, const Args&, El
 template <> cudaError_t launch_step<Rule::Adagrad>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
 template <> cudaError_t launch_step<Rule::AdEMAMix>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
 template <> cudaError_t launch_step<Rule::LAMB>(const Chunk&, const Args&, ElemType, int, int, int, int, int64_t, cudaStream_t);
-
-#ifndef LOWBIT_STEP_NONNEG_SKIP  // 0: an A/B build that searches every unsigned block for negative values
-#define LOWBIT_STEP_NONNEG_SKIP 1
-#endif
 
 namespace {
 
@@ -196,7 +194,7 @@ cudaError_t launch_lamb_sums(const Chunk& c, const Args& a, int family, int warp
   return cudaErrorInvalidValue;
 }
 
-// The Companions a chunk's kernel fixes (optim_step_kernels.cuh): for bf16 parameters whose
+// The Companions a chunk's kernel fixes (step_args.cuh): for bf16 parameters whose
 // gradients are all bf16, the one way the step stores them; else kAnyCompanions.
 int companions_of(const Chunk& c, const Args& a, ElemType param_type) {
   if (param_type != ElemType::BF16) return kAnyCompanions;
@@ -245,7 +243,7 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
   while ((int64_t(1) << a.block_shift) < s.block_size) ++a.block_shift;
   a.found_inf = s.found_inf;
   a.stochastic_round = s.stochastic_round;
-  a.nonneg_mask = LOWBIT_STEP_NONNEG_SKIP ? nonneg_update_slots(s.config) : 0;
+  a.nonneg_mask = Tuning::nonneg_skip ? nonneg_update_slots(s.config) : 0;
   const SlotStorage corr = s.num_slots > kCorrectionSlot ? s.slots[kCorrectionSlot].storage : SlotStorage::None;
   a.correction_bits = corr == SlotStorage::Int16 ? 16 : (corr == SlotStorage::Int8 ? 8 : 0);
   if (a.correction_bits != 0 && s.param_type != ElemType::BF16) return "a master-weight correction needs bf16 parameters";

@@ -8,7 +8,7 @@
 // and records in `ok` whether every operand was inside a range where they are exact; a lane whose
 // `ok` is false redoes its elements with ExactArith (the caller's job, once per unit of 8
 // elements). In AdamW's Q8 kernel that took the update of a unit from 398 to 349 instructions, but
-// only AdEMAMix ran faster for it, and only AdEMAMix with dense state takes it now (optim_step_kernels.cuh:
+// only AdEMAMix ran faster for it, and only AdEMAMix with dense state takes it now (step_tuning.cuh:
 // kSpeculates).
 //
 // The ranges, inside those nvcc's own tests accept (tests/test_optim_cuda.cpp checks the results

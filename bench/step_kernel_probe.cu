@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   const bool bf16_params = ptype == "bf16" || ptype == "bf16n" || master24 || master32;
   const std::string rule = argc > 6 ? argv[6] : "adamw";
 
-  GpuStep s;
+  StepLaunch s;
   s.config.rule = rule == "lamb" ? Rule::LAMB : (rule == "ademamix" ? Rule::AdEMAMix : Rule::AdamW);
   s.config.weight_decay = 0.01;
   const int slots = rule == "ademamix" ? 3 : 2;
@@ -157,9 +157,9 @@ int main(int argc, char** argv) {
 
   const size_t pbytes = bf16_params ? 2 : 4;
   float* staging = static_cast<float*>(dev_alloc(numel * 4));
-  std::vector<GpuStepParam> params(tensors);
+  std::vector<StepParamRef> params(tensors);
   for (int64_t t = 0; t < tensors; ++t) {
-    GpuStepParam& P = params[t];
+    StepParamRef& P = params[t];
     P.numel = numel;
     P.param = dev_alloc(numel * pbytes);
     P.grad = dev_alloc(numel * pbytes);

@@ -30,8 +30,8 @@ struct GpuCall {
   std::vector<at::ScalarType> dtypes;
 };
 
-kernels::GpuStep base_step(const StepCall& c) {
-  kernels::GpuStep s;
+kernels::StepLaunch base_step(const StepCall& c) {
+  kernels::StepLaunch s;
   s.config = c.config;
   for (int k = 0; k < kernels::kMaxSlots; ++k) s.slots[k] = c.slots[k];
   s.num_slots = c.num_slots;
@@ -49,8 +49,8 @@ kernels::GpuStep base_step(const StepCall& c) {
 
 // From the addresses check_step_call took (no second pass over the tensors' metadata); `grad` is
 // a contiguous copy where the gradient is not contiguous, else undefined.
-kernels::GpuStepParam gpu_param(const StepCall& c, const StepParam& p, const at::Tensor& grad) {
-  kernels::GpuStepParam g;
+kernels::StepParamRef gpu_param(const StepCall& c, const StepParam& p, const at::Tensor& grad) {
+  kernels::StepParamRef g;
   g.param = p.param_data;
   g.grad = grad.defined() ? grad.const_data_ptr() : p.grad_data;
   g.grad_type = elem_type(p.grad_type);
@@ -101,10 +101,10 @@ void each_group(GpuCall& gc, Fn fn) {
   const StepCall& c = gc.call;
   for (size_t d = 0; d < gc.groups.size(); ++d) {
     const std::vector<size_t>& idx = gc.groups[d];
-    std::vector<kernels::GpuStepParam> params;
+    std::vector<kernels::StepParamRef> params;
     params.reserve(idx.size());
     for (size_t i : idx) params.push_back(gpu_param(c, c.params[i], gc.grads[i]));
-    kernels::GpuStep s = base_step(c);
+    kernels::StepLaunch s = base_step(c);
     s.param_type = elem_type(gc.dtypes[d]);
     s.params = params.data();
     s.n = static_cast<int64_t>(params.size());
@@ -131,7 +131,7 @@ void step_cuda(const StepArgs& args) {
   if (c.params.empty()) return;
   const GpuGuard guard(c.params[0].param->device());
   prepare(gc);
-  each_group(gc, [&](const kernels::GpuStep& s, const std::vector<size_t>&) {
+  each_group(gc, [&](const kernels::StepLaunch& s, const std::vector<size_t>&) {
     check(kernels::optim_step_gpu(s, current_gpu_stream()), op);
   });
   if (gc.strided.empty() || call_skipped(c)) return;
@@ -164,7 +164,7 @@ at::Tensor lamb_norms_cuda(const StepArgs& args) {
   prepare(gc);
   TORCH_CHECK(gc.strided.empty(), op, ": parameters must be contiguous on the GPU");
   c.lamb_norms.reset();
-  each_group(gc, [&](const kernels::GpuStep& s, const std::vector<size_t>& idx) {
+  each_group(gc, [&](const kernels::StepLaunch& s, const std::vector<size_t>& idx) {
     at::Tensor part = idx.size() == static_cast<size_t>(n) ? out : at::zeros({s.n, 2}, out.options());
     check(kernels::lamb_norms_gpu(s, part.data_ptr<double>(), current_gpu_stream()), op);
     if (!part.is_same(out))

@@ -52,7 +52,7 @@ struct LambFloatRows {
 // The 8 elements at i of LAMB's first pass: parameter (master value), gradient, decoded state;
 // 0 past `end`. FULL: the 8 are in range and aligned.
 template <bool FULL, typename T, int FAMILY>
-__device__ __forceinline__ void lamb_load(const GpuStepParam& P, const Args& a, const float (*codebooks)[256], int64_t i,
+__device__ __forceinline__ void lamb_load(const StepParamRef& P, const Args& a, const float (*codebooks)[256], int64_t i,
                                           int64_t end, bool vec, float (&p)[8], float (&g)[8], float (&s)[2][8]) {
   if constexpr (FULL) {
     // Every load issued first, as the step kernel's units do (UnitBytes).
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, Tuning::lamb_min_blocks(FAMILY)) lam
       constexpr int kMostBlocks = SEG != 0 ? Rows::kPerPartial / SEG : Rows::kPerPartial;  // per chunk
       for (int64_t item = b0; item < b1;) {
         while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
-        const GpuStepParam& P = chunk.p[j];
+        const StepParamRef& P = chunk.p[j];
         const ParamScalars& ps = a.scalars[chunk.first_param + j];
         const int64_t b = item - chunk.first_block[j], begin = b * B;
         const int64_t param_last = chunk.first_block[j + 1] < b1 ? chunk.first_block[j + 1] : b1;
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, Tuning::lamb_min_blocks(FAMILY)) lam
   }
   for (int64_t item = b0; item < b1; ++item) {
     while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
-    const GpuStepParam& P = chunk.p[j];
+    const StepParamRef& P = chunk.p[j];
     const ParamScalars& ps = a.scalars[chunk.first_param + j];
     const Hyper h = ps.hyper;
     const float grad_mult = ps.grad_mult;  // maximize folded in by the prologue

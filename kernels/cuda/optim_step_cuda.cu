@@ -230,7 +230,7 @@ struct Plan {
   int64_t unit = 256;
 };
 
-const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
+const char* make_plan(const StepLaunch& s, cudaStream_t stream, Plan* plan) {
   DeviceInfo dev;
   cudaError_t e = query_device(&dev);
   if (e != cudaSuccess) return cudaGetErrorString(e);
@@ -287,7 +287,7 @@ const char* make_plan(const GpuStep& s, cudaStream_t stream, Plan* plan) {
 }
 
 // Fills chunk from parameters [first, first + count).
-void fill_chunk(const GpuStep& s, const Plan& plan, int64_t first, Chunk* c) {
+void fill_chunk(const StepLaunch& s, const Plan& plan, int64_t first, Chunk* c) {
   c->count = static_cast<int>(std::min<int64_t>(kChunk, s.n - first));
   c->first_param = first;
   c->first_unit[0] = c->first_block[0] = 0;
@@ -303,7 +303,7 @@ void fill_chunk(const GpuStep& s, const Plan& plan, int64_t first, Chunk* c) {
 int64_t blocks_for(int64_t work, int per_block) { return (work + per_block - 1) / per_block; }
 
 // Fills a prologue's chunk from parameters [first, first + count) and launches it.
-cudaError_t launch_prologue(const GpuStep& s, int64_t first, int64_t count, const Scalars& sc, const Args& a,
+cudaError_t launch_prologue(const StepLaunch& s, int64_t first, int64_t count, const Scalars& sc, const Args& a,
                             cudaStream_t stream) {
   PrologueChunk c;
   c.first_param = first;
@@ -316,7 +316,7 @@ cudaError_t launch_prologue(const GpuStep& s, int64_t first, int64_t count, cons
   return cudaGetLastError();
 }
 
-const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
+const char* run(const StepLaunch& s, cudaStream_t stream, double* lamb_out) {
   if (s.n == 0) return nullptr;
   Plan plan;
   if (const char* err = make_plan(s, stream, &plan)) return err;
@@ -362,7 +362,7 @@ const char* run(const GpuStep& s, cudaStream_t stream, double* lamb_out) {
 }  // namespace
 }  // namespace gpu_step
 
-size_t gpu_step_scratch_bytes(const GpuStep& s) {
+size_t gpu_step_scratch_bytes(const StepLaunch& s) {
   const size_t head = (sizeof(gpu_step::ParamScalars) * static_cast<size_t>(s.n) + 255) / 256 * 256;
   int64_t blocks = 0;
   if (s.config.rule == Rule::LAMB) {
@@ -377,11 +377,11 @@ size_t gpu_step_scratch_bytes(const GpuStep& s) {
   return head + static_cast<size_t>(blocks) * 2 * sizeof(double) + 16;
 }
 
-const char* optim_step_gpu(const GpuStep& s, void* stream) {
+const char* optim_step_gpu(const StepLaunch& s, void* stream) {
   return gpu_step::run(s, static_cast<cudaStream_t>(stream), nullptr);
 }
 
-const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream) {
+const char* lamb_norms_gpu(const StepLaunch& s, double* out, void* stream) {
   if (s.config.rule != Rule::LAMB) return "lamb_norms_gpu needs the LAMB rule";
   return gpu_step::run(s, static_cast<cudaStream_t>(stream), out);
 }

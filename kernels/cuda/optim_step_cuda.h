@@ -1,5 +1,6 @@
 // Host launchers of the fused optimizer step and its gradient pre-pass on GPUs (CUDA, and HIP from
-// the same sources). Plain C++ header: no CUDA, HIP or torch types, so any binding can include it.
+// the same sources): a step is a StepLaunch (kernels/common/step_launch.h), the record the CPU
+// kernels take too. Plain C++ header: no CUDA, HIP or torch types, so any binding can include it.
 // Pointers are device pointers on the current device unless said otherwise; `stream` is a
 // cudaStream_t (hipStream_t under HIP). Each launcher returns nullptr, or the error of the launch.
 // Nothing here allocates, uploads or reads back to the host, except the per-format tables, made
@@ -9,53 +10,15 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../common/quantize_params.h"
-#include "../common/state_slots.h"
-#include "../common/step_config.h"
+#include "../common/step_launch.h"
 
 namespace lowbit {
 namespace kernels {
 
-// One parameter (or a block-aligned range of one).
-struct GpuStepParam {
-  void* param = nullptr;
-  const void* grad = nullptr;
-  void* slot[kMomentSlots] = {};       // F32 / BF16 values, or codes
-  float* absmax[kMomentSlots] = {};    // quantized slots
-  void* correction = nullptr;          // bf16 parameters: the master-weight correction (GpuStep::slots[kCorrectionSlot])
-  int64_t* counters = nullptr;         // [2]: steps taken, overflowed blocks
-  int64_t numel = 0;
-  int64_t offset = 0;                  // element of the whole parameter (stochastic-rounding index)
-  int64_t rng_key = 0;
-  ElemType grad_type = ElemType::F32;
-  int32_t aligned = 0;                 // every pointer allows 16-byte accesses
-};
-
-// One launch group: parameters of one dtype and one state layout.
-struct GpuStep {
-  StepConfig config;
-  SlotType slots[kMaxSlots];
-  int num_slots = 0;
-  int64_t block_size = 256;
-  ElemType param_type = ElemType::F32;
-  const void* lr = nullptr;            // [1], float64 (lr_is_double) or float32
-  bool lr_is_double = true;
-  const float* found_inf = nullptr;    // [1] or null: nonzero skips everything
-  const double* grad_sumsq = nullptr;  // [1] or null; clipping when max_grad_norm > 0
-  double max_grad_norm = 0.0;
-  const float* grad_scale = nullptr;   // [1] or null: the AMP loss scale
-  const double* lamb_norms = nullptr;  // [n][2] whole-parameter sums, or null (computed here)
-  uint64_t seed = 0;
-  bool stochastic_round = false;
-  const GpuStepParam* params = nullptr;  // host array of n
-  int64_t n = 0;
-  void* scratch = nullptr;             // gpu_step_scratch_bytes(*this) bytes of device memory
-};
-
-size_t gpu_step_scratch_bytes(const GpuStep& s);
-const char* optim_step_gpu(const GpuStep& s, void* stream);
+size_t gpu_step_scratch_bytes(const StepLaunch& s);
+const char* optim_step_gpu(const StepLaunch& s, void* stream);
 // LAMB's sums of p^2 and r^2 per parameter (kernels/cpu/optim_step_cpu.h's order) into out [n][2].
-const char* lamb_norms_gpu(const GpuStep& s, double* out, void* stream);
+const char* lamb_norms_gpu(const StepLaunch& s, double* out, void* stream);
 // LAMB's block sums (block_sums [blocks][2], device) added in LAMB's order (lamb_add_block_sums)
 // over n ranges of blocks [first[i], first[i] + count[i]) into out [n][2] (device); first and count
 // are host arrays. A sharded parameter's whole sums, without a trip to the host.

@@ -65,7 +65,7 @@ struct ParamScalars {
 };
 
 struct Chunk {
-  GpuStepParam p[kChunk];
+  StepParamRef p[kChunk];
   int64_t first_unit[kChunk + 1];   // units of the step kernel, prefix over the chunk
   int64_t first_block[kChunk + 1];  // LAMB norm blocks, prefix over the chunk
   int64_t first_param;              // index of p[0] in the whole launch group (scratch)
@@ -109,7 +109,7 @@ LOWBIT_HD constexpr bool has_fixed_companions(int family) {
 template <typename T, int C>
 struct Known {
   static_assert(C == kAnyCompanions || std::is_same<T, bf16_t>::value, "fixed companions are for bf16 parameters");
-  static __device__ __forceinline__ ElemType grad_type(const GpuStepParam& P) {
+  static __device__ __forceinline__ ElemType grad_type(const StepParamRef& P) {
     return C == kAnyCompanions ? P.grad_type : ElemType::BF16;
   }
   static __device__ __forceinline__ int correction_bits(const Args& a) {

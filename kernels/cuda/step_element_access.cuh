@@ -64,7 +64,7 @@ using CorrectionType = typename std::conditional<BITS == 16, int16_t, int8_t>::t
 // Master weights (kernels/common/master_weight.h): p holds 8 bf16 parameters as fp32 (their bits
 // shifted up); with a correction slot of BITS bits they become the master values.
 template <int BITS, bool FULL>
-__device__ __forceinline__ void add_corrections_of(const GpuStepParam& P, int64_t i, int64_t n, bool vec,
+__device__ __forceinline__ void add_corrections_of(const StepParamRef& P, int64_t i, int64_t n, bool vec,
                                                    float (&p)[8]) {
   int32_t c[8];
   load_corrections8<BITS, FULL>(P.correction, i, n, vec, c);
@@ -74,7 +74,7 @@ __device__ __forceinline__ void add_corrections_of(const GpuStepParam& P, int64_
 }
 
 template <bool FULL>
-__device__ __forceinline__ void add_corrections(const GpuStepParam& P, int bits, int64_t i, int64_t n, bool vec,
+__device__ __forceinline__ void add_corrections(const StepParamRef& P, int bits, int64_t i, int64_t n, bool vec,
                                                 float (&p)[8]) {
   if (bits == 16) add_corrections_of<16, FULL>(P, i, n, vec, p);
   else add_corrections_of<8, FULL>(P, i, n, vec, p);
@@ -83,7 +83,7 @@ __device__ __forceinline__ void add_corrections(const GpuStepParam& P, int bits,
 // The 8 new master values split into bf16 parameters and BITS-bit corrections, stored; no_nan
 // says none of the 8 is NaN (then the split needs no NaN test of its own).
 template <int BITS, bool FULL>
-__device__ __forceinline__ void store_corrected_of(const GpuStepParam& P, int64_t i, int64_t n, bool vec,
+__device__ __forceinline__ void store_corrected_of(const StepParamRef& P, int64_t i, int64_t n, bool vec,
                                                    const float (&p)[8], bool no_nan) {
   uint16_t b[8];
   CorrectionType<BITS> k[8];
@@ -101,7 +101,7 @@ __device__ __forceinline__ void store_corrected_of(const GpuStepParam& P, int64_
 }
 
 template <bool FULL>
-__device__ __forceinline__ void store_corrected(const GpuStepParam& P, int bits, int64_t i, int64_t n, bool vec,
+__device__ __forceinline__ void store_corrected(const StepParamRef& P, int bits, int64_t i, int64_t n, bool vec,
                                                 const float (&p)[8]) {
   // One NaN test for the 8 (a max of the magnitudes' bits), not one per element.
   uint32_t most = 0;
@@ -194,7 +194,7 @@ struct UnitBytes {
   uint4 slot[NS][kSlotWords];  // F32: 32 bytes, BF16: 16, 8-bit codes: .x .y, 4-bit codes: .x
   float amax[NS];
 
-  __device__ __forceinline__ void load(const GpuStepParam& P, const Args& a, int64_t i) {
+  __device__ __forceinline__ void load(const StepParamRef& P, const Args& a, int64_t i) {
     const T* param = static_cast<const T*>(P.param) + i;
     p[0] = load16(param);
     if (sizeof(T) == 4) p[sizeof(T) == 4 ? 1 : 0] = load16(param + 4);

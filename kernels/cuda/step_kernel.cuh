@@ -32,7 +32,7 @@ __device__ __forceinline__ int advance_param(const Chunk& c, int j, int64_t u) {
 
 // One unit of small blocks (B <= 8 lanes' worth of a warp): each group of B/8 lanes owns a block.
 template <Rule R, typename T, int FAMILY, int NS, int WARP, int C, bool FULL>
-__device__ __forceinline__ void small_block_unit(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
+__device__ __forceinline__ void small_block_unit(const StepParamRef& P, const Args& a, const Hyper& h, float grad_mult,
                                                  uint64_t seed, const SharedFormat* sh, int64_t i, bool vec,
                                                  int lane, int group) {
   constexpr bool kQuant = is_quant_family(FAMILY);
@@ -85,10 +85,10 @@ __global__ void __launch_bounds__(kThreads, Tuning::step_min_blocks(FAMILY, NS))
     // The descriptor is read from kernel-parameter space at each use, except with FP32 state, whose
     // kernel ran at half speed that way; with quantized state a register copy costs more, from
     // its register pressure (bench/HISTORY.md: step kernel tuning).
-    const GpuStepParam& param_ref = chunk.p[j];
-    GpuStepParam param_copy;
+    const StepParamRef& param_ref = chunk.p[j];
+    StepParamRef param_copy;
     if (kCopyDescriptor) param_copy = param_ref;
-    const GpuStepParam& P = kCopyDescriptor ? param_copy : param_ref;
+    const StepParamRef& P = kCopyDescriptor ? param_copy : param_ref;
     Hyper h = ps.hyper;
     h.maximize = false;  // folded into grad_mult by the prologue: known here, the rule drops its test
     const float grad_mult = ps.grad_mult;

@@ -33,7 +33,7 @@ struct Lane {
   }
 
   template <bool FULL>
-  __device__ __forceinline__ void load_update(const GpuStepParam& P, const Args& a, const Hyper& h, float grad_mult,
+  __device__ __forceinline__ void load_update(const StepParamRef& P, const Args& a, const Hyper& h, float grad_mult,
                                               const SharedFormat* sh, int64_t i, bool vec) {
     float g[8];
     load<FULL>(P, a, sh, i, vec, g);
@@ -52,7 +52,7 @@ struct Lane {
   }
 
   template <bool FULL>
-  __device__ __forceinline__ void load(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
+  __device__ __forceinline__ void load(const StepParamRef& P, const Args& a, const SharedFormat* sh, int64_t i,
                                        bool vec, float (&g)[8]) {
     if constexpr (FULL) {
       load_full(P, a, sh, i, g);
@@ -68,7 +68,7 @@ struct Lane {
   }
 
   // A whole, aligned unit: the raw bytes first (UnitBytes), then converted and decoded.
-  __device__ __forceinline__ void load_full(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
+  __device__ __forceinline__ void load_full(const StepParamRef& P, const Args& a, const SharedFormat* sh, int64_t i,
                                             float (&g)[8]) {
     UnitBytes<T, FAMILY, NS, C> b;
     b.load(P, a, i);
@@ -99,7 +99,7 @@ struct Lane {
   }
 
   // The bounded path's state: element by element past the end (0 there, and for unused slots).
-  __device__ __forceinline__ void load_slots(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int64_t i,
+  __device__ __forceinline__ void load_slots(const StepParamRef& P, const Args& a, const SharedFormat* sh, int64_t i,
                                              bool vec) {
     const int64_t n = P.numel;
 #pragma unroll
@@ -181,7 +181,7 @@ struct Lane {
 
   // Dense slots and the parameter.
   template <bool FULL>
-  __device__ __forceinline__ void store_dense(const GpuStepParam& P, const Args& a, uint64_t seed, int64_t i,
+  __device__ __forceinline__ void store_dense(const StepParamRef& P, const Args& a, uint64_t seed, int64_t i,
                                               bool vec) const {
     const int64_t n = P.numel;
     if (FAMILY == kF32 || FAMILY == kBF16) {
@@ -202,7 +202,7 @@ struct Lane {
   }
 
   template <bool FULL>
-  __device__ __forceinline__ void encode_slot(const GpuStepParam& P, const Args& a, const SharedFormat* sh, int k,
+  __device__ __forceinline__ void encode_slot(const StepParamRef& P, const Args& a, const SharedFormat* sh, int k,
                                               float amax, int64_t i, bool vec) const {
     const Normalizer nz = kShortNormalizer<C> ? step_normalizer(amax) : make_normalizer(amax);
     uint8_t c[8];

@@ -3,7 +3,7 @@
 // ATen reference (tensors/aten_float.h: a tensor as the float type). Written as separate IEEE
 // operations (the build turns off fma contraction) so every backend rounds identically. Semantics
 // follow torch.optim; the bias corrections are multiplied as reciprocals (step_config.h: Hyper).
-// Kernel-internal: no public header includes this one (it declares vector types).
+// Kernel-internal: no public header includes this one.
 #pragma once
 
 #include <cmath>
@@ -15,33 +15,13 @@
 namespace lowbit {
 namespace kernels {
 
-// Element-wise helpers the rules use, for a float and (host compilers) for 16 floats as a GCC/Clang
-// vector: the rules are templates over that type, so the scalar loop, the GPU kernels and the
-// AVX-512 loop run the same source. vmax(a, b) is a > b ? a : b (what x86's max instruction does).
+// Element-wise helpers the rules use, for a float. The rules are templates over the float type;
+// another type brings its own overloads: a class, found by argument lookup (tensors/aten_float.h),
+// or a vector type (no namespace to look in), declared before this header
+// (kernels/cpu/x86/vec16.h). vmax(a, b) is a > b ? a : b (what x86's max instruction does).
 LOWBIT_HD float vsqrt(float x) { return sqrtf(x); }
 LOWBIT_HD float vmax(float a, float b) { return a > b ? a : b; }
 LOWBIT_HD float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
-
-#if !defined(__CUDACC__) && !defined(__HIPCC__)
-// Passing 64-byte vectors by value differs between ABIs; these never cross a call (always inlined).
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float f32x16 __attribute__((vector_size(64)));
-// Inlined into a caller compiled for AVX-512, each of these is one or two instructions.
-#define LOWBIT_VEC_INLINE inline __attribute__((always_inline))
-LOWBIT_VEC_INLINE f32x16 vsqrt(f32x16 x) {
-  f32x16 r;
-  for (int i = 0; i < 16; ++i) r[i] = __builtin_sqrtf(x[i]);
-  return r;
-}
-LOWBIT_VEC_INLINE f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
-LOWBIT_VEC_INLINE f32x16 sign_of(f32x16 x) {
-  const f32x16 one = f32x16{} + 1.0f, zero = f32x16{};
-  return x > zero ? one : (x < zero ? -one : zero);
-}
-#define LOWBIT_RULE LOWBIT_VEC_INLINE
-#else
-#define LOWBIT_RULE LOWBIT_HD
-#endif
 
 // How a rule divides and takes square roots. ExactArith: the IEEE operations, on every backend.
 // A GPU kernel passes its own (kernels/cuda/speculative_arith.cuh), which reaches the same

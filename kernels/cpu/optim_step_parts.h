@@ -1,0 +1,106 @@
+// What the files of the CPU step (optim_step_cpu.h) share; internal, never installed:
+//   optim_step_cpu.cpp          the plan and the driver: one OpenMP region, a loop picked per parameter
+//   optim_step_scalar.cpp       the scalar loop, and the block I/O the other loops reuse
+//   lamb_norms_cpu.cpp          LAMB's first pass (the sums behind the trust ratio)
+//   x86/*_avx512.cpp            the AVX-512 loops, compiled for AVX-512 and run only where the CPU
+//                               has it (cpu_features.h); built where LOWBIT_X86_AVX512_LOOPS is 1
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "format_tables.h"
+#include "optim_step_cpu.h"
+
+namespace lowbit {
+namespace kernels {
+
+// ---- the plan --------------------------------------------------------------------------------
+
+// What both passes need: (task, block) pairs flattened so one parallel loop covers every block of
+// every parameter, and a copy of the tasks with each quantized slot's tables resolved once.
+struct StepPlan {
+  std::vector<int64_t> first_item;
+  int64_t items = 0;
+  int64_t max_block = 1;
+  FormatView views[kNumQuantFormats];
+  std::vector<ParamTask> tasks;
+
+  explicit StepPlan(const OptimStep& step);
+  StepPlan(const StepPlan&) = delete;
+  StepPlan& operator=(const StepPlan&) = delete;
+
+  int64_t task_of(int64_t item) const {
+    return std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+  }
+};
+
+// A parameter with a master-weight correction takes the scalar loops (their vector versions are
+// not written yet).
+inline bool has_correction(const ParamTask& t) { return is_correction(t.slots[kCorrectionSlot].storage); }
+
+// ---- the loops ---------------------------------------------------------------------------------
+
+// Blocks [b0, b1) of one parameter; bad[b - b0] = 1 where a quantized slot became non-finite.
+using RangeFn = void (*)(const ParamTask&, int64_t b0, int64_t b1, float grad_scale, float* buf, uint8_t* bad);
+// One block; returns 1 when a quantized slot of the block became non-finite.
+using BlockFn = int (*)(const ParamTask&, int64_t block, float grad_scale, float* buf);
+
+template <BlockFn F>
+void each_block(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf, uint8_t* bad) {
+  for (int64_t b = b0; b < b1; ++b) bad[b - b0] = static_cast<uint8_t>(F(t, b, grad_scale, buf));
+}
+
+// pick(std::integral_constant<Rule, R>{}) for the rule named at run time: how a loop file hands out
+// its loop for rule R.
+template <typename Pick>
+RangeFn with_rule(Rule rule, Pick&& pick) {
+  switch (rule) {
+    case Rule::Adam: return pick(std::integral_constant<Rule, Rule::Adam>{});
+    case Rule::AdamW: return pick(std::integral_constant<Rule, Rule::AdamW>{});
+    case Rule::SGD: return pick(std::integral_constant<Rule, Rule::SGD>{});
+    case Rule::Lion: return pick(std::integral_constant<Rule, Rule::Lion>{});
+    case Rule::RMSprop: return pick(std::integral_constant<Rule, Rule::RMSprop>{});
+    case Rule::Adagrad: return pick(std::integral_constant<Rule, Rule::Adagrad>{});
+    case Rule::AdEMAMix: return pick(std::integral_constant<Rule, Rule::AdEMAMix>{});
+    case Rule::LAMB: return pick(std::integral_constant<Rule, Rule::LAMB>{});
+  }
+  return nullptr;
+}
+
+// The scalar loop of a rule: any parameter type, any state.
+RangeFn scalar_range_fn(Rule rule);
+
+// The AVX-512 loop of a rule for t: only where cpu_has_avx512() and !has_correction(t).
+RangeFn avx512_range_fn(Rule rule, const ParamTask& t);
+
+// ---- block I/O (fp32 buffers of one block) ------------------------------------------------------
+
+void load_block(const void* p, ElemType t, int64_t begin, int64_t len, float* out);
+// The parameter's values, or with a correction slot its master values (master_weight.h).
+void load_param_block(const ParamTask& t, int64_t begin, int64_t len, float* out);
+void store_param(const ParamTask& t, int64_t begin, int64_t len, const float* v);
+// A slot's values of the block; nothing for a correction slot (it goes with the parameter).
+void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* out);
+// Quantized slots: scan the block's new values (in v) and encode them; dense slots: store.
+int encode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, float* v);
+// absmax from the scan of the block's new values v, then the codes. Returns 1 when the new values
+// were not representable (Inf or NaN: the absmax carries encode.h's flag), else 0.
+int store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t len, const float* v,
+                         uint32_t max_bits, uint32_t negative);
+
+// ---- LAMB's first pass --------------------------------------------------------------------------
+
+// Per parameter of the plan, out[2 t] and out[2 t + 1] (optim_step_cpu.h: lamb_norms_cpu).
+void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out);
+
+// One block's sums of p^2 and r^2 (sums[0], sums[1]), in double: element i of the block goes to
+// partial sum i mod kLambLanes (in element order); a block's sum is the partials added in order.
+// Every loop and the ATen reference add in exactly this order.
+constexpr int kLambLanes = 16;
+void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums);
+
+}  // namespace kernels
+}  // namespace lowbit

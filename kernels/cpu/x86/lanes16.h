@@ -1,0 +1,91 @@
+// 16 lanes of the AVX-512 loops to and from memory: a chunk's mask, parameters and gradients (fp32,
+// bf16, fp16) loaded as fp32, and fp32 stored as bf16 rounded to nearest or stochastically, with
+// the bits of float_convert.h and stochastic_round.h.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "../../common/quantize_params.h"  // ElemType
+#include "vec16.h"                         // its check that the includer is compiled for AVX-512
+
+namespace lowbit {
+namespace kernels {
+namespace {  // internal linkage, as vec16.h's helpers
+
+// The lanes of a 16-lane chunk that lie before the end (remaining elements left).
+inline __mmask16 lanes_below(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
+inline __m512 load16(const void* p, ElemType t, int64_t i, __mmask16 m) {
+  switch (t) {
+    case ElemType::F32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    case ElemType::BF16: {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case ElemType::F16:
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+  }
+  return _mm512_setzero_ps();
+}
+
+// from_f32<bf16_t> on 16 lanes: round to nearest even on the bits, NaN to 0x7FC0.
+inline void store16_bf16(uint16_t* out, __m512 x, __mmask16 m) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(r));
+}
+
+// sr_noise of stochastic_round.h on 16 lanes: elements index0 .. index0 + 15 (the low halves
+// carry into the high ones where they wrap).
+inline __m512i sr_noise16(uint64_t seed, uint64_t index0) {
+  const __m512i lo0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(index0)));
+  const __m512i lo = _mm512_add_epi32(lo0, _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(lo, lo0);
+  const __m512i hi0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(index0 >> 32)));
+  const __m512i hi = _mm512_mask_add_epi32(hi0, carry, hi0, _mm512_set1_epi32(1));
+  const __m512i s_lo = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed)));
+  const __m512i s_hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed >> 32)));
+  __m512i x = _mm512_add_epi32(_mm512_xor_si512(lo, s_lo),
+                               _mm512_mullo_epi32(_mm512_xor_si512(hi, s_hi), _mm512_set1_epi32(static_cast<int>(0x9E3779B9u))));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7FEB352D));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846CA68Bu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  return _mm512_srli_epi32(x, 16);
+}
+
+// bf16_stochastic of stochastic_round.h on 16 lanes: elements index0 .. index0 + 15.
+inline void store16_bf16_stochastic(uint16_t* out, __m512 x, __mmask16 m, uint64_t seed,
+                                                  uint64_t index0) {
+  const __m512i noise = sr_noise16(seed, index0);
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i exp = _mm512_set1_epi32(0x7F800000);
+  const __m512i r = _mm512_add_epi32(u, noise);
+  // Past the largest finite value: clamp to it, keeping the sign.
+  __m512i b = _mm512_srli_epi32(r, 16);
+  const __mmask16 over = _mm512_cmpeq_epi32_mask(_mm512_and_si512(r, exp), exp);
+  b = _mm512_mask_mov_epi32(b, over, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7F7F)));
+  // Inf and NaN round to nearest, as from_f32 does.
+  const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
+  if (special) {
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i nearest = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), exp);
+    nearest = _mm512_mask_mov_epi32(nearest, nan, _mm512_set1_epi32(0x7FC0));
+    b = _mm512_mask_mov_epi32(b, special, nearest);
+  }
+  _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(b));
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace lowbit

@@ -1,0 +1,352 @@
+// The AVX-512 loops of the CPU step (optim_step_parts.h), 16 lanes at a time: a pipelined loop for
+// fp32/bf16 parameters whose state is all 8-bit or all 4-bit codes, and a per-block loop for the
+// rest. They compute the scalar loop's IEEE operations in its order (no contraction; vector sqrt
+// and div are correctly rounded), so both write the same bits.
+//
+// Compiled with the AVX-512 flags (CMakeLists.txt) and run only where the CPU has AVX-512. So all
+// here but the entry point has internal linkage: an inline function compiled for AVX-512 and shared
+// with another object could be the copy the linker keeps for every caller (the test
+// x86_objects_isolated holds this line).
+#include "vec16.h"  // first: the rules of optim_rules.h see its overloads
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+
+#include "../../common/encode.h"
+#include "../../common/optim_rules.h"
+#include "../block_ops.h"
+#include "../encode_avx512.h"
+#include "../optim_step_parts.h"
+#include "lanes16.h"
+
+namespace lowbit {
+namespace kernels {
+namespace {
+
+// ---- the per-block loop -------------------------------------------------------------------------
+
+// One state slot as the loop sees it: where it lives and, for quantized slots, the block's
+// decode constants and the running scan of the new values.
+struct VecSlot {
+  SlotStorage storage;
+  float* values;          // F32
+  uint16_t* bf16;         // BF16
+  const uint8_t* codes;   // Quant: the block's first code byte
+  __m512 cb16;            // Quant: 4-bit codebook, in a register
+  __m512 amax;
+  bool four_bit;
+  float* out;             // Quant: decoded values (8-bit), then the new values, encoded after the loop
+  __m512i max_bits;
+  __mmask16 negative;
+};
+
+inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
+  if (s.four_bit) {
+    // Element 2j is the low nibble of byte j: unpack (low, high) nibbles to 16 bytes in order.
+    const __mmask16 bytes = static_cast<__mmask16>((1u << ((__builtin_popcount(m) + 1) / 2)) - 1u);
+    const __m128i b = _mm_maskz_loadu_epi8(bytes, s.codes + i / 2);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+    return _mm512_mul_ps(_mm512_permutexvar_ps(idx, s.cb16), s.amax);
+  }
+  return _mm512_maskz_loadu_ps(m, s.out + i);  // 8-bit: decoded before the loop
+}
+
+// Software prefetch of a block further along each stream (param, grad, state): with every core
+// streaming several arrays the hardware prefetchers fall behind.
+inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
+  if (begin >= t.numel) return;
+  len = std::min(len, t.numel - begin);
+  const int64_t pe = t.param_type == ElemType::F32 ? 4 : 2, ge = t.grad_type == ElemType::F32 ? 4 : 2;
+  prefetch_range(static_cast<const char*>(t.param) + begin * pe, len * pe);
+  prefetch_range(static_cast<const char*>(t.grad) + begin * ge, len * ge);
+  for (int k = 0; k < t.num_slots; ++k) {
+    const StateSlotRef& s = t.slots[k];
+    if (s.storage == SlotStorage::Quant) {
+      const bool four = format_bits(s.format) == 4;
+      prefetch_range(s.codes + (four ? begin / 2 : begin), four ? (len + 1) / 2 : len);
+    } else if (s.storage != SlotStorage::None) {
+      const int64_t se = s.storage == SlotStorage::F32 ? 4 : 2;
+      prefetch_range(static_cast<const char*>(s.values) + begin * se, len * se);
+    }
+  }
+}
+
+template <Rule R>
+int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
+  const int64_t B = t.block_size;
+  const int64_t begin = block * B;
+  const int64_t len = std::min(B, t.numel - begin);
+  // Params stored through the scalar conversions (f16, stochastic bf16) go via buf.
+  const bool param_direct =
+      t.param_type == ElemType::F32 || (t.param_type == ElemType::BF16 && !t.stochastic_round);
+  float* pbuf = buf + 3 * B;
+  VecSlot slot[kMomentSlots];
+  for (int k = 0; k < t.num_slots; ++k) {
+    const StateSlotRef& r = t.slots[k];
+    VecSlot& v = slot[k];
+    v.storage = r.storage;
+    v.values = static_cast<float*>(r.values);
+    v.bf16 = static_cast<uint16_t*>(r.values);
+    v.out = buf + k * B;
+    v.max_bits = _mm512_setzero_si512();
+    v.negative = 0;
+    if (r.storage == SlotStorage::Quant) {
+      v.four_bit = format_bits(r.format) == 4;
+      v.cb16 = v.four_bit ? _mm512_loadu_ps(r.tables->codebook) : _mm512_setzero_ps();
+      v.amax = _mm512_set1_ps(r.absmax[block]);
+      v.codes = r.codes + (v.four_bit ? begin / 2 : begin);
+      // 8-bit codes are decoded for the whole block first (64 at a time, no gathers); the loop
+      // reads them back from L1 and writes the new values over them.
+      if (!v.four_bit) decode_codes8(*r.tables, v.codes, len, r.absmax[block], v.out);
+    }
+  }
+  prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
+  const __m512 scale = _mm512_set1_ps(grad_scale);
+  const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = lanes_below(len - i);
+    f32x16 p = (f32x16)load16(t.param, t.param_type, begin + i, m);
+    __m512 graw = load16(t.grad, t.grad_type, begin + i, m);
+    if (grad_scale != 1.0f) graw = _mm512_mul_ps(graw, scale);
+    const f32x16 g = (f32x16)graw;
+    f32x16 s[kMomentSlots] = {};
+    for (int k = 0; k < t.num_slots; ++k) {
+      const VecSlot& v = slot[k];
+      switch (v.storage) {
+        case SlotStorage::None:
+        case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
+        case SlotStorage::Int8: break;
+        case SlotStorage::F32: s[k] = (f32x16)_mm512_maskz_loadu_ps(m, v.values + begin + i); break;
+        case SlotStorage::BF16: s[k] = (f32x16)load16(v.bf16, ElemType::BF16, begin + i, m); break;
+        case SlotStorage::Quant: s[k] = (f32x16)decode16(v, i, m); break;
+      }
+    }
+    apply_rule<R>(h, g, p, s);
+    for (int k = 0; k < t.num_slots; ++k) {
+      VecSlot& v = slot[k];
+      switch (v.storage) {
+        case SlotStorage::None:
+        case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
+        case SlotStorage::Int8: break;
+        case SlotStorage::F32: _mm512_mask_storeu_ps(v.values + begin + i, m, (__m512)s[k]); break;
+        case SlotStorage::BF16: store16_bf16(v.bf16 + begin + i, (__m512)s[k], m); break;
+        case SlotStorage::Quant:
+          _mm512_storeu_ps(v.out + i, (__m512)s[k]);
+          scan16((__m512)s[k], m, v.max_bits, v.negative);
+          break;
+      }
+    }
+    if (t.param_type == ElemType::F32) {
+      _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
+    } else if (param_direct) {
+      store16_bf16(static_cast<uint16_t*>(t.param) + begin + i, (__m512)p, m);
+    } else {
+      _mm512_storeu_ps(pbuf + i, (__m512)p);
+    }
+  }
+  int bad = 0;
+  for (int k = 0; k < t.num_slots; ++k) {
+    const VecSlot& v = slot[k];
+    if (v.storage != SlotStorage::Quant) continue;
+    const uint32_t max_bits = _mm512_reduce_max_epu32(v.max_bits);
+    bad |= store_quantized_slot(t.slots[k], block, begin, len, v.out, max_bits, v.negative != 0);
+  }
+  if (!param_direct) store_param(t, begin, len, pbuf);
+  return bad;
+}
+
+// ---- the pipelined loop -------------------------------------------------------------------------
+
+// A block of 4-bit codes (two per byte, even element low) decoded to fp32 with the codebook held in
+// a register: the 8-bit path's VBMI decode for 4-bit codes.
+inline void decode4_block(__m512 cb16, const uint8_t* codes, int64_t len, float amax, float* out) {
+  const __m512 a = _mm512_set1_ps(amax);
+  for (int64_t i = 0; i < len; i += 16) {
+    const int64_t n = std::min<int64_t>(16, len - i);
+    const __m128i b = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << ((n + 1) / 2)) - 1u), codes + i / 2);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(idx, cb16), a));
+  }
+}
+
+// The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
+// stochastically), NS state slots all quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a
+// run of consecutive blocks of one parameter. No branch on storage kinds; all in registers.
+//
+// Software-pipelined by one block: while the update of block b runs (bound by the divider and the
+// multipliers), the codes of block b - 1 are encoded in the same loop (bound by the 8-bit encode's
+// gathers, or the 4-bit encode's permutes), so the two kinds of work overlap instead of taking
+// turns. A block's codes can only be encoded once its new absmax is known, after its whole update.
+template <Rule R, int NS, ElemType PT, int BITS>
+void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf,
+                                      uint8_t* bad) {
+  static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
+  static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
+  using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
+  const int64_t B = t.block_size;
+  // A local copy (stores through the buffers cannot alias it) with two flags made constant: the
+  // gradient's sign flip (maximize) joins the clipping factor in one multiply (-(g * s) == g * -s
+  // and g * 1 == g exactly), and Adam's amsgrad is what its slot count says.
+  Hyper h = t.hyper;
+  const __m512 gmul = _mm512_set1_ps(h.maximize ? -grad_scale : grad_scale);
+  h.maximize = false;
+  if (R == Rule::Adam || R == Rule::AdamW) h.amsgrad = NS == 3;
+  const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
+  Elem* const param = static_cast<Elem*>(t.param);
+  const Elem* const grad = static_cast<const Elem*>(t.grad);
+  uint8_t* codes[NS];
+  float* absmax[NS];
+  const uint32_t* keys[NS];   // 8-bit: the packed key table
+  __m512 tree[NS];            // 4-bit: the thresholds' search tree, the codebook, the codes by rank
+  __m512 cb16[NS];
+  __m512i rank_codes[NS];
+  bool is_signed[NS];
+  float* cur[NS];   // the block being updated: decoded state, then its new values
+  float* prev[NS];  // the previous block's new values, encoded during this block's update
+  for (int k = 0; k < NS; ++k) {
+    const StateSlotRef& r = t.slots[k];
+    codes[k] = r.codes;
+    absmax[k] = r.absmax;
+    keys[k] = r.tables->key_entries;
+    if (BITS == 4) {
+      tree[k] = _mm512_loadu_ps(r.tables->eytzinger);
+      cb16[k] = _mm512_loadu_ps(r.tables->codebook);
+      rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
+    }
+    is_signed[k] = format_is_signed(r.format);
+    cur[k] = buf + k * B;
+    prev[k] = buf + (NS + k) * B;
+  }
+  __m512 pre[NS], inv[NS];  // the previous block's normalizers
+  int64_t prev_begin = 0, prev_len = 0;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t begin = b * B;
+    const int64_t len = std::min(B, t.numel - begin);
+    for (int k = 0; k < NS; ++k) {
+      if (BITS == 8) {
+        decode_codes8(*t.slots[k].tables, codes[k] + begin, len, absmax[k][b], cur[k]);
+      } else {
+        decode4_block(cb16[k], codes[k] + begin / 2, len, absmax[k][b], cur[k]);
+      }
+    }
+    prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
+    // Per slot: the largest |x| bit pattern, and the largest raw bit pattern (above 0x80000000
+    // exactly when some lane held a negative value; -0.0 is not one).
+    __m512i max_abs[NS], max_raw[NS];
+    for (int k = 0; k < NS; ++k) max_abs[k] = max_raw[k] = _mm512_setzero_si512();
+    // Whole blocks on both sides (all but a parameter's first and last block here): no masks.
+    const bool whole = len == B && prev_len == B;
+    const int64_t chunks = (std::max(len, prev_len) + 15) / 16;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i = 16 * c;
+      if (whole || i < len) {
+        const __mmask16 m = whole ? __mmask16(0xFFFF) : lanes_below(len - i);
+        f32x16 p = (f32x16)load16(param, PT, begin + i, m);
+        const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
+        f32x16 st[kMomentSlots] = {};
+        for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
+        apply_rule<R>(h, (f32x16)g, p, st);
+        for (int k = 0; k < NS; ++k) {
+          const __m512i u = _mm512_castps_si512((__m512)st[k]);
+          _mm512_storeu_ps(cur[k] + i, (__m512)st[k]);
+          max_abs[k] = _mm512_mask_max_epu32(max_abs[k], m, max_abs[k], _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+          max_raw[k] = _mm512_mask_max_epu32(max_raw[k], m, max_raw[k], u);
+        }
+        if (PT == ElemType::F32) {
+          _mm512_mask_storeu_ps(param + begin + i, m, (__m512)p);
+        } else {
+          uint16_t* out = reinterpret_cast<uint16_t*>(param) + begin + i;
+          if (stochastic) {
+            store16_bf16_stochastic(out, (__m512)p, m, t.seed, static_cast<uint64_t>(t.offset + begin + i));
+          } else {
+            store16_bf16(out, (__m512)p, m);
+          }
+        }
+      }
+      // The previous block is never a parameter's short last block (that one is encoded after
+      // the loop), so it holds B elements, whole chunks of 16.
+      if (whole || i < prev_len) {
+        for (int k = 0; k < NS; ++k) {
+          const __m512 x = _mm512_loadu_ps(prev[k] + i);
+          if (BITS == 8) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], x, pre[k], inv[k]));
+          } else {
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2),
+                             pack_nibbles(encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k])));
+          }
+        }
+      }
+    }
+    // Block b is updated: its absmax, then it becomes the block to encode.
+    uint8_t flag = 0;
+    for (int k = 0; k < NS; ++k) {
+      const uint32_t negative = _mm512_reduce_max_epu32(max_raw[k]) > 0x80000000u ? 1u : 0u;
+      const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_abs[k]), negative, is_signed[k]);
+      absmax[k][b] = am;
+      flag |= am >= 0.0f ? 0 : 1;
+      const Normalizer nz = make_normalizer(am);
+      pre[k] = _mm512_set1_ps(nz.pre);
+      inv[k] = _mm512_set1_ps(nz.inv);
+      std::swap(cur[k], prev[k]);
+    }
+    bad[b - b0] = flag;
+    prev_begin = begin;
+    prev_len = len;
+  }
+  if (prev_len == 0) return;
+  for (int k = 0; k < NS; ++k) {
+    const Normalizer nz{_mm512_cvtss_f32(pre[k]), _mm512_cvtss_f32(inv[k])};
+    if (BITS == 8) {
+      encode_block8(keys[k], nz, prev[k], prev_len, codes[k] + prev_begin);
+    } else {
+      encode_block4_packed(tree[k], rank_codes[k], nz, prev[k], prev_len, codes[k] + prev_begin / 2);
+    }
+  }
+}
+
+// ---- the choice ---------------------------------------------------------------------------------
+
+template <Rule R>
+RangeFn range_fn(const ParamTask& t) {
+  const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
+  const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
+  // All slots quantized with one code width: the pipelined loop.
+  const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
+  bool uniform = (f32 || bf16) && bits != 0;
+  for (int k = 0; k < t.num_slots; ++k)
+    uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
+  if (uniform) {
+    const bool four = bits == 4;
+    switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (four ? 1 : 0)) {
+      case 4: return &steps_quant_avx512<R, 1, ElemType::F32, 8>;
+      case 5: return &steps_quant_avx512<R, 1, ElemType::F32, 4>;
+      case 6: return &steps_quant_avx512<R, 1, ElemType::BF16, 8>;
+      case 7: return &steps_quant_avx512<R, 1, ElemType::BF16, 4>;
+      case 8: return &steps_quant_avx512<R, 2, ElemType::F32, 8>;
+      case 9: return &steps_quant_avx512<R, 2, ElemType::F32, 4>;
+      case 10: return &steps_quant_avx512<R, 2, ElemType::BF16, 8>;
+      case 11: return &steps_quant_avx512<R, 2, ElemType::BF16, 4>;
+      case 12: return &steps_quant_avx512<R, 3, ElemType::F32, 8>;
+      case 13: return &steps_quant_avx512<R, 3, ElemType::F32, 4>;
+      case 14: return &steps_quant_avx512<R, 3, ElemType::BF16, 8>;
+      case 15: return &steps_quant_avx512<R, 3, ElemType::BF16, 4>;
+    }
+  }
+  return &each_block<&step_block_avx512<R>>;
+}
+
+}  // namespace
+
+RangeFn avx512_range_fn(Rule rule, const ParamTask& t) {
+  return with_rule(rule, [&t](auto r) { return range_fn<decltype(r)::value>(t); });
+}
+
+}  // namespace kernels
+}  // namespace lowbit

@@ -458,8 +458,10 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
     const auto& options = group.options();
     GroupStep gs = group_step(gi);
     if (gs.common.skip_nonfinite && cpu_found) continue;
-    gs.grad_checks = [&devices, gi](at::Device device) {
+    const bool prepass = gs.common.skip_nonfinite || gs.common.max_grad_norm > 0;
+    gs.grad_checks = [&devices, gi, prepass](at::Device device) {
       const auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == device; });
+      if (!prepass) return GradChecks{};  // this group neither skips nor clips: no pre-pass was asked for it
       TORCH_INTERNAL_ASSERT(d != devices.end(), "no gradient pre-pass on ", device);
       return GradChecks{d->found_inf, d->sumsq.defined() ? d->sumsq.narrow(0, static_cast<int64_t>(gi), 1) : at::Tensor()};
     };

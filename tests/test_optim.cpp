@@ -330,6 +330,34 @@ TEST(OptimBehaviour, NonFiniteGradientSkipsTheWholeStep) {
   }
 }
 
+// Without the pre-pass (no skip, no clipping) a step is the same step: finite gradients give the
+// same bits, and a NaN gradient is stepped, not skipped (what skip_nonfinite(false) asks): its
+// state overflows and the step says so.
+TEST(OptimBehaviour, StepsWithoutThePrePassEqualStepsWithIt) {
+  auto pa = make_params(), pb = clone_all(pa);
+  lo::AdamW with(pa, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  lo::AdamW without(pb, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8).skip_nonfinite(false));
+  for (int step = 0; step < 3; ++step) {
+    const auto gs = random_grads(pa);
+    set_grads(pa, gs);
+    set_grads(pb, clone_all(gs));
+    with.step();
+    without.step();
+    EXPECT_TRUE(all_bitwise_equal(pa, pb)) << "step " << step;
+  }
+  auto gs = random_grads(pb);
+  gs[3].view(-1)[17] = NAN;
+  set_grads(pb, gs);
+  try {
+    without.step();
+    ADD_FAILURE() << "a NaN gradient stepped without an overflow report";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("parameter 3"), std::string::npos) << e.what_without_backtrace();
+  }
+  EXPECT_EQ(without.skipped_steps(), 0);
+  EXPECT_EQ(without.state_of(pb[3])->step(), 4);
+}
+
 TEST(OptimBehaviour, StateBytesPerFormat) {
   std::vector<at::Tensor> p = {at::randn({1 << 20})};
   const std::pair<StateFormat, double> limits[] = {

@@ -39,7 +39,10 @@ struct Problem {
   std::vector<float> dense[2];
   std::vector<uint8_t> codes[2];
   std::vector<float> absmax[2];
-  k::ParamTask task;
+  int64_t counters[2] = {0, 0};
+  double lr = 1e-3;
+  k::StepParamRef ref;
+  k::StepLaunch launch;
 
   Problem(const Case& c, int64_t n) : param(n), grad(n) {
     std::mt19937 rng(1);
@@ -54,35 +57,34 @@ struct Problem {
       param[i] = dist(rng);
       grad[i] = 1e-3f * dist(rng);
     }
-    task.param = param.data();
-    task.grad = grad.data();
-    task.numel = n;
-    task.block_size = c.block;
-    task.num_slots = c.slots;
+    ref.param = param.data();
+    ref.grad = grad.data();
+    ref.numel = n;
+    ref.counters = counters;
+    launch.config.rule = c.rule;
+    launch.config.weight_decay = 1e-2;
+    launch.config.momentum = 0.9;  // SGD
+    launch.block_size = c.block;
+    launch.num_slots = c.slots;
+    launch.lr = &lr;
     const lowbit::QuantFormat fmts[2] = {c.m_format, c.v_format};
     for (int s = 0; s < c.slots; ++s) {
-      k::StateSlotRef& r = task.slots[s];
-      r.storage = c.storage;
+      launch.slots[s] = {c.storage, fmts[s]};
       if (c.storage == k::SlotStorage::F32) {
         dense[s].assign(n, 0.0f);
-        r.values = dense[s].data();
+        ref.slot[s] = dense[s].data();
       } else {
         const bool four = lowbit::format_bits(fmts[s]) == 4;
         codes[s].assign(four ? (n + 1) / 2 : n, 0);
         absmax[s].assign((n + c.block - 1) / c.block, 0.0f);
-        r.codes = codes[s].data();
-        r.absmax = absmax[s].data();
-        r.format = fmts[s];
+        ref.slot[s] = codes[s].data();
+        ref.absmax[s] = absmax[s].data();
       }
     }
-    k::Hyper& h = task.hyper;
-    h.lr = 1e-3f;
-    h.weight_decay = 1e-2f;
-    h.decay = 1.0f - 1e-5f;
-    h.step_size = 1e-2f;
-    h.inv_bias2_sqrt = 30.0f;
-    h.momentum = 0.9f;  // SGD
+    launch.params = &ref;
+    launch.n = 1;
   }
+  Problem(const Problem&) = delete;
 };
 
 }  // namespace
@@ -121,10 +123,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!only.empty() && only != c.name) continue;
     Problem pb(c, n);
-    k::OptimStep step;
-    step.rule = c.rule;
-    step.tasks = &pb.task;
-    step.num_tasks = 1;
+    const k::StepLaunch& step = pb.launch;
     const k::GradRef gref{pb.grad.data(), k::ElemType::F32, n};
     uint8_t finite = 0;
     for (int i = 0; i < 3; ++i) k::optim_step_cpu(step);  // state away from all-zero

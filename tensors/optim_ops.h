@@ -77,6 +77,7 @@
 
 #include <lowbit/kernels/common/state_slots.h>
 #include <lowbit/kernels/common/step_config.h>
+#include <lowbit/kernels/common/step_launch.h>
 
 #include "quant_format.h"
 
@@ -106,21 +107,9 @@ struct StepParam {
   const at::Tensor* grad = nullptr;
   const at::Tensor* counters = nullptr;
   std::array<const at::Tensor*, kernels::kMaxSlots> values{}, codes{}, absmax{};  // by slot: dense, or quantized
-  int64_t offset = 0;
-  int64_t rng_key = 0;
-  // What check_step_call read, so a backend's launch preparation reads these instead of touching
-  // every tensor's metadata again (over thousands of small tensors each pass costs cache misses).
-  // What optim_step_ writes is copy-on-write materialized (mutable_data_ptr). The addresses are
-  // null for meta tensors, and grad_data also where the gradient is not contiguous.
-  int64_t numel = 0;
   at::ScalarType param_type = at::kFloat;
   at::ScalarType grad_type = at::kFloat;
   bool param_contiguous = true;
-  void* param_data = nullptr;
-  const void* grad_data = nullptr;
-  int64_t* counters_data = nullptr;
-  std::array<void*, kernels::kMaxSlots> state_data{};     // by slot: dense values, or codes
-  std::array<float*, kernels::kMaxSlots> absmax_data{};  // quantized slots
 };
 
 // A checked call: every list has the length its parameters need, every tensor the dtype, size and
@@ -137,7 +126,25 @@ struct StepCall {
   double max_grad_norm = 0.0;
   bool scalar_loop = false;
   std::vector<StepParam> params;
+  // Each parameter as the kernels take it (kernels/common/step_launch.h), from what check_step_call
+  // read, so a backend touches no tensor's metadata again (over thousands of small tensors each
+  // pass costs cache misses): addresses (what optim_step_ writes copy-on-write materialized; null
+  // for meta tensors, and grad also where the gradient is not contiguous), numel, offset, rng_key.
+  std::vector<kernels::StepParamRef> refs;
 };
+
+// A checked call as the kernels' launches: one StepLaunch per parameter dtype (its scalars on the
+// call's device), over the contiguous parameters, or every parameter with `copy_strided` (read-only
+// passes: contiguous copies); gradients that are not contiguous are copied. `strided` lists the
+// parameters left to the reference. The launches point into this object: keep it while they run.
+struct StepLaunches {
+  std::vector<kernels::StepLaunch> launches;
+  std::vector<std::vector<size_t>> index;  // per launch: the call's index of each of its parameters
+  std::vector<size_t> strided;
+  std::vector<std::vector<kernels::StepParamRef>> refs;
+  std::vector<at::Tensor> copies;
+};
+void make_launches(const StepCall& c, bool copy_strided, StepLaunches* out);
 
 // The returned call borrows a's tensors (StepParam): a must outlive it.
 StepCall check_step_call(const StepArgs& a, const char* op);
@@ -169,16 +176,16 @@ std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArray
                                               bool want_sumsq);
 at::Tensor lamb_add_block_sums(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count);
 
-// The reference step of one parameter at step t (ATen ops; any device); returns the blocks of
+// The reference step of parameter i of c at step t (ATen ops; any device); returns the blocks of
 // quantized state that became non-finite. trust: LAMB's trust ratio.
-int64_t reference_param_step(const StepCall& c, StepParam& p, int64_t t, float grad_mult, float trust);
+int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_mult, float trust);
 // Master weights (kernels/common/master_weight.h) in ATen ops, on any device: the fp32 master
 // values of bf16 parameter b with correction c (int16: 32-bit mode, int8: 24-bit), shaped like b;
 // and x (any float dtype, b's numel) split into b and c, written in place.
 at::Tensor master_values(const at::Tensor& b, const at::Tensor& c);
 void store_master(const at::Tensor& x, at::Tensor b, at::Tensor c);
-// LAMB's sums of p^2 and r^2 over one parameter, in the kernels' order, at step t.
-std::array<double, 2> reference_lamb_sums(const StepCall& c, const StepParam& p, int64_t t, float grad_mult);
+// LAMB's sums of p^2 and r^2 over parameter i of c, in the kernels' order, at step t.
+std::array<double, 2> reference_lamb_sums(const StepCall& c, size_t i, int64_t t, float grad_mult);
 
 }  // namespace ops
 }  // namespace lowbit

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "blockwise_ops.h"
 #include "optim_ops.h"
 
 namespace lowbit {
@@ -282,12 +283,14 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
   }
 
   c.params.resize(n);
+  c.refs.resize(n);
   size_t next = 0;
   // Only the step writes; optim_lamb_norms reads (the sharded optimizer passes it one scratch
   // counter for every parameter).
   OutputRanges outputs(std::string(op) != "lowbit::optim_lamb_norms", a.params.size() * 2 + a.state.size(), op);
   for (int64_t i = 0; i < n; ++i) {
     StepParam& p = c.params[i];
+    kernels::StepParamRef& r = c.refs[i];
     const at::Tensor& param = a.params[i];
     const at::Tensor& grad = a.grads[i];
     const at::Tensor& counters = a.counters[i];
@@ -295,7 +298,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     p.grad = &grad;
     p.counters = &counters;
     const int64_t numel = param.numel();
-    p.numel = numel;
+    r.numel = numel;
     p.param_type = param.scalar_type();
     p.grad_type = grad.scalar_type();
     p.param_contiguous = param.is_contiguous();
@@ -327,21 +330,23 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     TORCH_CHECK(!param.requires_grad() || param.is_leaf(), op, ": parameter ", i,
                 " is not a leaf of the autograd graph (it is computed from other tensors); step the tensor it "
                 "comes from");
-    p.param_data = outputs.address(param);
-    p.counters_data = static_cast<int64_t*>(outputs.address(counters));
-    if (!grad.is_meta() && numel > 0 && grad.is_contiguous()) p.grad_data = grad.const_data_ptr();
-    outputs.add(param, p.param_data, OutputRanges::kParam, static_cast<int>(i));
-    outputs.add(counters, p.counters_data, OutputRanges::kCounters, static_cast<int>(i));
-    p.offset = a.offsets.empty() ? 0 : a.offsets[i];
-    p.rng_key = a.rng_keys.empty() ? 0 : a.rng_keys[i];
-    TORCH_CHECK(p.offset >= 0 && p.offset <= std::numeric_limits<int64_t>::max() - numel, op, ": offsets[", i,
-                "] is ", p.offset, "; must be >= 0, and the parameter's last element (offset + ", numel,
+    r.param = outputs.address(param);
+    r.counters = static_cast<int64_t*>(outputs.address(counters));
+    if (!grad.is_meta() && numel > 0 && grad.is_contiguous()) r.grad = grad.const_data_ptr();
+    r.grad_type = elem_type(p.grad_type);
+    outputs.add(param, r.param, OutputRanges::kParam, static_cast<int>(i));
+    outputs.add(counters, r.counters, OutputRanges::kCounters, static_cast<int>(i));
+    r.offset = a.offsets.empty() ? 0 : a.offsets[i];
+    r.rng_key = a.rng_keys.empty() ? 0 : a.rng_keys[i];
+    TORCH_CHECK(r.offset >= 0 && r.offset <= std::numeric_limits<int64_t>::max() - numel, op, ": offsets[", i,
+                "] is ", r.offset, "; must be >= 0, and the parameter's last element (offset + ", numel,
                 ") an int64");
-    TORCH_CHECK(!first_quant || p.offset % c.block_size == 0, op, ": offsets[", i, "] is ", p.offset,
+    TORCH_CHECK(!first_quant || r.offset % c.block_size == 0, op, ": offsets[", i, "] is ", r.offset,
                 ", not a multiple of block_size ", c.block_size, ": a shard must start on a quantization block");
     for (int s = 0; s < c.num_slots; ++s) {
       const kernels::SlotType& t = c.slots[s];
       if (t.storage == kernels::SlotStorage::None) continue;
+      void** data_of_slot = s < kernels::kMomentSlots ? &r.slot[s] : &r.correction;
       const auto take = [&](const char* what, OutputRanges::Kind kind, void** data) -> const at::Tensor* {
         const at::Tensor& x = a.state[next++];
         TORCH_CHECK(x.device() == device, op, ": the ", what, " of slot ", s, " of parameter ", i, " is on ",
@@ -354,7 +359,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         return &x;
       };
       if (kernels::is_correction(t.storage)) {
-        p.values[s] = take("correction", OutputRanges::kValues, &p.state_data[s]);
+        p.values[s] = take("correction", OutputRanges::kValues, data_of_slot);
         const at::ScalarType want = t.storage == kernels::SlotStorage::Int16 ? at::kShort : at::kChar;
         TORCH_CHECK(p.param_type == at::kBFloat16, op, ": parameter ", i, " has dtype ", p.param_type,
                     "; a master-weight correction (", slot_type_name(t), ") needs bfloat16 parameters");
@@ -365,7 +370,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         continue;
       }
       if (t.storage != kernels::SlotStorage::Quant) {
-        p.values[s] = take("values", OutputRanges::kValues, &p.state_data[s]);
+        p.values[s] = take("values", OutputRanges::kValues, data_of_slot);
         const at::ScalarType want = t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16;
         const at::Tensor& v = *p.values[s];
         TORCH_CHECK(v.scalar_type() == want && v.numel() == numel, op, ": slot ", s, " of parameter ", i, " (",
@@ -373,10 +378,10 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
                     " with ", v.numel());
         continue;
       }
-      p.codes[s] = take("codes", OutputRanges::kCodes, &p.state_data[s]);
+      p.codes[s] = take("codes", OutputRanges::kCodes, data_of_slot);
       void* absmax = nullptr;
       p.absmax[s] = take("absmax", OutputRanges::kAbsmax, &absmax);
-      p.absmax_data[s] = static_cast<float*>(absmax);
+      if (s < kernels::kMomentSlots) r.absmax[s] = static_cast<float*>(absmax);
       const at::Tensor& codes = *p.codes[s];
       const at::Tensor& scales = *p.absmax[s];
       TORCH_CHECK(codes.scalar_type() == at::kByte && codes.numel() == code_bytes(t.format, numel), op, ": slot ", s,
@@ -389,6 +394,7 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     }
   }
   outputs.check();
+  for (kernels::StepParamRef& r : c.refs) r.aligned = kernels::aligned16(r) ? 1 : 0;
   for (int64_t i = 0; i < n; ++i) outputs.check_gradient(a.grads[i], static_cast<int>(i));
   if (outputs.enabled()) bump_versions(a);
   return c;

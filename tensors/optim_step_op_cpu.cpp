@@ -1,6 +1,7 @@
-// CPU kernels of lowbit::optim_step_, optim_lamb_norms and grad_check (optim_ops.h): checks, the
-// per-step values derived from the call's counters and scalars, then the fused loops of
-// kernels/cpu. A parameter that is not contiguous takes the reference path.
+// CPU kernels of lowbit::optim_step_, optim_lamb_norms and grad_check (optim_ops.h): checks, then
+// the call's launches (make_launches) to the fused loops of kernels/cpu, which derive the per-step
+// values from the counters and scalars as the GPU's do. A parameter that is not contiguous takes
+// the reference path.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -23,117 +24,46 @@ void check_cpu(const at::Tensor& t, const char* what, size_t i) {
               "; the CPU kernel takes CPU tensors only");
 }
 
-// The kernel's view of one parameter at step t: `param` and `grad` are its data (the addresses
-// check_step_call took, or contiguous copies).
-kernels::ParamTask make_task(const StepCall& c, const StepParam& p, void* param, const void* grad, int64_t t,
-                             double lr) {
-  kernels::ParamTask task;
-  task.param = param;
-  task.param_type = elem_type(p.param_type);
-  task.grad = grad;
-  task.grad_type = elem_type(p.grad_type);
-  task.numel = p.numel;
-  task.offset = p.offset;
-  task.block_size = c.block_size;
-  task.hyper = kernels::derive_hyper(c.config, t, lr);
-  task.stochastic_round = c.stochastic_round && p.param_type == at::kBFloat16;
-  task.seed = kernels::step_seed(c.seed, t, p.rng_key);
-  task.num_slots = std::min(c.num_slots, kernels::kMomentSlots);
-  for (int k = 0; k < c.num_slots; ++k) {
-    kernels::StateSlotRef& r = task.slots[k];
-    r.storage = c.slots[k].storage;
-    r.format = c.slots[k].format;
-    if (r.storage == kernels::SlotStorage::Quant) {
-      r.codes = static_cast<uint8_t*>(p.state_data[k]);
-      r.absmax = p.absmax_data[k];
-    } else if (r.storage != kernels::SlotStorage::None) {
-      r.values = p.state_data[k];
-    }
-  }
-  return task;
-}
-
-// The parameters of a checked CPU call as kernel tasks; those that are not contiguous are listed
-// apart (the reference steps them).
-struct CpuCall {
-  StepCall call;
-  std::vector<at::Tensor> copies;  // contiguous copies where needed, kept alive
-  std::vector<kernels::ParamTask> tasks;
-  std::vector<size_t> task_param, strided;
-  std::vector<int64_t> steps;
-  float grad_mult = 1.0f;
-  kernels::OptimStep kernel;
-};
-
-void prepare(CpuCall& cc, bool for_norms) {
-  StepCall& c = cc.call;
-  cc.grad_mult = call_grad_multiplier(c);
-  const double lr = call_lr(c);
-  for (size_t i = 0; i < c.params.size(); ++i) {
-    StepParam& p = c.params[i];
-    check_cpu(*p.param, "value", i);
-    const int64_t t = p.counters_data[0] + 1;
-    cc.steps.push_back(t);
-    const bool contiguous = p.param_contiguous;
-    if (!contiguous && !for_norms) {
-      cc.strided.push_back(i);
-      continue;
-    }
-    // For the step the parameter is contiguous (strided ones went to the reference above); LAMB's
-    // read-only pass takes a contiguous copy of any other.
-    const auto data = [&](const at::Tensor& t, const void* taken) -> void* {
-      if (taken || t.numel() == 0) return const_cast<void*>(taken);
-      cc.copies.push_back(t.contiguous());
-      return cc.copies.back().data_ptr();
-    };
-    void* param = contiguous ? p.param_data : data(*p.param, nullptr);
-    const void* grad = data(*p.grad, p.grad_data);
-    cc.tasks.push_back(make_task(c, p, param, grad, t, lr));
-    cc.task_param.push_back(i);
-  }
-  cc.kernel.rule = c.config.rule;
-  cc.kernel.tasks = cc.tasks.data();
-  cc.kernel.num_tasks = static_cast<int64_t>(cc.tasks.size());
-  cc.kernel.grad_scale = cc.grad_mult;
-  cc.kernel.vector_path = !c.scalar_loop;
+// LAMB's whole-parameter sums of a launch's parameters (a call's rows, in the launch's order).
+std::vector<double> launch_norms(const at::Tensor& norms, const std::vector<size_t>& index) {
+  const at::Tensor n = norms.contiguous();
+  const double* d = n.const_data_ptr<double>();
+  std::vector<double> out;
+  for (size_t i : index) out.insert(out.end(), {d[2 * i], d[2 * i + 1]});
+  return out;
 }
 
 void step_cpu(const StepArgs& args) {
-  CpuCall cc;
-  cc.call = check_step_call(args, kOp);
-  StepCall& c = cc.call;
+  const StepCall c = check_step_call(args, kOp);
   if (c.params.empty()) return;
   if (c.found_inf) TORCH_CHECK(c.found_inf->device().is_cpu(), kOp, ": found_inf must be on the CPU here");
+  for (size_t i = 0; i < c.params.size(); ++i) check_cpu(*c.params[i].param, "value", i);
   if (call_skipped(c)) return;
-  prepare(cc, false);
-  if (c.config.rule == kernels::Rule::LAMB && c.lamb_norms) {
-    const at::Tensor norms = c.lamb_norms->contiguous();
-    const double* nd = norms.data_ptr<double>();
-    for (size_t k = 0; k < cc.tasks.size(); ++k)
-      cc.tasks[k].hyper.trust = kernels::lamb_trust(nd[2 * cc.task_param[k]], nd[2 * cc.task_param[k] + 1]);
-    cc.kernel.trust_given = true;
+  StepLaunches l;
+  make_launches(c, false, &l);
+  for (size_t d = 0; d < l.launches.size(); ++d) {
+    kernels::StepLaunch& s = l.launches[d];
+    std::vector<double> norms;
+    if (c.config.rule == kernels::Rule::LAMB && c.lamb_norms) {
+      norms = launch_norms(*c.lamb_norms, l.index[d]);
+      s.lamb_norms = norms.data();
+    }
+    kernels::optim_step_cpu(s);
   }
-  std::vector<int64_t> nonfinite(cc.tasks.size(), 0);
-  cc.kernel.nonfinite_blocks = nonfinite.data();
-  kernels::optim_step_cpu(cc.kernel);
-  for (size_t k = 0; k < cc.tasks.size(); ++k) {
-    int64_t* counters = c.params[cc.task_param[k]].counters_data;
-    counters[0] = cc.steps[cc.task_param[k]];
-    counters[1] += nonfinite[k];
-  }
-  for (size_t i : cc.strided) {
-    StepParam& p = c.params[i];
-    const int64_t t = cc.steps[i];
+  const float grad_mult = call_grad_multiplier(c);
+  for (size_t i : l.strided) {  // the reference steps the parameters that are not contiguous
+    const StepParam& p = c.params[i];
+    const int64_t t = p.counters->const_data_ptr<int64_t>()[0] + 1;
     float trust = 1.0f;
     if (c.config.rule == kernels::Rule::LAMB) {
       if (c.lamb_norms) {
         trust = kernels::lamb_trust((*c.lamb_norms)[i][0].item<double>(), (*c.lamb_norms)[i][1].item<double>());
       } else {
-        const auto sums = reference_lamb_sums(c, p, t, cc.grad_mult);
+        const auto sums = reference_lamb_sums(c, i, t, grad_mult);
         trust = kernels::lamb_trust(sums[0], sums[1]);
       }
     }
-    const int64_t bad = reference_param_step(c, p, t, cc.grad_mult, trust);
+    const int64_t bad = reference_param_step(c, i, t, grad_mult, trust);
     int64_t* counters = p.counters->data_ptr<int64_t>();
     counters[0] = t;
     counters[1] += bad;
@@ -141,13 +71,22 @@ void step_cpu(const StepArgs& args) {
 }
 
 at::Tensor lamb_norms_cpu(const StepArgs& args) {
-  CpuCall cc;
-  cc.call = check_step_call(args, "lowbit::optim_lamb_norms");
-  const int64_t n = static_cast<int64_t>(cc.call.params.size());
+  const StepCall c = check_step_call(args, "lowbit::optim_lamb_norms");
+  const int64_t n = static_cast<int64_t>(c.params.size());
   at::Tensor out = at::zeros({n, 2}, at::kDouble);
   if (n == 0) return out;
-  prepare(cc, true);
-  kernels::lamb_norms_cpu(cc.kernel, out.data_ptr<double>());
+  for (size_t i = 0; i < c.params.size(); ++i) check_cpu(*c.params[i].param, "value", i);
+  StepLaunches l;
+  make_launches(c, true, &l);
+  double* o = out.data_ptr<double>();
+  for (size_t d = 0; d < l.launches.size(); ++d) {
+    std::vector<double> part(2 * l.index[d].size());
+    kernels::lamb_norms_cpu(l.launches[d], part.data());
+    for (size_t k = 0; k < l.index[d].size(); ++k) {
+      o[2 * l.index[d][k]] = part[2 * k];
+      o[2 * l.index[d][k] + 1] = part[2 * k + 1];
+    }
+  }
   return out;
 }
 

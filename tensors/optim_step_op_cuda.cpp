@@ -20,101 +20,20 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 void check(const char* err, const char* op) { TORCH_CHECK(err == nullptr, op, ": ", err); }
 
-// The launch groups of a checked call: one per parameter dtype. Non-contiguous parameters are
-// stepped by the reference.
-struct GpuCall {
-  StepCall call;
-  std::vector<at::Tensor> grads;  // contiguous copies of gradients that are not (else undefined)
-  std::vector<size_t> strided;
-  std::vector<std::vector<size_t>> groups;  // parameter indices per dtype
-  std::vector<at::ScalarType> dtypes;
-};
-
-kernels::StepLaunch base_step(const StepCall& c) {
-  kernels::StepLaunch s;
-  s.config = c.config;
-  for (int k = 0; k < kernels::kMaxSlots; ++k) s.slots[k] = c.slots[k];
-  s.num_slots = c.num_slots;
-  s.block_size = c.block_size;
-  s.lr = c.lr.data_ptr();
-  s.lr_is_double = c.lr.scalar_type() == at::kDouble;
-  s.found_inf = c.found_inf ? c.found_inf->data_ptr<float>() : nullptr;
-  s.grad_sumsq = c.grad_sumsq ? c.grad_sumsq->data_ptr<double>() : nullptr;
-  s.max_grad_norm = c.max_grad_norm;
-  s.grad_scale = c.grad_scale ? c.grad_scale->data_ptr<float>() : nullptr;
-  s.seed = c.seed;
-  s.stochastic_round = c.stochastic_round;
-  return s;
-}
-
-// From the addresses check_step_call took (no second pass over the tensors' metadata); `grad` is
-// a contiguous copy where the gradient is not contiguous, else undefined.
-kernels::StepParamRef gpu_param(const StepCall& c, const StepParam& p, const at::Tensor& grad) {
-  kernels::StepParamRef g;
-  g.param = p.param_data;
-  g.grad = grad.defined() ? grad.const_data_ptr() : p.grad_data;
-  g.grad_type = elem_type(p.grad_type);
-  g.counters = p.counters_data;
-  g.numel = p.numel;
-  g.offset = p.offset;
-  g.rng_key = p.rng_key;
-  bool aligned = aligned16(g.param) && aligned16(g.grad);
-  for (int k = 0; k < c.num_slots && k < kernels::kMomentSlots; ++k) {
-    const kernels::SlotType& t = c.slots[k];
-    if (t.storage == kernels::SlotStorage::None) continue;
-    g.slot[k] = p.state_data[k];
-    if (t.storage == kernels::SlotStorage::Quant) g.absmax[k] = p.absmax_data[k];
-    aligned &= aligned16(g.slot[k]);
-  }
-  if (c.num_slots > kernels::kCorrectionSlot && kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage)) {
-    g.correction = p.state_data[kernels::kCorrectionSlot];
-    aligned &= aligned16(g.correction);
-  }
-  g.aligned = aligned ? 1 : 0;
-  return g;
-}
-
-void prepare(GpuCall& gc) {
-  StepCall& c = gc.call;
-  gc.grads.resize(c.params.size());
-  for (size_t i = 0; i < c.params.size(); ++i) {
-    const StepParam& p = c.params[i];
-    if (!p.param_contiguous) {
-      gc.strided.push_back(i);
-      continue;
-    }
-    if (!p.grad_data && p.numel > 0) gc.grads[i] = p.grad->contiguous();
-    const at::ScalarType t = p.param_type;
-    size_t d = 0;
-    while (d < gc.dtypes.size() && gc.dtypes[d] != t) ++d;
-    if (d == gc.dtypes.size()) {
-      gc.dtypes.push_back(t);
-      gc.groups.emplace_back();
-    }
-    gc.groups[d].push_back(i);
-  }
-}
-
-// Runs fn(step, indices) for each dtype group, with scratch allocated.
+// Runs fn(launch, indices) for each launch of the call, with its scratch allocated and, for LAMB
+// with given norms, its parameters' rows of them.
 template <typename Fn>
-void each_group(GpuCall& gc, Fn fn) {
-  const StepCall& c = gc.call;
-  for (size_t d = 0; d < gc.groups.size(); ++d) {
-    const std::vector<size_t>& idx = gc.groups[d];
-    std::vector<kernels::StepParamRef> params;
-    params.reserve(idx.size());
-    for (size_t i : idx) params.push_back(gpu_param(c, c.params[i], gc.grads[i]));
-    kernels::StepLaunch s = base_step(c);
-    s.param_type = elem_type(gc.dtypes[d]);
-    s.params = params.data();
-    s.n = static_cast<int64_t>(params.size());
+void each_launch(const StepCall& c, StepLaunches& l, Fn fn) {
+  for (size_t d = 0; d < l.launches.size(); ++d) {
+    kernels::StepLaunch& s = l.launches[d];
+    const std::vector<size_t>& idx = l.index[d];
     at::Tensor norms;
     if (c.lamb_norms) {
       norms = idx.size() == c.params.size()
                   ? c.lamb_norms->contiguous()
                   : c.lamb_norms->index_select(
                         0, at::tensor(std::vector<int64_t>(idx.begin(), idx.end()), at::kLong).to(c.lamb_norms->device()));
-      s.lamb_norms = norms.data_ptr<double>();
+      s.lamb_norms = norms.const_data_ptr<double>();
     }
     const at::Tensor scratch = at::empty({static_cast<int64_t>(kernels::gpu_step_scratch_bytes(s))},
                                          c.params[0].param->options().dtype(at::kByte));
@@ -125,28 +44,27 @@ void each_group(GpuCall& gc, Fn fn) {
 
 void step_cuda(const StepArgs& args) {
   const char* op = "lowbit::optim_step_";
-  GpuCall gc;
-  gc.call = check_step_call(args, op);
-  StepCall& c = gc.call;
+  const StepCall c = check_step_call(args, op);
   if (c.params.empty()) return;
   const GpuGuard guard(c.params[0].param->device());
-  prepare(gc);
-  each_group(gc, [&](const kernels::StepLaunch& s, const std::vector<size_t>&) {
+  StepLaunches l;
+  make_launches(c, false, &l);
+  each_launch(c, l, [&](const kernels::StepLaunch& s, const std::vector<size_t>&) {
     check(kernels::optim_step_gpu(s, current_gpu_stream()), op);
   });
-  if (gc.strided.empty() || call_skipped(c)) return;
+  if (l.strided.empty() || call_skipped(c)) return;
   const float mult = call_grad_multiplier(c);
-  for (size_t i : gc.strided) {
-    StepParam& p = c.params[i];
+  for (size_t i : l.strided) {
+    const StepParam& p = c.params[i];
     const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
     float trust = 1.0f;
     if (c.config.rule == kernels::Rule::LAMB) {
       const auto sums = c.lamb_norms ? std::array<double, 2>{(*c.lamb_norms)[i][0].item<double>(),
                                                             (*c.lamb_norms)[i][1].item<double>()}
-                                     : reference_lamb_sums(c, p, t, mult);
+                                     : reference_lamb_sums(c, i, t, mult);
       trust = kernels::lamb_trust(sums[0], sums[1]);
     }
-    const int64_t bad = reference_param_step(c, p, t, mult, trust);
+    const int64_t bad = reference_param_step(c, i, t, mult, trust);
     p.counters->select(0, 0).fill_(t);
     p.counters->select(0, 1).add_(bad);
   }
@@ -154,17 +72,16 @@ void step_cuda(const StepArgs& args) {
 
 at::Tensor lamb_norms_cuda(const StepArgs& args) {
   const char* op = "lowbit::optim_lamb_norms";
-  GpuCall gc;
-  gc.call = check_step_call(args, op);
-  StepCall& c = gc.call;
+  StepCall c = check_step_call(args, op);
   const int64_t n = static_cast<int64_t>(c.params.size());
   if (n == 0) return at::zeros({0, 2}, at::kDouble);
   const GpuGuard guard(c.params[0].param->device());
   at::Tensor out = at::zeros({n, 2}, c.params[0].param->options().dtype(at::kDouble));
-  prepare(gc);
-  TORCH_CHECK(gc.strided.empty(), op, ": parameters must be contiguous on the GPU");
+  StepLaunches l;
+  make_launches(c, false, &l);
+  TORCH_CHECK(l.strided.empty(), op, ": parameters must be contiguous on the GPU");
   c.lamb_norms.reset();
-  each_group(gc, [&](const kernels::StepLaunch& s, const std::vector<size_t>& idx) {
+  each_launch(c, l, [&](const kernels::StepLaunch& s, const std::vector<size_t>& idx) {
     at::Tensor part = idx.size() == static_cast<size_t>(n) ? out : at::zeros({s.n, 2}, out.options());
     check(kernels::lamb_norms_gpu(s, part.data_ptr<double>(), current_gpu_stream()), op);
     if (!part.is_same(out))

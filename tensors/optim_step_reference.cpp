@@ -174,8 +174,8 @@ double block_order_sumsq(const Tensor& x, int64_t block) {
 
 }  // namespace
 
-std::array<double, 2> reference_lamb_sums(const StepCall& c, const StepParam& sp, int64_t t, float grad_mult) {
-  Loaded x = load(c, sp, grad_mult);
+std::array<double, 2> reference_lamb_sums(const StepCall& c, size_t i, int64_t t, float grad_mult) {
+  Loaded x = load(c, c.params[i], grad_mult);
   const kernels::Hyper h = kernels::derive_hyper(c.config, t, call_lr(c));
   AtenFloat g{x.g}, m, v;
   if (h.maximize) g = -g;
@@ -183,7 +183,8 @@ std::array<double, 2> reference_lamb_sums(const StepCall& c, const StepParam& sp
   return {block_order_sumsq(x.p, c.block_size), block_order_sumsq(r.t, c.block_size)};
 }
 
-int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float grad_mult, float trust) {
+int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_mult, float trust) {
+  const StepParam& sp = c.params[i];
   Loaded x = load(c, sp, grad_mult);
   kernels::Hyper h = kernels::derive_hyper(c.config, t, call_lr(c));
   h.trust = trust;
@@ -206,7 +207,7 @@ int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float 
   if (c.num_slots > kernels::kCorrectionSlot && kernels::is_correction(c.slots[kernels::kCorrectionSlot].storage)) {
     store_master(p.t, out, *sp.values[kernels::kCorrectionSlot]);
   } else if (c.stochastic_round && out.scalar_type() == at::kBFloat16) {
-    out.copy_(bf16_stochastic(p.t, kernels::step_seed(c.seed, t, sp.rng_key), sp.offset).view(out.sizes()));
+    out.copy_(bf16_stochastic(p.t, kernels::step_seed(c.seed, t, c.refs[i].rng_key), c.refs[i].offset).view(out.sizes()));
   } else {
     out.copy_(to_storage(p.t, out.scalar_type()).view(out.sizes()));
   }
@@ -216,11 +217,11 @@ int64_t reference_param_step(const StepCall& c, StepParam& sp, int64_t t, float 
 namespace {
 
 void step_reference(const StepArgs& args) {
-  StepCall c = check_step_call(args, "lowbit::optim_step_");
+  const StepCall c = check_step_call(args, "lowbit::optim_step_");
   if (c.params.empty() || call_skipped(c)) return;
   const float mult = call_grad_multiplier(c);
   for (size_t i = 0; i < c.params.size(); ++i) {
-    StepParam& p = c.params[i];
+    const StepParam& p = c.params[i];
     const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
     float trust = 1.0f;
     if (c.config.rule == kernels::Rule::LAMB) {
@@ -228,24 +229,24 @@ void step_reference(const StepArgs& args) {
         const Tensor norms = c.lamb_norms->cpu();
         trust = kernels::lamb_trust(norms[i][0].item<double>(), norms[i][1].item<double>());
       } else {
-        const auto sums = reference_lamb_sums(c, p, t, mult);
+        const auto sums = reference_lamb_sums(c, i, t, mult);
         trust = kernels::lamb_trust(sums[0], sums[1]);
       }
     }
-    const int64_t bad = reference_param_step(c, p, t, mult, trust);
+    const int64_t bad = reference_param_step(c, i, t, mult, trust);
     p.counters->select(0, 0).fill_(t);
     p.counters->select(0, 1).add_(bad);
   }
 }
 
 Tensor lamb_norms_reference(const StepArgs& args) {
-  StepCall c = check_step_call(args, "lowbit::optim_lamb_norms");
+  const StepCall c = check_step_call(args, "lowbit::optim_lamb_norms");
   const int64_t n = static_cast<int64_t>(c.params.size());
   Tensor out = at::zeros({n, 2}, at::kDouble);
   if (n == 0) return out;
   const float mult = call_grad_multiplier(c);
   for (int64_t i = 0; i < n; ++i) {
-    const auto sums = reference_lamb_sums(c, c.params[i], (*c.params[i].counters)[0].item<int64_t>() + 1, mult);
+    const auto sums = reference_lamb_sums(c, static_cast<size_t>(i), (*c.params[i].counters)[0].item<int64_t>() + 1, mult);
     out[i][0] = sums[0];
     out[i][1] = sums[1];
   }

@@ -57,18 +57,18 @@ std::pair<double, double> expected_sums(const Param& x, const lk::Hyper& h, floa
 
 TEST(LambNorms, BothLoopsAddInTheDocumentedOrder) {
   const int saved = omp_get_max_threads();
-  lk::Hyper h;
-  h.beta1 = 0.9f;
-  h.beta2 = 0.999f;
-  h.one_minus_beta1 = 0.1f;
-  h.one_minus_beta2 = 0.001f;
-  h.eps = 1e-6f;
-  h.weight_decay = 0.01f;
-  h.inv_bias1 = 3.5f;
-  h.inv_bias2_sqrt = 7.25f;
+  // The per-step values come from the launch (config, counters, lr, loss scale), derived as the
+  // kernels derive them; the expected sums are an fp64-accumulated loop of their own.
+  lk::StepConfig config;
+  config.rule = lk::Rule::LAMB;
+  config.eps = 1e-6;
+  config.weight_decay = 0.01;
+  const double lr = 1e-3;
   for (bool maximize : {false, true}) {
-    for (float grad_scale : {1.0f, 0.37f}) {
-      h.maximize = maximize;
+    for (float loss_scale : {1.0f, 2.7f}) {
+      config.maximize = maximize;
+      const lk::Hyper h = lk::derive_hyper(config, 5, lr);
+      const float grad_scale = lk::grad_multiplier(0.0, 0.0, loss_scale);
       // Sizes around the block and the 16 lanes: 1, a tail of 15, an odd size over many blocks (274:
       // two groups), one over four groups of 256 blocks with a ragged last block.
       std::vector<Param> params;
@@ -76,29 +76,32 @@ TEST(LambNorms, BothLoopsAddInTheDocumentedOrder) {
         Param x{at::randn({n}) * 3, at::randn({n}) * 1e-2, at::randn({n}) * 1e-3, at::rand({n}) * 1e-5};
         params.push_back(x);
       }
-      std::vector<lk::ParamTask> tasks(params.size());
+      std::vector<at::Tensor> counters;
+      std::vector<lk::StepParamRef> refs(params.size());
       for (size_t i = 0; i < params.size(); ++i) {
-        lk::ParamTask& t = tasks[i];
-        t.param = params[i].p.data_ptr();
-        t.grad = params[i].g.data_ptr();
-        t.numel = params[i].p.numel();
-        t.block_size = 256;
-        t.num_slots = 2;
-        t.slots[0].storage = t.slots[1].storage = lk::SlotStorage::F32;
-        t.slots[0].values = params[i].m.data_ptr();
-        t.slots[1].values = params[i].v.data_ptr();
-        t.hyper = h;
+        counters.push_back(at::tensor({int64_t(4), int64_t(0)}));  // 4 steps taken: this is step 5
+        lk::StepParamRef& r = refs[i];
+        r.param = params[i].p.data_ptr();
+        r.grad = params[i].g.data_ptr();
+        r.numel = params[i].p.numel();
+        r.slot[0] = params[i].m.data_ptr();
+        r.slot[1] = params[i].v.data_ptr();
+        r.counters = counters.back().data_ptr<int64_t>();
       }
-      lk::OptimStep step;
-      step.rule = lk::Rule::LAMB;
-      step.tasks = tasks.data();
-      step.num_tasks = static_cast<int64_t>(tasks.size());
-      step.grad_scale = grad_scale;
+      lk::StepLaunch step;
+      step.config = config;
+      step.slots[0] = step.slots[1] = {lk::SlotStorage::F32};
+      step.num_slots = 2;
+      step.block_size = 256;
+      step.lr = &lr;
+      step.grad_scale = &loss_scale;
+      step.params = refs.data();
+      step.n = static_cast<int64_t>(refs.size());
       for (bool vector_path : {true, false}) {
         for (int threads : {1, 3}) {
           omp_set_num_threads(threads);
-          step.vector_path = vector_path;
-          std::vector<double> out(2 * tasks.size(), -1.0);
+          step.scalar_loop = !vector_path;
+          std::vector<double> out(2 * refs.size(), -1.0);
           lk::lamb_norms_cpu(step, out.data());
           for (size_t i = 0; i < params.size(); ++i) {
             const auto [pp, rr] = expected_sums(params[i], h, grad_scale, 256);

@@ -76,8 +76,8 @@ std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
 }  // namespace
 
 // The optimizer keeps the step count and lr in tensors (a scheduler changes lr between steps);
-// the same three steps driven from the host (t, lr and the derived values computed here, the CPU
-// kernel called directly) give the same bits, for every rule and state family.
+// the same three steps driven from the host (the CPU kernel called directly with each step's lr and
+// counters of its own) give the same bits, for every rule and state family.
 TEST(StepInterface, DeviceStepStateEqualsHostDrivenSteps) {
   for (const RuleCase& rc : rule_cases()) {
     for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
@@ -89,6 +89,7 @@ TEST(StepInterface, DeviceStepStateEqualsHostDrivenSteps) {
       torch::optim::StepLR sched(*opt, /*step_size=*/1, /*gamma=*/0.5);
       RawState st = fresh_state(rc.config, f, n);
       std::vector<double> lrs;
+      at::Tensor counters = at::zeros({2}, at::kLong);
       for (int64_t t = 1; t <= 3; ++t) {
         const double lr = opt->param_groups()[0].options().get_lr();  // what the scheduler set
         lrs.push_back(lr);
@@ -96,33 +97,33 @@ TEST(StepInterface, DeviceStepStateEqualsHostDrivenSteps) {
         p[0].mutable_grad() = g.clone();
         opt->step();
         sched.step();
-        // Host-driven: everything derived here, the kernel on raw pointers.
-        lk::ParamTask task;
-        task.param = host_p.data_ptr();
-        task.grad = g.data_ptr();
-        task.numel = n;
-        task.block_size = st.block;
-        task.hyper = lk::derive_hyper(rc.config, t, lr);
+        // Host-driven: the kernel on raw pointers, with this step's lr and the counters it keeps.
+        lk::StepParamRef ref;
+        ref.param = host_p.data_ptr();
+        ref.grad = g.data_ptr();
+        ref.numel = n;
+        ref.counters = counters.data_ptr<int64_t>();
+        lk::StepLaunch step;
+        step.config = rc.config;
+        step.block_size = st.block;
+        step.lr = &lr;
         size_t next = 0;
-        task.num_slots = static_cast<int>(st.slots.size());
+        step.num_slots = static_cast<int>(st.slots.size());
         for (size_t k = 0; k < st.slots.size(); ++k) {
-          lk::StateSlotRef& r = task.slots[k];
-          r.storage = st.slots[k].storage;
-          r.format = st.slots[k].format;
-          if (r.storage == lk::SlotStorage::Quant) {
-            r.codes = st.tensors[next++].data_ptr<uint8_t>();
-            r.absmax = st.tensors[next++].data_ptr<float>();
-          } else if (r.storage != lk::SlotStorage::None) {
-            r.values = st.tensors[next++].data_ptr();
+          step.slots[k] = st.slots[k];
+          if (st.slots[k].storage == lk::SlotStorage::Quant) {
+            ref.slot[k] = st.tensors[next++].data_ptr();
+            ref.absmax[k] = st.tensors[next++].data_ptr<float>();
+          } else if (st.slots[k].storage != lk::SlotStorage::None) {
+            ref.slot[k] = st.tensors[next++].data_ptr();
           }
         }
-        lk::OptimStep step;
-        step.rule = rc.config.rule;
-        step.tasks = &task;
-        step.num_tasks = 1;
+        step.params = &ref;
+        step.n = 1;
         lk::optim_step_cpu(step);
       }
       EXPECT_EQ(opt->state_of(p[0])->step(), 3);
+      EXPECT_EQ(counters[0].item<int64_t>(), 3);
       EXPECT_LT(lrs.back(), lrs.front());  // the scheduler did change lr between steps
       ASSERT_TRUE(lowbit_test::bitwise_equal(p[0], host_p));
       size_t next = 0;

@@ -64,18 +64,6 @@ inline bool parse_slot_type(const std::string& name, SlotType* out) {
   return true;
 }
 
-// One slot of one parameter as a kernel sees it.
-struct FormatView;  // the CPU kernel's per-format tables (kernels/cpu/format_tables.h)
-struct StateSlotRef {
-  SlotStorage storage = SlotStorage::None;
-  QuantFormat format = QuantFormat::Dyn8Signed;  // Quant
-  void* values = nullptr;    // F32: float*, BF16: bf16 bits (uint16_t*), Int16 / Int8: corrections; numel elements
-  uint8_t* codes = nullptr;  // Quant: code_bytes(format, numel) bytes
-  float* absmax = nullptr;   // Quant: one per block of the step's block size
-  const FormatView* tables = nullptr;  // CPU kernel: resolved once per call
-  SlotType type() const { return SlotType{storage, format}; }
-};
-
 // Which slots a rule uses and what they hold. used[k]: the slot exists; is_signed[k]: its values
 // can be negative (chooses the quantized format: signed -> Dyn8Signed / DE4Signed / FP8E4M3,
 // unsigned -> Dyn8Unsigned / Linear4Unsigned / the FP8 second-moment format).

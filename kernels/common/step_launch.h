@@ -31,6 +31,14 @@ struct StepParamRef {
   int32_t aligned = 0;  // every pointer allows 16-byte accesses (GPU kernels)
 };
 
+// Whether every address of r allows 16-byte accesses (null ones do).
+inline bool aligned16(const StepParamRef& r) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(r.param) | reinterpret_cast<uintptr_t>(r.grad) |
+                   reinterpret_cast<uintptr_t>(r.correction);
+  for (int k = 0; k < kMomentSlots; ++k) bits |= reinterpret_cast<uintptr_t>(r.slot[k]);
+  return bits % 16 == 0;
+}
+
 // One launch: parameters of one dtype and one state layout, and the step's scalars.
 struct StepLaunch {
   StepConfig config;

@@ -42,9 +42,9 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
 
 }  // namespace
 
-void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
+void lamb_norms(const StepPlan& plan, double* out) {
   std::vector<double> sums(2 * plan.items);
-  const bool vector = step.vector_path && cpu_has_avx512();
+  const bool vector = plan.vector_path && cpu_has_avx512();
 #pragma omp parallel
   {
     std::vector<float> buf(4 * plan.max_block, 0.0f);
@@ -54,23 +54,23 @@ void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out) {
       const int64_t block = item - plan.first_item[t];
 #if LOWBIT_X86_AVX512_LOOPS
       if (vector && !has_correction(plan.tasks[t])) {
-        lamb_norms_block_avx512(plan.tasks[t], block, step.grad_scale, buf.data(), &sums[2 * item]);
+        lamb_norms_block_avx512(plan.tasks[t], block, plan.grad_scale, buf.data(), &sums[2 * item]);
         continue;
       }
 #endif
-      lamb_norms_block(plan.tasks[t], block, step.grad_scale, buf.data(), &sums[2 * item]);
+      lamb_norms_block(plan.tasks[t], block, plan.grad_scale, buf.data(), &sums[2 * item]);
     }
   }
   (void)vector;
-  for (int64_t t = 0; t < step.num_tasks; ++t) {
+  for (int64_t t = 0; t < plan.num_tasks(); ++t) {
     lamb_add_block_sum_pairs(&sums[2 * plan.first_item[t]], plan.first_item[t + 1] - plan.first_item[t], &out[2 * t]);
   }
 }
 
-void lamb_norms_cpu(const OptimStep& step, double* out) {
-  const StepPlan plan(step);
-  std::fill(out, out + 2 * step.num_tasks, 0.0);
-  if (plan.items > 0) lamb_norms(plan, step, out);
+void lamb_norms_cpu(const StepLaunch& s, double* out) {
+  const StepPlan plan(s);
+  std::fill(out, out + 2 * s.n, 0.0);
+  if (plan.items > 0) lamb_norms(plan, out);
 }
 
 }  // namespace kernels

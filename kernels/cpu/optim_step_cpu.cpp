@@ -4,8 +4,8 @@
 // count or on how parameters are grouped. Each thread runs one contiguous share of all blocks.
 //
 // This file is the plan and the driver; per parameter it picks a loop (optim_step_parts.h): with
-// AVX-512, those of kernels/cpu/x86, else the scalar loop (OptimStep::vector_path = false forces
-// it, for tests). Every loop computes the same IEEE operations in the same order: the same bits.
+// AVX-512, those of kernels/cpu/x86, else the scalar loop (StepLaunch::scalar_loop forces it, for
+// tests). Every loop computes the same IEEE operations in the same order: the same bits.
 #include "optim_step_cpu.h"
 
 #include <omp.h>
@@ -19,13 +19,49 @@
 namespace lowbit {
 namespace kernels {
 
-StepPlan::StepPlan(const OptimStep& step)
-    : first_item(step.num_tasks + 1, 0), tasks(step.tasks, step.tasks + step.num_tasks) {
-  for (int64_t t = 0; t < step.num_tasks; ++t) {
-    first_item[t + 1] = first_item[t] + num_blocks(tasks[t].numel, tasks[t].block_size);
-    max_block = std::max(max_block, tasks[t].block_size);
+StepPlan::StepPlan(const StepLaunch& s)
+    : rule(s.config.rule), trust_given(s.lamb_norms != nullptr), vector_path(!s.scalar_loop), first_item(s.n + 1, 0) {
+  // The launch's scalars as the GPU's prologue reads them: lr, then the gradient multiplier
+  // (clipping with the group's squared norm, the AMP loss scale).
+  const double lr = s.lr_is_double ? *static_cast<const double*>(s.lr)
+                                   : static_cast<double>(*static_cast<const float*>(s.lr));
+  const double sumsq = s.grad_sumsq ? *s.grad_sumsq : 0.0;
+  const double loss_scale = s.grad_scale ? static_cast<double>(*s.grad_scale) : 1.0;
+  grad_scale = grad_multiplier(s.grad_sumsq ? s.max_grad_norm : 0.0, sumsq, loss_scale);
+  tasks.resize(s.n);
+  steps.resize(s.n);
+  for (int64_t i = 0; i < s.n; ++i) {
+    const StepParamRef& r = s.params[i];
+    ParamTask& t = tasks[i];
+    steps[i] = r.counters[0] + 1;
+    t.param = r.param;
+    t.param_type = s.param_type;
+    t.grad = r.grad;
+    t.grad_type = r.grad_type;
+    t.numel = r.numel;
+    t.offset = r.offset;
+    t.block_size = s.block_size;
+    t.hyper = derive_hyper(s.config, steps[i], lr);
+    if (s.lamb_norms) t.hyper.trust = lamb_trust(s.lamb_norms[2 * i], s.lamb_norms[2 * i + 1]);
+    t.stochastic_round = s.stochastic_round && s.param_type == ElemType::BF16;
+    t.seed = step_seed(s.seed, steps[i], r.rng_key);
+    t.num_slots = std::min(s.num_slots, kMomentSlots);
+    for (int k = 0; k < s.num_slots; ++k) {
+      StateSlotRef& ref = t.slots[k];
+      ref.storage = s.slots[k].storage;
+      ref.format = s.slots[k].format;
+      void* data = k < kMomentSlots ? r.slot[k] : r.correction;
+      if (ref.storage == SlotStorage::Quant) {
+        ref.codes = static_cast<uint8_t*>(data);
+        ref.absmax = k < kMomentSlots ? r.absmax[k] : nullptr;
+      } else if (ref.storage != SlotStorage::None) {
+        ref.values = data;
+      }
+    }
+    first_item[i + 1] = first_item[i] + num_blocks(t.numel, t.block_size);
+    max_block = std::max(max_block, t.block_size);
   }
-  items = first_item[step.num_tasks];
+  items = first_item[s.n];
   if (items == 0) return;
   for (int f = 0; f < kNumQuantFormats; ++f) views[f] = format_tables(static_cast<QuantFormat>(f));
   for (auto& t : tasks)
@@ -43,42 +79,44 @@ RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
 
 }  // namespace
 
-void optim_step_cpu(const OptimStep& step) {
-  StepPlan plan(step);
-  if (step.nonfinite_blocks) std::fill(step.nonfinite_blocks, step.nonfinite_blocks + step.num_tasks, 0);
-  if (plan.items == 0) return;
-  if (step.rule == Rule::LAMB && !step.trust_given) {
-    // Pass 1 gives each parameter's trust ratio; pass 2 below is the ordinary fused update.
-    std::vector<double> norms(2 * step.num_tasks);
-    lamb_norms(plan, step, norms.data());
-    for (int64_t t = 0; t < step.num_tasks; ++t) plan.tasks[t].hyper.trust = lamb_trust(norms[2 * t], norms[2 * t + 1]);
-  }
-  std::vector<RangeFn> fns(plan.tasks.size());
-  for (size_t t = 0; t < plan.tasks.size(); ++t) fns[t] = pick_range_fn(step.rule, plan.tasks[t], step.vector_path);
+void optim_step_cpu(const StepLaunch& s) {
+  if (s.n == 0 || (s.found_inf && *s.found_inf != 0.0f)) return;
+  StepPlan plan(s);
   std::vector<uint8_t> bad(plan.items, 0);
+  if (plan.items > 0) {
+    if (plan.rule == Rule::LAMB && !plan.trust_given) {
+      // Pass 1 gives each parameter's trust ratio; pass 2 below is the ordinary fused update.
+      std::vector<double> norms(2 * s.n);
+      lamb_norms(plan, norms.data());
+      for (int64_t t = 0; t < s.n; ++t) plan.tasks[t].hyper.trust = lamb_trust(norms[2 * t], norms[2 * t + 1]);
+    }
+    std::vector<RangeFn> fns(plan.tasks.size());
+    for (size_t t = 0; t < plan.tasks.size(); ++t) fns[t] = pick_range_fn(plan.rule, plan.tasks[t], plan.vector_path);
 #pragma omp parallel
-  {
-    // Each thread takes one contiguous share of the blocks and runs it parameter by parameter
-    // (the pipelined loop carries one block into the next). Buffers: p, g and three state slots
-    // for the per-block loops, two blocks of three slots for the pipelined one; zeroed so unused
-    // slots hold defined values.
-    std::vector<float> buf(6 * plan.max_block, 0.0f);
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t lo = plan.items * me / nt, hi = plan.items * (me + 1) / nt;
-    for (int64_t item = lo; item < hi;) {
-      const int64_t t = plan.task_of(item);
-      const int64_t end = std::min(hi, plan.first_item[t + 1]);
-      fns[t](plan.tasks[t], item - plan.first_item[t], end - plan.first_item[t], step.grad_scale, buf.data(),
-             &bad[item]);
-      item = end;
+    {
+      // Each thread takes one contiguous share of the blocks and runs it parameter by parameter
+      // (the pipelined loop carries one block into the next). Buffers: p, g and three state slots
+      // for the per-block loops, two blocks of three slots for the pipelined one; zeroed so unused
+      // slots hold defined values.
+      std::vector<float> buf(6 * plan.max_block, 0.0f);
+      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t lo = plan.items * me / nt, hi = plan.items * (me + 1) / nt;
+      for (int64_t item = lo; item < hi;) {
+        const int64_t t = plan.task_of(item);
+        const int64_t end = std::min(hi, plan.first_item[t + 1]);
+        fns[t](plan.tasks[t], item - plan.first_item[t], end - plan.first_item[t], plan.grad_scale, buf.data(),
+               &bad[item]);
+        item = end;
+      }
     }
   }
-  if (step.nonfinite_blocks)
-    for (int64_t t = 0; t < step.num_tasks; ++t) {
-      int64_t count = 0;
-      for (int64_t item = plan.first_item[t]; item < plan.first_item[t + 1]; ++item) count += bad[item];
-      step.nonfinite_blocks[t] = count;
-    }
+  for (int64_t t = 0; t < s.n; ++t) {
+    int64_t count = 0;
+    for (int64_t item = plan.first_item[t]; item < plan.first_item[t + 1]; ++item) count += bad[item];
+    int64_t* counters = s.params[t].counters;
+    counters[0] = plan.steps[t];
+    counters[1] += count;
+  }
 }
 
 }  // namespace kernels

@@ -19,19 +19,54 @@ namespace kernels {
 
 // ---- the plan --------------------------------------------------------------------------------
 
-// What both passes need: (task, block) pairs flattened so one parallel loop covers every block of
-// every parameter, and a copy of the tasks with each quantized slot's tables resolved once.
+// One slot of one parameter as the loops see it.
+struct StateSlotRef {
+  SlotStorage storage = SlotStorage::None;
+  QuantFormat format = QuantFormat::Dyn8Signed;  // Quant
+  void* values = nullptr;    // F32: float*, BF16: bf16 bits (uint16_t*), Int16 / Int8: corrections; numel elements
+  uint8_t* codes = nullptr;  // Quant: code_bytes(format, numel) bytes
+  float* absmax = nullptr;   // Quant: one per block of the step's block size
+  const FormatView* tables = nullptr;  // Quant: resolved once per launch
+};
+
+// One parameter (or a block-aligned range of one) at this step: its StepParamRef with the values
+// derived for it.
+struct ParamTask {
+  void* param = nullptr;
+  ElemType param_type = ElemType::F32;
+  const void* grad = nullptr;
+  ElemType grad_type = ElemType::F32;
+  int64_t numel = 0;
+  int64_t offset = 0;        // element of the whole parameter where this range starts (RNG index)
+  int64_t block_size = 256;  // quantization block of the state; also the unit of work
+  int num_slots = 0;         // moment slots (at most kMomentSlots)
+  // slots[kCorrectionSlot]: the master-weight correction of a bf16 parameter (Int16 / Int8
+  // storage, master_weight.h), or None.
+  StateSlotRef slots[kMaxSlots];
+  Hyper hyper;                    // this step's values (derive_hyper)
+  bool stochastic_round = false;  // bf16 params: round the fp32 result stochastically
+  uint64_t seed = 0;              // counter-based RNG: hash(seed, offset + element index)
+};
+
+// A launch as both passes take it: the tasks with each quantized slot's tables resolved, and
+// (task, block) pairs flattened so one parallel loop covers every block of every parameter.
 struct StepPlan {
+  Rule rule = Rule::AdamW;
+  float grad_scale = 1.0f;   // clipping / loss-scale factor, applied as the gradient is read
+  bool trust_given = false;  // LAMB: the tasks' hyper.trust is set (whole-parameter norms); else pass 1 runs
+  bool vector_path = true;   // false: the scalar loop even where AVX-512 is present (tests)
+  std::vector<ParamTask> tasks;
+  std::vector<int64_t> steps;  // per task: the step it takes (its counters' steps + 1)
   std::vector<int64_t> first_item;
   int64_t items = 0;
   int64_t max_block = 1;
   FormatView views[kNumQuantFormats];
-  std::vector<ParamTask> tasks;
 
-  explicit StepPlan(const OptimStep& step);
+  explicit StepPlan(const StepLaunch& s);
   StepPlan(const StepPlan&) = delete;
   StepPlan& operator=(const StepPlan&) = delete;
 
+  int64_t num_tasks() const { return static_cast<int64_t>(tasks.size()); }
   int64_t task_of(int64_t item) const {
     return std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
   }
@@ -94,7 +129,7 @@ int store_quantized_slot(const StateSlotRef& s, int64_t block, int64_t begin, in
 // ---- LAMB's first pass --------------------------------------------------------------------------
 
 // Per parameter of the plan, out[2 t] and out[2 t + 1] (optim_step_cpu.h: lamb_norms_cpu).
-void lamb_norms(const StepPlan& plan, const OptimStep& step, double* out);
+void lamb_norms(const StepPlan& plan, double* out);
 
 // One block's sums of p^2 and r^2 (sums[0], sums[1]), in double: element i of the block goes to
 // partial sum i mod kLambLanes (in element order); a block's sum is the partials added in order.

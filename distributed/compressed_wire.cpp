@@ -1,7 +1,7 @@
 // The low-bit collectives of the sharded step (compressed_wire.h).
 #include "compressed_wire.h"
 
-#include <lowbit/tensors/wire_ops.h>
+#include "../tensors/wire_ops.h"
 
 namespace lowbit {
 namespace distributed {

@@ -14,7 +14,7 @@
 
 #include <ATen/ATen.h>
 
-#include <lowbit/kernels/common/format_table.h>
+#include "../kernels/common/format_table.h"
 
 #include "communicator.h"
 

@@ -14,10 +14,10 @@
 #include <set>
 #include <torch/serialize/archive.h>
 
-#include <lowbit/optim/checkpoint_reader.h>
-#include <lowbit/optim/fragment_access.h>
+#include "../optim/checkpoint_reader.h"
+#include "../optim/fragment_access.h"
 
-#include <lowbit/optim/step_calls.h>
+#include "../optim/step_calls.h"
 #include "sharded_optimizer.h"
 
 namespace lowbit {

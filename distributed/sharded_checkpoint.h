@@ -16,7 +16,7 @@
 
 #include <string>
 
-#include <lowbit/optim/lowbit_optimizer.h>
+#include "../optim/lowbit_optimizer.h"
 
 namespace lowbit {
 namespace distributed {

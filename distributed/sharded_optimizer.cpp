@@ -4,11 +4,11 @@
 
 #include <algorithm>
 
-#include <lowbit/kernels/common/step_config.h>
-#include <lowbit/optim/fragment_access.h>
-#include <lowbit/optim/grad_hooks.h>
-#include <lowbit/optim/step_calls.h>
-#include <lowbit/tensors/optim_ops.h>
+#include "../kernels/common/step_config.h"
+#include "../optim/fragment_access.h"
+#include "../optim/grad_hooks.h"
+#include "../optim/step_calls.h"
+#include "../tensors/optim_ops.h"
 
 
 namespace lowbit {

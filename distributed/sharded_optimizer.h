@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include <lowbit/optim/lowbit_optimizer.h>
-#include <lowbit/optim/state_layout.h>
+#include "../optim/lowbit_optimizer.h"
+#include "../optim/state_layout.h"
 
 #include "communicator.h"
 #include "compressed_wire.h"

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <map>
 
-#include <lowbit/tensors/quant_format.h>
+#include "../tensors/quant_format.h"
 
 #include "checkpoint_reader.h"
 #include "lowbit_optimizer.h"

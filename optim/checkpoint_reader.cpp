@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include <lowbit/tensors/qtensor.h>
-#include <lowbit/tensors/quant_format.h>
+#include "../tensors/qtensor.h"
+#include "../tensors/quant_format.h"
 
 #include "checkpoint_digest.h"
 #include "checkpoint_zip.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <lowbit/tensors/qtensor.h>
+#include "../tensors/qtensor.h"
 
 #include "state_format.h"
 

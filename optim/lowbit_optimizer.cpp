@@ -9,9 +9,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include <lowbit/tensors/optim_ops.h>
-#include <lowbit/tensors/quant_format.h>
-#include <lowbit/tensors/step_recording.h>
+#include "../tensors/optim_ops.h"
+#include "../tensors/quant_format.h"
+#include "../tensors/step_recording.h"
 
 #include "state_layout.h"
 #include "step_calls.h"

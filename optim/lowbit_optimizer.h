@@ -13,9 +13,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include <lowbit/kernels/common/state_slots.h>
-#include <lowbit/kernels/common/step_config.h>
-#include <lowbit/tensors/qtensor.h>
+#include "../kernels/common/state_slots.h"
+#include "../kernels/common/step_config.h"
+#include "../tensors/qtensor.h"
 
 #include "memory_report.h"
 #include "options.h"

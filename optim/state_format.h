@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include <lowbit/kernels/common/format_table.h>
+#include "../kernels/common/format_table.h"
 
 namespace lowbit {
 

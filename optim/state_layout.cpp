@@ -3,7 +3,7 @@
 
 #include <torch/library.h>
 
-#include <lowbit/tensors/quant_format.h>
+#include "../tensors/quant_format.h"
 
 namespace lowbit {
 namespace optim {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <lowbit/kernels/common/state_slots.h>
+#include "../kernels/common/state_slots.h"
 
 #include "state_format.h"
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <lowbit/kernels/common/format_table.h>
+#include "../kernels/common/format_table.h"
 
 namespace lowbit {
 namespace optim {

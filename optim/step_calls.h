@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <lowbit/tensors/optim_ops.h>
+#include "../tensors/optim_ops.h"
 
 #include "lowbit_optimizer.h"
 

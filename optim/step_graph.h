@@ -14,8 +14,8 @@
 #include <optional>
 #include <vector>
 
-#include <lowbit/kernels/common/step_config.h>
-#include <lowbit/tensors/step_recording.h>
+#include "../kernels/common/step_config.h"
+#include "../tensors/step_recording.h"
 
 #include "options.h"
 

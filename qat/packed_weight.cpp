@@ -3,8 +3,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <lowbit/kernels/common/fake_quant_math.h>
-#include <lowbit/tensors/float_code_tensors.h>
+#include "../kernels/common/fake_quant_math.h"
+#include "../tensors/float_code_tensors.h"
 
 namespace lowbit {
 namespace qat {

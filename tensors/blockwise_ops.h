@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include <lowbit/kernels/common/quantize_params.h>
+#include "../kernels/common/quantize_params.h"
 
 #include "quant_format.h"
 

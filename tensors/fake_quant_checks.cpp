@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include <lowbit/kernels/common/fake_quant_math.h>
+#include "../kernels/common/fake_quant_math.h"
 
 #include "blockwise_ops.h"  // elem_type
 

@@ -1,7 +1,7 @@
 // CPU kernels of the fake-quant ops: argument checks, then the OpenMP loops of kernels/cpu.
 #include <torch/library.h>
 
-#include <lowbit/kernels/cpu/fake_quant_cpu.h>
+#include "../kernels/cpu/fake_quant_cpu.h"
 
 #include "blockwise_ops.h"  // elem_type
 #include "fake_quant_ops.h"

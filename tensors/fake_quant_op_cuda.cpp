@@ -2,7 +2,7 @@
 // device guard, current stream, then the launchers of kernels/cuda.
 #include <torch/library.h>
 
-#include <lowbit/kernels/cuda/fake_quant_cuda.h>
+#include "../kernels/cuda/fake_quant_cuda.h"
 
 #include "blockwise_ops.h"  // elem_type
 #include "fake_quant_ops.h"

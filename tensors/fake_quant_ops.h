@@ -31,7 +31,7 @@
 #include <string_view>
 #include <tuple>
 
-#include <lowbit/kernels/common/fake_quant_params.h>
+#include "../kernels/common/fake_quant_params.h"
 
 namespace lowbit {
 namespace ops {

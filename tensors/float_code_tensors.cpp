@@ -1,7 +1,7 @@
 // Small-float code tables and ATen encode / decode: see float_code_tensors.h.
 #include "float_code_tensors.h"
 
-#include <lowbit/kernels/common/float_codes.h>
+#include "../kernels/common/float_codes.h"
 
 #include <vector>
 

@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include <lowbit/kernels/common/fake_quant_math.h>  // Float8Format
+#include "../kernels/common/fake_quant_math.h"  // Float8Format
 
 namespace lowbit {
 namespace ops {

@@ -1,7 +1,7 @@
 // CPU kernels of the blockwise ops: argument checks, then the OpenMP loops of kernels/cpu.
 #include <torch/library.h>
 
-#include <lowbit/kernels/cpu/quantize_cpu.h>
+#include "../kernels/cpu/quantize_cpu.h"
 
 #include "blockwise_ops.h"
 #include "wire_ops.h"

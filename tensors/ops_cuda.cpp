@@ -2,7 +2,7 @@
 // device guard, current stream, then the launchers of kernels/cuda.
 #include <torch/library.h>
 
-#include <lowbit/kernels/cuda/quantize_cuda.h>
+#include "../kernels/cuda/quantize_cuda.h"
 
 #include "blockwise_ops.h"
 #include "gpu_runtime.h"

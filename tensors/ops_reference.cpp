@@ -4,7 +4,7 @@
 
 #include <cfloat>
 
-#include <lowbit/kernels/common/code_tables.h>
+#include "../kernels/common/code_tables.h"
 
 #include "blockwise_ops.h"
 

@@ -75,9 +75,10 @@
 #include <string>
 #include <vector>
 
-#include <lowbit/kernels/common/state_slots.h>
-#include <lowbit/kernels/common/step_config.h>
-#include <lowbit/kernels/common/step_launch.h>
+#include "../kernels/common/state_slots.h"
+#include "../kernels/common/step_config.h"
+#include "../kernels/common/step_launch.h"
+#include "../kernels/common/step_values.h"
 
 #include "quant_format.h"
 
@@ -179,6 +180,9 @@ at::Tensor lamb_add_block_sums(const at::Tensor& block_sums, at::IntArrayRef fir
 // The reference step of parameter i of c at step t (ATen ops; any device); returns the blocks of
 // quantized state that became non-finite. trust: LAMB's trust ratio.
 int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_mult, float trust);
+// The reference steps of the call's parameters `which` (none where the call is skipped): what a
+// backend's kernels leave to it (parameters that are not contiguous), and the whole reference op.
+void reference_steps(const StepCall& c, const std::vector<size_t>& which);
 // Master weights (kernels/common/master_weight.h) in ATen ops, on any device: the fp32 master
 // values of bf16 parameter b with correction c (int16: 32-bit mode, int8: 24-bit), shaped like b;
 // and x (any float dtype, b's numel) split into b and c, written in place.

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include <lowbit/kernels/cpu/grad_stats_cpu.h>
-#include <lowbit/kernels/cpu/optim_step_cpu.h>
+#include "../kernels/cpu/grad_stats_cpu.h"
+#include "../kernels/cpu/optim_step_cpu.h"
 
 #include "blockwise_ops.h"
 #include "optim_ops.h"
@@ -50,24 +50,7 @@ void step_cpu(const StepArgs& args) {
     }
     kernels::optim_step_cpu(s);
   }
-  const float grad_mult = call_grad_multiplier(c);
-  for (size_t i : l.strided) {  // the reference steps the parameters that are not contiguous
-    const StepParam& p = c.params[i];
-    const int64_t t = p.counters->const_data_ptr<int64_t>()[0] + 1;
-    float trust = 1.0f;
-    if (c.config.rule == kernels::Rule::LAMB) {
-      if (c.lamb_norms) {
-        trust = kernels::lamb_trust((*c.lamb_norms)[i][0].item<double>(), (*c.lamb_norms)[i][1].item<double>());
-      } else {
-        const auto sums = reference_lamb_sums(c, i, t, grad_mult);
-        trust = kernels::lamb_trust(sums[0], sums[1]);
-      }
-    }
-    const int64_t bad = reference_param_step(c, i, t, grad_mult, trust);
-    int64_t* counters = p.counters->data_ptr<int64_t>();
-    counters[0] = t;
-    counters[1] += bad;
-  }
+  reference_steps(c, l.strided);  // the parameters that are not contiguous
 }
 
 at::Tensor lamb_norms_cpu(const StepArgs& args) {

@@ -5,7 +5,7 @@
 // parameter that is not contiguous takes the reference path (which does read back).
 #include <torch/library.h>
 
-#include <lowbit/kernels/cuda/optim_step_cuda.h>
+#include "../kernels/cuda/optim_step_cuda.h"
 
 #include "blockwise_ops.h"
 #include "gpu_runtime.h"
@@ -52,22 +52,7 @@ void step_cuda(const StepArgs& args) {
   each_launch(c, l, [&](const kernels::StepLaunch& s, const std::vector<size_t>&) {
     check(kernels::optim_step_gpu(s, current_gpu_stream()), op);
   });
-  if (l.strided.empty() || call_skipped(c)) return;
-  const float mult = call_grad_multiplier(c);
-  for (size_t i : l.strided) {
-    const StepParam& p = c.params[i];
-    const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
-    float trust = 1.0f;
-    if (c.config.rule == kernels::Rule::LAMB) {
-      const auto sums = c.lamb_norms ? std::array<double, 2>{(*c.lamb_norms)[i][0].item<double>(),
-                                                            (*c.lamb_norms)[i][1].item<double>()}
-                                     : reference_lamb_sums(c, i, t, mult);
-      trust = kernels::lamb_trust(sums[0], sums[1]);
-    }
-    const int64_t bad = reference_param_step(c, i, t, mult, trust);
-    p.counters->select(0, 0).fill_(t);
-    p.counters->select(0, 1).add_(bad);
-  }
+  reference_steps(c, l.strided);  // the parameters that are not contiguous (reads back to the host)
 }
 
 at::Tensor lamb_norms_cuda(const StepArgs& args) {

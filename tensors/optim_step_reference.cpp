@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include <lowbit/kernels/common/optim_rules.h>
+#include "../kernels/common/optim_rules.h"
 
 #include "aten_float.h"
 #include "blockwise_ops.h"
@@ -214,29 +214,33 @@ int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_
   return nonfinite;
 }
 
-namespace {
-
-void step_reference(const StepArgs& args) {
-  const StepCall c = check_step_call(args, "lowbit::optim_step_");
-  if (c.params.empty() || call_skipped(c)) return;
+void reference_steps(const StepCall& c, const std::vector<size_t>& which) {
+  if (which.empty() || call_skipped(c)) return;
   const float mult = call_grad_multiplier(c);
-  for (size_t i = 0; i < c.params.size(); ++i) {
+  Tensor norms;
+  if (c.config.rule == kernels::Rule::LAMB && c.lamb_norms) norms = c.lamb_norms->cpu();
+  for (size_t i : which) {
     const StepParam& p = c.params[i];
     const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
     float trust = 1.0f;
     if (c.config.rule == kernels::Rule::LAMB) {
-      if (c.lamb_norms) {
-        const Tensor norms = c.lamb_norms->cpu();
-        trust = kernels::lamb_trust(norms[i][0].item<double>(), norms[i][1].item<double>());
-      } else {
-        const auto sums = reference_lamb_sums(c, i, t, mult);
-        trust = kernels::lamb_trust(sums[0], sums[1]);
-      }
+      const auto sums = norms.defined() ? std::array<double, 2>{norms[i][0].item<double>(), norms[i][1].item<double>()}
+                                        : reference_lamb_sums(c, i, t, mult);
+      trust = kernels::lamb_trust(sums[0], sums[1]);
     }
     const int64_t bad = reference_param_step(c, i, t, mult, trust);
     p.counters->select(0, 0).fill_(t);
     p.counters->select(0, 1).add_(bad);
   }
+}
+
+namespace {
+
+void step_reference(const StepArgs& args) {
+  const StepCall c = check_step_call(args, "lowbit::optim_step_");
+  std::vector<size_t> all(c.params.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  reference_steps(c, all);
 }
 
 Tensor lamb_norms_reference(const StepArgs& args) {

@@ -1,7 +1,7 @@
 // Format names, codebooks as tensors, block size validation.
 #include "quant_format.h"
 
-#include <lowbit/kernels/common/code_tables.h>
+#include "../kernels/common/code_tables.h"
 
 namespace lowbit {
 

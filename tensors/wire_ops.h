@@ -21,7 +21,7 @@
 
 #include <string>
 
-#include <lowbit/kernels/common/quantize_params.h>
+#include "../kernels/common/quantize_params.h"
 
 #include "quant_format.h"
 

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include <lowbit/lowbit.h>
-#include <lowbit/optim/checkpoint_reader.h>
+#include "../lowbit.h"
+#include "../optim/checkpoint_reader.h"
 
 namespace lowbit {
 namespace tools {

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <string>
 
-#include <lowbit/lowbit.h>
+#include "../lowbit.h"
 
 #include "inspect.h"
 

@@ -11,6 +11,7 @@
 
 #include "host_device.h"
 #include "step_config.h"
+#include "step_values.h"
 
 namespace lowbit {
 namespace kernels {

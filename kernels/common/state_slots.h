@@ -10,6 +10,7 @@
 #include <string>
 
 #include "format_table.h"
+#include "host_device.h"
 #include "step_config.h"
 
 namespace lowbit {

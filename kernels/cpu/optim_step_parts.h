@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/step_values.h"
 #include "format_tables.h"
 #include "optim_step_cpu.h"
 

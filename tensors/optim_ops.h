@@ -131,6 +131,7 @@ struct StepCall {
   // read, so a backend touches no tensor's metadata again (over thousands of small tensors each
   // pass costs cache misses): addresses (what optim_step_ writes copy-on-write materialized; null
   // for meta tensors, and grad also where the gradient is not contiguous), numel, offset, rng_key.
+  // Alignment is make_launches', once the addresses of contiguous copies are known.
   std::vector<kernels::StepParamRef> refs;
 };
 

@@ -394,7 +394,6 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
     }
   }
   outputs.check();
-  for (kernels::StepParamRef& r : c.refs) r.aligned = kernels::aligned16(r) ? 1 : 0;
   for (int64_t i = 0; i < n; ++i) outputs.check_gradient(a.grads[i], static_cast<int>(i));
   if (outputs.enabled()) bump_versions(a);
   return c;

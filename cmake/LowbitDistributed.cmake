@@ -56,7 +56,7 @@ function(lowbit_add_distributed target)
   endif()
   set(dir ${PROJECT_SOURCE_DIR}/distributed)
   target_sources(${target} PRIVATE
-    ${dir}/communicator.cpp ${dir}/compressed_wire.cpp ${dir}/flat_layout.cpp ${dir}/init.cpp
+    ${dir}/communicator.cpp ${dir}/compressed_wire.cpp ${dir}/flat_layout.cpp ${dir}/fully_sharded_module.cpp ${dir}/init.cpp
     ${dir}/launch_env.cpp ${dir}/mpi_communicator.cpp ${dir}/sharded_checkpoint.cpp ${dir}/sharded_optimizer.cpp)
   target_link_libraries(${target} PRIVATE MPI::MPI_CXX)
   if(LOWBIT_WITH_NCCL)
@@ -71,7 +71,8 @@ function(lowbit_add_distributed target)
     set_property(SOURCE ${PROJECT_SOURCE_DIR}/tensors/build_info.cpp APPEND PROPERTY COMPILE_DEFINITIONS LOWBIT_WITH_C10D=1)
     install(FILES ${dir}/process_group_communicator.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/lowbit/distributed)
   endif()
-  install(FILES ${dir}/communicator.h ${dir}/compressed_wire.h ${dir}/distributed.h ${dir}/flat_layout.h ${dir}/init.h ${dir}/launch_env.h
+  install(FILES ${dir}/communicator.h ${dir}/compressed_wire.h ${dir}/distributed.h ${dir}/flat_layout.h
+                ${dir}/fully_sharded_module.h ${dir}/init.h ${dir}/launch_env.h
                 ${dir}/sharded_checkpoint.h ${dir}/sharded_optimizer.h ${dir}/mpi_communicator.h
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/lowbit/distributed)
 endfunction()

@@ -9,6 +9,7 @@
 #include "../optim/grad_hooks.h"
 #include "../optim/step_calls.h"
 #include "../tensors/optim_ops.h"
+#include "storage_residency.h"
 
 
 namespace lowbit {
@@ -29,7 +30,12 @@ constexpr int64_t kGatherBytes = int64_t{128} << 20;
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options)
-    : optimizer_(std::move(optimizer)), comm_(std::move(comm)), options_(options) {
+    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}) {}
+
+ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
+                                   std::shared_ptr<Communicator> comm, ShardedOptions options,
+                                   std::vector<Unit> units)
+    : optimizer_(std::move(optimizer)), comm_(std::move(comm)), options_(options), units_(std::move(units)) {
   TORCH_CHECK(optimizer_, kWho, ": optimizer is null");
   TORCH_CHECK(comm_, kWho, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
@@ -40,6 +46,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                 "the gradients are all-reduced, which it does not compress (unset one of the two)");
   }
   if (options_.update_wire) check_wire_compression(*options_.update_wire, "ShardedOptions::update_wire");
+  TORCH_INTERNAL_ASSERT(!fully_sharded() || (options_.overlap && options_.release_gradients && !options_.zero1 &&
+                                             !options_.gradient_wire && !options_.update_wire));
   torch::NoGradGuard no_grad;
   const int rank = comm_->rank();
   auto& groups = optimizer_->param_groups();
@@ -61,6 +69,13 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p), at::Tensor()});
     }
   }
+  std::vector<size_t> unit_of(params_.size(), units_.size());
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t m : units_[u].members) {
+      TORCH_INTERNAL_ASSERT(m < params_.size() && unit_of[m] == units_.size());
+      unit_of[m] = u;
+    }
+  TORCH_INTERNAL_ASSERT(std::count(unit_of.begin(), unit_of.end(), units_.size()) == 0 || units_.empty());
   check_ranks_agree();
   if (options_.gradient_wire && comm_->size() > 1) {
     // The wire's exchange, tried once on every rank (the same backend refuses on every rank).
@@ -125,6 +140,23 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       Param& pr = params_[m];
       pr.param.set_data(b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
     }
+    if (fully_sharded()) {
+      // The shard persists; the whole buffers get memory only while in use.
+      b.unit = unit_of[b.members[0]];
+      b.shard = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk).clone();
+      int64_t end = 0;
+      for (size_t k = 0; k < b.members.size(); ++k) {
+        if (b.layout.offsets[k] > end) b.padding.push_back({end, b.layout.offsets[k] - end});
+        end = b.layout.offsets[k] + params_[b.members[k]].param.numel();
+      }
+      if (b.layout.total > end) b.padding.push_back({end, b.layout.total - end});
+      b.released = unreadable_like(
+          b.flat_param, c10::str("FullyShardedModule: this parameter of ", units_[b.unit].name,
+                                 " is released (only this rank's shard lives between the unit's uses); read it "
+                                 "inside forward() or backward(), or after gather_all()"));
+      release(b);
+      release_storage(b.flat_grad);
+    }
     b.waiting = b.members.size();
     make_wire_buffers(b);
     buckets_.push_back(std::move(b));
@@ -146,7 +178,10 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     f.param_numel = pr.param.numel();
     fragments_.push_back(std::move(f));
     fragment_param_.push_back(m);
-    fragment_params_.push_back(b.flat_param.narrow(0, pr.flat_offset + range.first, range.second - range.first));
+    fragment_params_.push_back(fully_sharded()
+                                   ? b.shard.narrow(0, pr.flat_offset + range.first - rank * b.layout.chunk,
+                                                    range.second - range.first)
+                                   : b.flat_param.narrow(0, pr.flat_offset + range.first, range.second - range.first));
     fragment_grads_.push_back(
         b.grad_shard.narrow(0, pr.flat_offset + range.first - rank * b.layout.chunk, range.second - range.first));
   }
@@ -180,24 +215,39 @@ void ShardedOptimizer::check_ranks_agree() {
   for (const Param& pr : params_) elements += pr.param.numel();
   v.push_back({"the number of parameters", static_cast<int64_t>(params_.size())});
   v.push_back({"the parameters' total number of elements", elements});
-  const int64_t n = static_cast<int64_t>(v.size());
-  at::Tensor mine = at::empty({n}, at::kLong);
-  for (int64_t i = 0; i < n; ++i) mine.data_ptr<int64_t>()[i] = v[static_cast<size_t>(i)].second;
-  at::Tensor all = at::empty({comm_->size() * n}, at::TensorOptions().dtype(at::kLong).device(device_));
-  comm_->all_gather(mine.to(device_), all);
-  const at::Tensor host = all.cpu();
-  const int64_t* a = host.data_ptr<int64_t>();
-  for (int r = 1; r < comm_->size(); ++r)
-    for (int64_t i = 0; i < n; ++i) {
-      const std::string& what = v[static_cast<size_t>(i)].first;
-      const bool is_format = what.size() > 7 && what.compare(what.size() - 7, 7, ".format") == 0;
-      const auto show = [&](int64_t x) {
-        return is_format ? std::string(format_name(static_cast<QuantFormat>(x))) : std::to_string(x);
-      };
-      TORCH_CHECK(a[r * n + i] == a[i], kWho, ": the ranks disagree on ", what, ": rank 0 has ", show(a[i]),
-                  ", rank ", r, " has ", show(a[r * n + i]),
-                  "; every rank must construct its ShardedOptimizer with the same options and parameters");
-    }
+  v.push_back({"the number of units (the root's included)", static_cast<int64_t>(units_.size())});
+  // Then, where the counts agree (so every rank sends as many), each unit and each parameter: a
+  // model built otherwise on one rank shows first in the unit it changed.
+  std::vector<std::pair<std::string, int64_t>> detail;
+  for (const Unit& unit : units_) {
+    int64_t numel = 0;
+    for (size_t m : unit.members) numel += params_[m].param.numel();
+    detail.push_back({"the number of parameters of " + unit.name, static_cast<int64_t>(unit.members.size())});
+    detail.push_back({"the number of elements of " + unit.name, numel});
+  }
+  for (size_t m = 0; m < params_.size(); ++m)
+    detail.push_back({c10::str("the number of elements of ", name(m)), params_[m].param.numel()});
+  for (const auto* list : {&v, &detail}) {
+    const int64_t n = static_cast<int64_t>(list->size());
+    at::Tensor mine = at::empty({n}, at::kLong);
+    for (int64_t i = 0; i < n; ++i) mine.data_ptr<int64_t>()[i] = (*list)[static_cast<size_t>(i)].second;
+    at::Tensor all = at::empty({comm_->size() * n}, at::TensorOptions().dtype(at::kLong).device(device_));
+    comm_->all_gather(mine.to(device_), all);
+    const at::Tensor host = all.cpu();
+    const int64_t* a = host.data_ptr<int64_t>();
+    for (int r = 1; r < comm_->size(); ++r)
+      for (int64_t i = 0; i < n; ++i) {
+        const std::string& what = (*list)[static_cast<size_t>(i)].first;
+        const bool is_format = what.size() > 7 && what.compare(what.size() - 7, 7, ".format") == 0;
+        const auto show = [&](int64_t x) {
+          return is_format ? std::string(format_name(static_cast<QuantFormat>(x))) : std::to_string(x);
+        };
+        const char* who = fully_sharded() ? "FullyShardedModule" : kWho;
+        TORCH_CHECK(a[r * n + i] == a[i], who, ": the ranks disagree on ", what, ": rank 0 has ", show(a[i]),
+                    ", rank ", r, " has ", show(a[r * n + i]), "; every rank must construct its ", who,
+                    " with the same options, units and parameters");
+      }
+  }
 }
 
 void ShardedOptimizer::make_wire_buffers(Bucket& b) {
@@ -235,6 +285,19 @@ void ShardedOptimizer::make_wire_buffers(Bucket& b) {
 
 std::vector<std::vector<size_t>> ShardedOptimizer::plan_buckets() const {
   std::vector<std::vector<size_t>> out;
+  if (fully_sharded()) {  // one bucket per (unit, dtype), in the units' order
+    for (const Unit& unit : units_) {
+      const size_t first = out.size();
+      for (size_t m : unit.members) {
+        const auto t = params_[m].param.scalar_type();
+        auto b = std::find_if(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+                              [&](const std::vector<size_t>& x) { return params_[x[0]].param.scalar_type() == t; });
+        if (b == out.end()) b = out.insert(out.end(), std::vector<size_t>{});
+        b->push_back(m);
+      }
+    }
+    return out;
+  }
   if (!options_.overlap && options_.bucket_bytes == 0) {
     // One bucket per dtype, members in registration order (sharded_optimizer.h: bucket_bytes).
     std::vector<at::ScalarType> dtypes;
@@ -297,6 +360,7 @@ void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .
   TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kWho, ": the gradient of ", name(m), " has shape ",
               g.sizes(), "; expected ", pr.param.sizes());
   Bucket& b = buckets_[pr.bucket];
+  ensure_flat_grad(b);
   pr.in_flat_grad.copy_(g);
   if (options_.release_gradients) pr.param.mutable_grad().reset();
   pr.taken = pr.had = true;
@@ -317,6 +381,61 @@ void ShardedOptimizer::reduce_ready_buckets() {
       send_gradient_chunks(*comm_, *options_.gradient_wire, b.flat_grad, b.grad_residual, b.grad_send, b.grad_recv);
     else
       comm_->reduce_scatter(b.flat_grad, b.grad_shard, b.sum_only ? ReduceOp::Sum : ReduceOp::Avg);
+    if (fully_sharded()) {
+      // Every gradient of the bucket is in: backward() has no more use for its parameters.
+      release_storage(b.flat_grad);
+      release(b);
+    }
+  }
+}
+
+void ShardedOptimizer::reduce_buckets_before(size_t end) {
+  // Bucket by bucket, each reduced once its gradients are in.
+  for (size_t bi = next_bucket_; bi < end; ++bi) {
+    Bucket& b = buckets_[bi];
+    for (size_t m : b.members) {
+      Param& pr = params_[m];
+      if (pr.taken) continue;
+      const at::Tensor g = pr.param.grad();
+      if (g.defined()) {
+        take_gradient(m, g);
+        continue;
+      }
+      ensure_flat_grad(b);
+      pr.in_flat_grad.zero_();  // overlap: zeros from this rank
+      pr.taken = true;
+      --b.waiting;
+    }
+    reduce_ready_buckets();
+  }
+}
+
+void ShardedOptimizer::ensure_flat_grad(Bucket& b) {
+  if (storage_resident(b.flat_grad)) return;
+  allocate_storage(b.flat_grad);
+  for (const auto& [begin, len] : b.padding) b.flat_grad.narrow(0, begin, len).zero_();
+}
+
+void ShardedOptimizer::gather(size_t bucket) {
+  Bucket& b = buckets_[bucket];
+  if (b.gathered) return;
+  allocate_storage(b.flat_param);
+  comm_->all_gather(b.shard, b.flat_param);
+  point_members_at(b, b.flat_param);
+  b.gathered = true;
+}
+
+void ShardedOptimizer::release(Bucket& b) {
+  if (!b.gathered) return;
+  point_members_at(b, b.released);
+  release_storage(b.flat_param);
+  b.gathered = false;
+}
+
+void ShardedOptimizer::point_members_at(Bucket& b, const at::Tensor& flat) {
+  for (size_t m : b.members) {
+    Param& pr = params_[m];
+    pr.param.set_data(flat.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
   }
 }
 
@@ -427,22 +546,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     TORCH_CHECK(!g.defined() || (g.sizes() == pr.param.sizes() && !g.is_sparse()), kWho, ": the gradient of ",
                 name(m), " has shape ", g.sizes(), "; expected ", pr.param.sizes());
   }
-  // Bucket by bucket, each reduced once its gradients are in.
-  for (Bucket& b : buckets_) {
-    for (size_t m : b.members) {
-      Param& pr = params_[m];
-      if (pr.taken) continue;
-      const at::Tensor g = pr.param.grad();
-      if (g.defined()) {
-        take_gradient(m, g);
-        continue;
-      }
-      pr.in_flat_grad.zero_();  // overlap: zeros from this rank
-      pr.taken = true;
-      --b.waiting;
-    }
-    reduce_ready_buckets();
-  }
+  reduce_buckets_before(buckets_.size());
   comm_->order_after_collectives();
   for (Bucket& b : buckets_) {
     if (!b.grad_send.defined()) continue;
@@ -546,8 +650,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     std::vector<at::Tensor> mine, whole;
     int64_t gathering = 0;
     for (Bucket& b : buckets_) {
-      const at::Tensor own = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk);
-      if (b.update_rows.defined()) b.before.copy_(own);
+      if (b.update_rows.defined()) b.before.copy_(b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk));
       for (size_t gi = 0; gi < groups.size(); ++gi) {
         if (FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite && cpu_found) continue;
         std::vector<size_t> frags;
@@ -555,6 +658,8 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
           if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
         if (!frags.empty()) update(gi, frags, found_inf, sumsq, lamb_rows);
       }
+      if (fully_sharded()) continue;  // the next forward gathers the updated shards
+      const at::Tensor own = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk);
       if (b.update_rows.defined()) {
         pack_update(*options_.update_wire, rank, own, b.before, b.update_residual, b.update_rows);
         mine.push_back(b.update_rows.narrow(0, rank, 1));

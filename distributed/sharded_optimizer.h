@@ -29,6 +29,8 @@ class GradHooks;
 }
 namespace distributed {
 
+class FullyShardedModule;
+
 // Bucket size with ShardedOptions::overlap unless bucket_bytes says otherwise.
 constexpr int64_t kDefaultOverlapBucketBytes = int64_t{25} << 20;
 
@@ -162,6 +164,23 @@ class ShardedOptimizer {
   void load(const std::string& prefix, const optim::LoadOptions& options = optim::LoadOptions());
 
  private:
+  // Fully sharded (FullyShardedModule, fully_sharded_module.h): one bucket per (unit, dtype), the
+  // units listed in the order their gradients are reduced. Only each bucket's owned range (shard) persists; the whole
+  // parameters are gathered on request and released once their gradients are reduced; step()
+  // updates the shards and gathers nothing.
+  friend class FullyShardedModule;
+  struct Unit {
+    std::string name;             // for errors: "unit 3", "the root unit"
+    std::vector<size_t> members;  // indices into the optimizer's parameters
+  };
+  ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
+                   ShardedOptions options, std::vector<Unit> units);
+  void gather(size_t bucket);   // every rank's shard into flat_param (its parameters' memory)
+  void release(size_t bucket) { release(buckets_[bucket]); }  // the parameters' memory dropped; the shard stays
+  // Buckets [0, end) reduced now: the gradients no hook took from .grad, zeros where a parameter
+  // has none on this rank (step() does it for every bucket).
+  void reduce_buckets_before(size_t end);
+
   struct Bucket {
     at::ScalarType dtype;
     FlatLayout layout;
@@ -176,6 +195,14 @@ class ShardedOptimizer {
     // update_wire: every rank's packed update (uint8 [world, row bytes]), this rank's chunk before
     // the update (parameter dtype) and the update's residual (float32 [chunk]).
     at::Tensor update_rows, before, update_residual;
+    // Fully sharded: this rank's range of the parameters (flat_param's lives only while gathered),
+    // the unit the bucket belongs to, and flat_grad's elements that hold no parameter (zeroed
+    // whenever its memory is allocated anew).
+    at::Tensor shard;
+    at::Tensor released;  // what the members are views of while released (reading it is an error)
+    size_t unit = 0;
+    bool gathered = true;
+    std::vector<std::pair<int64_t, int64_t>> padding;
   };
   struct Param {
     size_t group, index;
@@ -189,6 +216,9 @@ class ShardedOptimizer {
     bool had = false;    // ... and it was a gradient, not zeros for a missing one
   };
   std::vector<std::vector<size_t>> plan_buckets() const;
+  void ensure_flat_grad(Bucket& b);  // fully sharded: flat_grad's memory, its padding zeroed
+  void release(Bucket& b);
+  void point_members_at(Bucket& b, const at::Tensor& flat);  // the parameters become views of flat
   // Every rank's options, parameter count and sizes against rank 0's, before any other collective.
   void check_ranks_agree();
   void make_wire_buffers(Bucket& b);
@@ -224,6 +254,8 @@ class ShardedOptimizer {
   std::vector<at::Tensor> fragment_params_, fragment_grads_;  // views: the piece of the parameter / gradient shard
   at::Tensor skipped_;   // int64 [1] on the device
   int64_t skipped_loaded_ = 0;
+  std::vector<Unit> units_;  // fully sharded only (see the constructor above)
+  bool fully_sharded() const { return !units_.empty(); }
 };
 
 }  // namespace distributed

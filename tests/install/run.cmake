@@ -18,7 +18,8 @@ set(expected
   tensors/build_info.h tensors/qtensor.h tensors/quant_format.h)
 if(WITH_MPI)
   list(APPEND expected distributed/communicator.h distributed/compressed_wire.h distributed/distributed.h
-       distributed/flat_layout.h distributed/init.h distributed/launch_env.h distributed/mpi_communicator.h
+       distributed/flat_layout.h distributed/fully_sharded_module.h distributed/init.h distributed/launch_env.h
+       distributed/mpi_communicator.h
        distributed/sharded_checkpoint.h distributed/sharded_optimizer.h)
 endif()
 if(WITH_MPI AND WITH_C10D)

@@ -1,0 +1,210 @@
+// FullyShardedModule: units of a module as buckets of a fully sharded ShardedOptimizer, gathered
+// around each unit's forward and backward (fully_sharded_module.h).
+#include "fully_sharded_module.h"
+
+#include <torch/autograd.h>
+
+#include <unordered_map>
+
+namespace lowbit {
+namespace distributed {
+
+namespace {
+
+constexpr const char* kWho = "FullyShardedModule";
+
+// Identity in forward; in backward it first has the unit's parameters gathered again.
+struct UnitBoundary : public torch::autograd::Function<UnitBoundary> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t module,
+                            int64_t unit) {
+    ctx->saved_data["module"] = module;
+    ctx->saved_data["unit"] = unit;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* m = reinterpret_cast<FullyShardedModule*>(ctx->saved_data["module"].toInt());
+    m->before_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
+                                       std::vector<std::shared_ptr<torch::nn::Module>> units,
+                                       std::shared_ptr<optim::LowbitOptimizer> optimizer,
+                                       std::shared_ptr<Communicator> comm, FullyShardedOptions options)
+    : root_(std::move(root)), options_(options) {
+  TORCH_CHECK(root_, kWho, ": root is null");
+  TORCH_CHECK(optimizer, kWho, ": optimizer is null");
+  // The optimizer's parameters, numbered as ShardedOptimizer numbers them: (group, index) order.
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (const auto& g : optimizer->param_groups())
+    for (const at::Tensor& p : g.params()) index.emplace(p.unsafeGetTensorImpl(), index.size());
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  for (const auto& item : root_->named_parameters(true)) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  const size_t n = units.size();
+  std::vector<size_t> unit_of(index.size(), n);
+  std::vector<ShardedOptimizer::Unit> in_forward(n + 1);
+  for (size_t u = 0; u < n; ++u) {
+    TORCH_CHECK(units[u], kWho, ": unit ", u, " is null");
+    for (const auto& item : units[u]->named_parameters(true)) {
+      const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+      const auto name = names.find(impl);
+      TORCH_CHECK(name != names.end(), kWho, ": parameter '", item.key(), "' of unit ", u,
+                  " is not a parameter of the root module; units are submodules of it");
+      const auto m = index.find(impl);
+      if (m == index.end()) continue;  // not trained: stays whole
+      TORCH_CHECK(unit_of[m->second] == n, kWho, ": parameter '", name->second, "' is in unit ", unit_of[m->second],
+                  " and in unit ", u, "; a parameter belongs to one unit (leave a shared one to the root)");
+      unit_of[m->second] = u;
+      in_forward[u].members.push_back(m->second);
+    }
+    in_forward[u].name = c10::str("unit ", u);
+  }
+  for (size_t m = 0; m < unit_of.size(); ++m)
+    if (unit_of[m] == n) in_forward[n].members.push_back(m);
+  in_forward[n].name = "the root unit";
+  // Reduced as backward completes them: the last unit first, the root (whose embedding's gradient
+  // comes last) at the end.
+  std::vector<ShardedOptimizer::Unit> reduce_order;
+  for (size_t u = n; u-- > 0;) reduce_order.push_back(in_forward[u]);
+  reduce_order.push_back(in_forward[n]);
+  ShardedOptions so;
+  so.overlap = true;
+  so.release_gradients = true;
+  so.broadcast_parameters = options_.broadcast_parameters;
+  sharded_.reset(new ShardedOptimizer(std::move(optimizer), std::move(comm), so, std::move(reduce_order)));
+  unit_buckets_.resize(n + 1);
+  for (size_t b = 0; b < sharded_->buckets_.size(); ++b) {
+    const size_t r = sharded_->buckets_[b].unit;  // in reduce order
+    unit_buckets_[r < n ? n - 1 - r : n].push_back(b);
+  }
+  prefetched_.assign(n + 1, 0);
+}
+
+FullyShardedModule::~FullyShardedModule() = default;
+
+void FullyShardedModule::gather_unit(size_t u) {
+  for (size_t b : unit_buckets_[u]) sharded_->gather(b);
+  if (prefetched_[u]) {
+    sharded_->communicator().order_after_collectives();
+    prefetched_[u] = 0;
+  }
+}
+
+void FullyShardedModule::prefetch_unit(size_t u) {
+  DeferredStreamWaits deferred(sharded_->communicator());
+  for (size_t b : unit_buckets_[u]) {
+    if (sharded_->buckets_[b].gathered) continue;
+    sharded_->gather(b);
+    prefetched_[u] = 1;
+  }
+}
+
+void FullyShardedModule::release_unit(size_t u) {
+  if (prefetched_[u]) {  // its gather may still be writing the memory
+    sharded_->communicator().order_after_collectives();
+    prefetched_[u] = 0;
+  }
+  for (size_t b : unit_buckets_[u]) sharded_->release(b);
+}
+
+at::Tensor FullyShardedModule::forward(const std::function<at::Tensor()>& fn) {
+  TORCH_CHECK(!in_forward_, kWho, ": forward() inside forward()");
+  const bool grad = at::GradMode::is_enabled();
+  {
+    torch::NoGradGuard no_grad;  // gathering is not part of the graph
+    gather_unit(root_unit());
+  }
+  in_forward_ = true;
+  at::Tensor out;
+  try {
+    out = fn();
+  } catch (...) {
+    in_forward_ = false;
+    throw;
+  }
+  in_forward_ = false;
+  if (!grad) release_all();  // no backward will follow
+  return out;
+}
+
+at::Tensor FullyShardedModule::unit(size_t u, const std::function<at::Tensor()>& fn) {
+  TORCH_CHECK(in_forward_, kWho, ": unit(", u, ") outside forward(); run the units from forward()'s function");
+  TORCH_CHECK(u < units(), kWho, ": unit ", u, " does not exist; there are ", units());
+  const bool grad = at::GradMode::is_enabled();
+  {
+    torch::NoGradGuard no_grad;
+    gather_unit(u);
+    if (u + 1 < units()) prefetch_unit(u + 1);
+  }
+  at::Tensor out = fn();
+  torch::NoGradGuard no_grad;
+  if (options_.reshard_after_forward || !grad) release_unit(u);
+  if (!grad || !out.defined() || !out.requires_grad()) return out;
+  at::AutoGradMode enable(true);
+  return UnitBoundary::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
+}
+
+void FullyShardedModule::before_backward(size_t u) {
+  torch::NoGradGuard no_grad;
+  // Backward has passed every later unit: their gradients are all in (a parameter without one on
+  // this rank counts as zeros), so every rank reduces them before this gather, in the same order.
+  if (!sharded_->accumulating()) {
+    size_t later = 0;
+    for (size_t v = u + 1; v < units(); ++v) later += unit_buckets_[v].size();
+    sharded_->reduce_buckets_before(later);
+  }
+  gather_unit(u);
+  if (u > 0) prefetch_unit(u - 1);
+}
+
+void FullyShardedModule::step() {
+  TORCH_CHECK(!in_forward_, kWho, ": step() inside forward()");
+  sharded_->step();
+  release_all();
+}
+
+void FullyShardedModule::zero_grad(bool set_to_none) { sharded_->zero_grad(set_to_none); }
+
+void FullyShardedModule::set_accumulating(bool on) { sharded_->set_accumulating(on); }
+
+void FullyShardedModule::gather_all() {
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < unit_buckets_.size(); ++u) gather_unit(u);
+}
+
+void FullyShardedModule::release_all() {
+  for (size_t u = 0; u < unit_buckets_.size(); ++u) release_unit(u);
+}
+
+int64_t FullyShardedModule::shard_bytes() const {
+  int64_t total = 0;
+  for (const auto& b : sharded_->buckets_) total += b.shard.nbytes();
+  return total;
+}
+
+int64_t FullyShardedModule::model_bytes() const {
+  int64_t total = 0;
+  for (const auto& b : sharded_->buckets_) total += b.flat_param.numel() * static_cast<int64_t>(b.flat_param.element_size());
+  return total;
+}
+
+int64_t FullyShardedModule::gathered_bytes() const {
+  int64_t total = 0;
+  for (const auto& b : sharded_->buckets_) total += static_cast<int64_t>(b.flat_param.storage().nbytes());
+  return total;
+}
+
+bool FullyShardedModule::gathered(size_t u) const {
+  TORCH_CHECK(u < unit_buckets_.size(), kWho, ": unit ", u, " does not exist; there are ", units(),
+              " (and the root, ", units(), ")");
+  for (size_t b : unit_buckets_[u])
+    if (!sharded_->buckets_[b].gathered) return false;
+  return true;
+}
+
+}  // namespace distributed
+}  // namespace lowbit

@@ -1,0 +1,118 @@
+// FullyShardedModule (FSDP-style, ZeRO-3): parameters, gradients and optimizer state sharded over
+// ranks, so N ranks hold about 1/N of each. The model is cut into units (a transformer block, say)
+// and the root (every parameter in no unit). Each unit's parameters live as this rank's
+// block-aligned range of a flat buffer per dtype (flat_layout.h, as ShardedOptimizer's buckets);
+// the whole parameters exist only while a unit computes:
+//   - forward: a unit's parameters are all-gathered before its forward (the next unit's gathered
+//     meanwhile, where the communicator runs asynchronously) and released after it;
+//   - backward: gathered again when the gradient reaches the unit's output (the unit before it
+//     prefetched), and released, with the gradients, as soon as its gradients are reduce-scattered
+//     (from the post-accumulate-grad hooks, as ShardedOptions::overlap does);
+//   - step(): the owned ranges step through the same op as one process, each with its element
+//     offset in its parameter, so parameters and state are bit for bit those of one process fed the
+//     averaged gradients, at any number of ranks (and the state format, block size and
+//     stochastic-rounding indices never depend on the world size).
+// The root's parameters stay gathered from forward() until their gradients are reduced.
+//
+// libtorch's C++ modules have no forward hooks, so the model's forward says where units run:
+//
+//   lowbit::distributed::FullyShardedModule fsdp(model, {model->blocks[0], ...}, optimizer, comm);
+//   at::Tensor loss = fsdp.forward([&] {
+//     at::Tensor x = model->embed(tokens);
+//     for (size_t u = 0; u < blocks.size(); ++u) x = fsdp.unit(u, [&] { return blocks[u]->forward(x); });
+//     return head_and_loss(x);
+//   });
+//   loss.backward();
+//   fsdp.step();
+//   fsdp.zero_grad();
+//
+// `optimizer` is any lowbit optimizer over the model's parameters (every trainable one), not yet
+// stepped; its groups, options and lr are the step's (schedulers work on it). Parameters not in the
+// optimizer stay whole on every rank. A parameter read outside forward()/backward() while its unit
+// is released fails in ATen ("data is not allocated yet"); gather_all() makes them readable.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sharded_optimizer.h"
+
+namespace lowbit {
+namespace distributed {
+
+struct FullyShardedOptions {
+  // Release a unit's gathered parameters after its forward (gathered again in backward): memory of
+  // about two units' parameters at a time, one more all-gather per unit and step. Off: a unit's
+  // parameters stay from its forward to its backward (the whole model's at the end of forward).
+  bool reshard_after_forward = true;
+  // Copy rank 0's parameters to every rank when constructed (ranks then start identical).
+  bool broadcast_parameters = true;
+};
+
+class FullyShardedModule {
+ public:
+  // `units`: submodules of `root`, each with parameters of its own (a parameter in two units is an
+  // error naming both); every rank must give the same units, parameters and options (checked
+  // before any other collective, errors naming the rank, the unit and the parameter).
+  FullyShardedModule(std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
+                     std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
+                     FullyShardedOptions options = {});
+  ~FullyShardedModule();
+  FullyShardedModule(const FullyShardedModule&) = delete;
+  FullyShardedModule& operator=(const FullyShardedModule&) = delete;
+
+  // The model's forward: gathers the root's parameters, runs fn, which runs each unit through
+  // unit(). Without grad mode (evaluation) everything is released when it returns.
+  at::Tensor forward(const std::function<at::Tensor()>& fn);
+  // Unit u's forward, inside forward(): its parameters gathered while fn runs; the result carries
+  // the gathering for backward.
+  at::Tensor unit(size_t u, const std::function<at::Tensor()>& fn);
+
+  // One step of every shard (after backward(); every rank calls it).
+  void step();
+  void zero_grad(bool set_to_none = true);
+  // Gradient accumulation: on for every backward() of a step but the last (the units' whole
+  // gradients then add up in .grad, reduced by the last backward()).
+  void set_accumulating(bool on);
+
+  // Every parameter whole on every rank (evaluation outside forward(), saving the model); the next
+  // forward() or step() releases them again.
+  void gather_all();
+  void release_all();
+
+  size_t units() const { return unit_buckets_.size() - 1; }  // the root not counted
+  // Bytes of parameters this rank keeps between steps (its shards), and the whole model's.
+  int64_t shard_bytes() const;
+  int64_t model_bytes() const;
+  // Parameters' bytes gathered on this rank now (units in use), and whether unit u's are (u ==
+  // units(): the root's).
+  int64_t gathered_bytes() const;
+  bool gathered(size_t u) const;
+
+  // Fragments, state bytes, wire statistics, the optimizer and fragment checkpoints of the state.
+  ShardedOptimizer& sharded() { return *sharded_; }
+  const ShardedOptimizer& sharded() const { return *sharded_; }
+
+  // The autograd side of unit() (fully_sharded_module.cpp): backward reached unit u's output.
+  void before_backward(size_t u);
+
+ private:
+  void gather_unit(size_t u);    // waits where the unit was prefetched
+  void prefetch_unit(size_t u);  // the all-gather issued without holding up the caller's stream
+  void release_unit(size_t u);
+  size_t root_unit() const { return unit_buckets_.size() - 1; }
+
+  std::shared_ptr<torch::nn::Module> root_;
+  FullyShardedOptions options_;
+  std::unique_ptr<ShardedOptimizer> sharded_;
+  std::vector<std::vector<size_t>> unit_buckets_;  // per unit (the root last): its buckets in sharded_
+  std::vector<char> prefetched_;                   // per unit: gathered without the caller's stream waiting
+  bool in_forward_ = false;
+};
+
+}  // namespace distributed
+}  // namespace lowbit

@@ -69,10 +69,12 @@ std::string usage() {
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
+         "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
          "  checks    --check-decreases --check-resume --check-recompute --check-release\n"
+         "            --compare CSV --tolerance X (rank 0: the loss curve against another run's, within X)\n"
          "  QAT       --qat-steps N --qat-lr X --qat-group N --qat-bits N (after training: int8 per-token\n"
          "            activations + int4 (--qat-bits) per-group weights, PTQ vs QAT fine-tuning vs fp32 fine-tuning of N steps)\n"
          "  probe     --probe-max-size --probe-steps N --probe-max-layers N --probe-save FILE\n";
@@ -132,6 +134,9 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--gradient-release") f.gradient_release = true;
     else if (a == "--no-step-graphs") f.step_graphs = false;
     else if (a == "--sharded") f.sharded = true;
+    else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
+    else if (a == "--compare") f.compare = next();
+    else if (a == "--tolerance") f.tolerance = to_double(a, next(), 0, 1e9);
     else if (a == "--wire-gradients" || a == "--wire-updates") {
       const std::string v = next();
       lowbit::QuantFormat q;
@@ -198,6 +203,10 @@ Flags parse_flags(int argc, char** argv) {
                     f.check_resume || f.qat_steps || f.probe))
     throw std::invalid_argument("--sharded takes a lowbit optimizer, without --gradient-release, --save / --resume, "
                                 "the checks, --qat-steps or --probe-max-size");
+  if (f.fully_sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
+    throw std::invalid_argument("--fully-sharded: the low-bit wire (--wire-gradients / --wire-updates) is for --sharded only so far");
+  if (!f.compare.empty() && f.stop_after)
+    throw std::invalid_argument("--compare checks a whole run's curve: drop --stop-after");
   if (f.stop_after > f.steps)
     throw std::invalid_argument("--stop-after " + std::to_string(f.stop_after) + " is past --steps " + std::to_string(f.steps));
   if (f.check_resume && (!f.save.empty() || !f.resume.empty() || f.stop_after))

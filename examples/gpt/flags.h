@@ -39,6 +39,14 @@ struct Flags {
   // update_wire): "none" or a signed QuantFormat name (Dyn8Signed, DE4Signed, ...)
   bool sharded = false;
   std::string wire_gradients = "none", wire_updates = "none";
+  // --fully-sharded: the same data parallelism with parameters, gradients and state sharded
+  // (lowbit::distributed::FullyShardedModule, one unit per block; the embeddings, final norm and
+  // tied head in the root): each rank holds about 1/N of the model between its uses.
+  bool fully_sharded = false;
+  // After training, rank 0 compares its loss curve with another run's CSV (--out of that run):
+  // the largest difference of the logged training losses must stay within `tolerance`.
+  std::string compare;
+  double tolerance = 5e-3;
   // ---- output
   int64_t log_every = 10, eval_every = 100, eval_batches = 8, sample = 0;
   std::string out = "gpt";          // prefix of OUT.csv, OUT.png

@@ -130,13 +130,28 @@ void GPTImpl::set_fake_quant(int64_t weight_group_size, int64_t weight_bits) {
   for (Block& b : blocks_) b->set_fake_quant(weight_group_size, weight_bits);
 }
 
+void GPTImpl::run_through(std::function<at::Tensor(const Fn&)> whole, std::function<at::Tensor(size_t, const Fn&)> unit) {
+  whole_ = std::move(whole);
+  unit_ = std::move(unit);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GPTImpl::block_modules() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const Block& b : blocks_) out.push_back(b.ptr());
+  return out;
+}
+
 at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= cfg_.context, "sequence of ", T, " tokens is longer than --context ", cfg_.context);
-  at::Tensor x = at::embedding(wte_, idx) + wpe_.narrow(0, 0, T);
-  for (Block& b : blocks_) x = b->forward(x);
-  x = at::layer_norm(x, {cfg_.width}, lnf_w_, lnf_b_, 1e-5);
-  return at::linear(x, wte_);  // tied head
+  const Fn body = [&] {
+    at::Tensor x = at::embedding(wte_, idx) + wpe_.narrow(0, 0, T);
+    for (size_t b = 0; b < blocks_.size(); ++b)
+      x = unit_ ? unit_(b, [&] { return blocks_[b]->forward(x); }) : blocks_[b]->forward(x);
+    x = at::layer_norm(x, {cfg_.width}, lnf_w_, lnf_b_, 1e-5);
+    return at::linear(x, wte_);  // tied head
+  };
+  return whole_ ? whole_(body) : body();
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 
 #include <lowbit/lowbit.h>
@@ -50,7 +51,15 @@ class GPTImpl : public torch::nn::Module {
   // activations, int4 symmetric weights in groups of `weight_group_size` along the input; 0: off.
   void set_fake_quant(int64_t weight_group_size, int64_t weight_bits = 4);
 
+  // Fully sharded training (--fully-sharded): forward runs through `whole` (the root's parameters
+  // gathered around it) and each block b through unit(b, its forward); null: plain calls.
+  using Fn = std::function<at::Tensor()>;
+  void run_through(std::function<at::Tensor(const Fn&)> whole, std::function<at::Tensor(size_t, const Fn&)> unit);
+  std::vector<std::shared_ptr<torch::nn::Module>> block_modules() const;
+
  private:
+  std::function<at::Tensor(const Fn&)> whole_;
+  std::function<at::Tensor(size_t, const Fn&)> unit_;
   ModelConfig cfg_;
   at::Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Block> blocks_;

@@ -79,7 +79,8 @@ class Lowbit : public TrainOptimizer {
 };
 
 template <typename Opt, typename Options>
-std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at::Tensor>& params, Options o) {
+std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at::Tensor>& params, Options o,
+                                           GPTImpl* model) {
   o.state_format(f.state_format)
       .fp8_second_moment(f.fp8_second_moment)
       .block_size(f.block_size)
@@ -95,7 +96,7 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   auto opt = std::make_unique<Opt>(params, o);
   opt->set_step_graphs(f.step_graphs);
   if (!f.step_graphs) s << ", no step graphs";
-  if (f.sharded) return make_sharded(f, std::move(opt), s.str());
+  if (f.sharded) return make_sharded(f, std::move(opt), s.str(), model);
   return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release);
 }
 
@@ -182,26 +183,26 @@ class TorchFusedAdamW : public TrainOptimizer {
 
 }  // namespace
 
-std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector<at::Tensor>& params) {
+std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector<at::Tensor>& params, GPTImpl* model) {
   const auto betas = std::make_tuple(f.beta1, f.beta2);
   const std::string& o = f.optimizer;
   if (o == "torch-adamw") return std::make_unique<TorchFusedAdamW>(f, params);
   if (o == "adamw")
-    return lowbit_opt<lo::AdamW>(f, params, lo::AdamWOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
+    return lowbit_opt<lo::AdamW>(f, params, lo::AdamWOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay), model);
   if (o == "adam")
-    return lowbit_opt<lo::Adam>(f, params, lo::AdamOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
-  if (o == "lion") return lowbit_opt<lo::Lion>(f, params, lo::LionOptions(f.lr).betas(betas).weight_decay(f.weight_decay));
+    return lowbit_opt<lo::Adam>(f, params, lo::AdamOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay), model);
+  if (o == "lion") return lowbit_opt<lo::Lion>(f, params, lo::LionOptions(f.lr).betas(betas).weight_decay(f.weight_decay), model);
   if (o == "sgd")
-    return lowbit_opt<lo::SGD>(f, params, lo::SGDOptions(f.lr).momentum(f.beta1).weight_decay(f.weight_decay));
+    return lowbit_opt<lo::SGD>(f, params, lo::SGDOptions(f.lr).momentum(f.beta1).weight_decay(f.weight_decay), model);
   if (o == "rmsprop")
-    return lowbit_opt<lo::RMSprop>(f, params, lo::RMSpropOptions(f.lr).alpha(f.beta2).eps(f.eps).weight_decay(f.weight_decay));
+    return lowbit_opt<lo::RMSprop>(f, params, lo::RMSpropOptions(f.lr).alpha(f.beta2).eps(f.eps).weight_decay(f.weight_decay), model);
   if (o == "adagrad")
-    return lowbit_opt<lo::Adagrad>(f, params, lo::AdagradOptions(f.lr).eps(f.eps).weight_decay(f.weight_decay));
+    return lowbit_opt<lo::Adagrad>(f, params, lo::AdagradOptions(f.lr).eps(f.eps).weight_decay(f.weight_decay), model);
   if (o == "ademamix")
     return lowbit_opt<lo::AdEMAMix>(
-        f, params, lo::AdEMAMixOptions(f.lr).betas(std::make_tuple(f.beta1, f.beta2, 0.9999)).eps(f.eps).weight_decay(f.weight_decay));
+        f, params, lo::AdEMAMixOptions(f.lr).betas(std::make_tuple(f.beta1, f.beta2, 0.9999)).eps(f.eps).weight_decay(f.weight_decay), model);
   if (o == "lamb")
-    return lowbit_opt<lo::LAMB>(f, params, lo::LAMBOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay));
+    return lowbit_opt<lo::LAMB>(f, params, lo::LAMBOptions(f.lr).betas(betas).eps(f.eps).weight_decay(f.weight_decay), model);
   throw std::invalid_argument("--optimizer " + o + ": unknown");
 }
 

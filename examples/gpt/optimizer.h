@@ -28,10 +28,17 @@ class TrainOptimizer {
   virtual void save_moments(const std::string& path, const std::vector<at::Tensor>& params, int64_t step) const;
   virtual void load(const std::string& path) = 0;
   virtual std::string describe() const = 0;
+  // After training: every parameter whole on this process again (--fully-sharded gathers them and
+  // detaches the model from the sharding), for the digest, sampling and the memory report.
+  virtual void unshard() {}
 };
+
+class GPTImpl;  // model.h
 
 // One parameter group: weight decay applies to every parameter, so that lowbit's max_grad_norm
 // clips the global norm (lowbit clips per group) inside the fused step, with no host sync.
-std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector<at::Tensor>& params);
+// --fully-sharded needs the model (its blocks are the units).
+std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector<at::Tensor>& params,
+                                               GPTImpl* model = nullptr);
 
 }  // namespace gpt

@@ -3,6 +3,8 @@
 
 #include <lowbit/build_config.h>
 
+#include "model.h"
+
 #include <sstream>
 #include <stdexcept>
 
@@ -55,6 +57,48 @@ class Sharded : public TrainOptimizer {
   std::string what_;
 };
 
+// --fully-sharded: the model's blocks are the units; the embeddings, the final norm and the tied
+// head are the root.
+class FullySharded : public TrainOptimizer {
+ public:
+  FullySharded(std::unique_ptr<lowbit::optim::LowbitOptimizer> opt, std::string what, GPTImpl& model)
+      : model_(model) {
+    inner_ = std::shared_ptr<lowbit::optim::LowbitOptimizer>(std::move(opt));
+    std::shared_ptr<torch::nn::Module> root = model.shared_from_this();
+    fsdp_ = std::make_unique<ld::FullyShardedModule>(root, model.block_modules(), inner_, communicator());
+    model.run_through([this](const GPTImpl::Fn& fn) { return fsdp_->forward(fn); },
+                      [this](size_t b, const GPTImpl::Fn& fn) { return fsdp_->unit(b, fn); });
+    std::ostringstream s;
+    s << what << ", fully sharded over " << communicator()->size() << " ranks (" << communicator()->backend() << ", "
+      << fsdp_->units() << " units + the root): " << fsdp_->shard_bytes() << " of " << fsdp_->model_bytes()
+      << " parameter bytes held per rank";
+    what_ = s.str();
+  }
+  ~FullySharded() override { unshard(); }
+  void step() override { fsdp_->step(); }
+  void zero_grad() override { fsdp_->zero_grad(); }
+  void set_lr(double lr) override {
+    for (auto& g : inner_->param_groups()) g.options().set_lr(lr);
+  }
+  int64_t state_bytes() const override { return fsdp_->sharded().state_bytes(); }
+  void save(const std::string&) override { throw std::invalid_argument("--save with --fully-sharded"); }
+  void load(const std::string&) override { throw std::invalid_argument("--resume with --fully-sharded"); }
+  std::string describe() const override { return what_; }
+  void unshard() override {
+    if (detached_) return;
+    fsdp_->gather_all();
+    model_.run_through(nullptr, nullptr);
+    detached_ = true;
+  }
+
+ private:
+  GPTImpl& model_;
+  std::shared_ptr<lowbit::optim::LowbitOptimizer> inner_;
+  std::unique_ptr<ld::FullyShardedModule> fsdp_;
+  std::string what_;
+  bool detached_ = false;
+};
+
 }  // namespace
 
 void Job::average(at::Tensor& t) const {
@@ -74,8 +118,12 @@ const Job& job(const Flags& f) {
 }
 
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt,
-                                             std::string what) {
+                                             std::string what, GPTImpl* model) {
   job(f);
+  if (f.fully_sharded) {
+    if (!model) throw std::invalid_argument("--fully-sharded: this mode of the example has no model to shard");
+    return std::make_unique<FullySharded>(std::move(opt), std::move(what), *model);
+  }
   return std::make_unique<Sharded>(f, std::move(opt), std::move(what));
 }
 
@@ -90,7 +138,7 @@ const Job& job(const Flags& f) {
 }
 
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer>,
-                                             std::string) {
+                                             std::string, GPTImpl*) {
   job(f);
   return nullptr;
 }

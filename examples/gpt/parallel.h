@@ -22,7 +22,8 @@ struct Job {
 // --device; CUDA ranks use cuda:<local rank>).
 const Job& job(const Flags& f);
 
+// --fully-sharded: `model`'s blocks become the units of a FullyShardedModule.
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt,
-                                             std::string what);
+                                             std::string what, GPTImpl* model);
 
 }  // namespace gpt

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "memory.h"
@@ -150,6 +151,41 @@ void plot(const Flags& f) {
   if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) == 0 && !f.quiet) std::printf("plot: %s.png\n", f.out.c_str());
 }
 
+// The logged training losses of a CSV this program wrote (step -> loss).
+std::map<int64_t, double> train_losses(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), "--compare: cannot read ", path);
+  std::map<int64_t, double> out;
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    std::string step, loss;
+    std::getline(s, step, ',');
+    std::getline(s, loss, ',');
+    if (!loss.empty()) out[std::stoll(step)] = std::stod(loss);
+  }
+  return out;
+}
+
+// --compare: this run's curve against another's, step by step where both logged.
+void compare_curves(const Flags& f) {
+  const auto mine = train_losses(f.out + ".csv"), theirs = train_losses(f.compare);
+  double worst = 0;
+  size_t both = 0;
+  for (const auto& [step, loss] : mine) {
+    const auto t = theirs.find(step);
+    if (t == theirs.end()) continue;
+    worst = std::max(worst, std::fabs(loss - t->second));
+    ++both;
+  }
+  TORCH_CHECK(both > 0, "--compare ", f.compare, ": no logged step in common with this run");
+  const bool same = worst <= f.tolerance;
+  std::printf("max |loss difference| against %s over %zu logged steps: %.3e (tolerance %.1e): %s\n", f.compare.c_str(),
+              both, worst, f.tolerance, same ? "same curve within float noise" : "DIFFERENT");
+  TORCH_CHECK(same, "--compare: the loss curves differ by ", worst, ", more than --tolerance ", f.tolerance);
+}
+
 }  // namespace
 
 double evaluate(GPT& model, const Flags& f, const Corpus& c, at::Device dev) {
@@ -197,7 +233,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   TORCH_CHECK(c.bpe.vocab() <= f.vocab, "the tokenizer has ", c.bpe.vocab(), " tokens, more than --vocab ", f.vocab);
   GPT model(mc);
   const std::vector<at::Tensor> params = model->parameters();
-  std::unique_ptr<TrainOptimizer> opt = make_optimizer(f, params);
+  std::unique_ptr<TrainOptimizer> opt = make_optimizer(f, params, model.get());
   int64_t start = 0;
   if (!f.resume.empty()) start = load_checkpoint(f.resume, f, c, model, *opt, dev);
   TORCH_CHECK(start < f.steps, "--resume ", f.resume, ": the checkpoint is at step ", start, ", nothing left of --steps ", f.steps);
@@ -277,6 +313,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   }
   r.seconds = seconds_since(t_run);
   csv.close();
+  opt->unshard();
   if (!f.save.empty()) save_checkpoint(f.save, f, c, model, *opt, r.last_step, dev);
   if (!f.save_moments.empty()) opt->save_moments(f.save_moments, params, r.last_step);
   r.digest = digest_of(params);
@@ -293,6 +330,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     if (r.last_step == f.steps) plot(f);
   }
   if (f.qat_steps && r.last_step == f.steps) run_qat_study(f, c, model, r.final_val, dev);
+  if (!f.compare.empty() && job(f).rank == 0) compare_curves(f);
   return r;
 }
 

@@ -45,17 +45,51 @@ int run_failure(const std::string& mode, double timeout, bool cuda) {
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::hours(1));
   }
-  ld::ShardedOptimizer sharded(std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-3)), comm);
+  // *_fsdp: the same through a FullyShardedModule of three Linear units, whose forward's all-gathers
+  // are the first collectives to meet the missing rank.
+  const bool fsdp = mode.size() > 5 && mode.compare(mode.size() - 5, 5, "_fsdp") == 0;
+  torch::nn::Sequential model(torch::nn::Linear(64, 64), torch::nn::Linear(64, 64), torch::nn::Linear(64, 64));
+  model->to(dev);
+  std::unique_ptr<ld::ShardedOptimizer> sharded;
+  std::unique_ptr<ld::FullyShardedModule> fully;
+  if (fsdp) {
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (const auto& m : model->children()) units.push_back(m);
+    fully = std::make_unique<ld::FullyShardedModule>(
+        model.ptr(), units, std::make_shared<lowbit::optim::AdamW>(model->parameters(), lowbit::optim::AdamWOptions(1e-3)),
+        comm);
+    params = {model->parameters()[0]};
+  } else {
+    sharded = std::make_unique<ld::ShardedOptimizer>(
+        std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-3)), comm);
+  }
   for (int s = 1; s <= 3; ++s) {
     if (s == 2 && victim && mode != "hang_first") {
-      std::fprintf(stderr, "rank %d: %s now\n", comm->rank(), mode == "kill" ? "killed" : "hanging");
+      const bool kill = mode == "kill" || mode == "kill_fsdp";
+      std::fprintf(stderr, "rank %d: %s now\n", comm->rank(), kill ? "killed" : "hanging");
       std::fflush(stderr);
-      if (mode == "kill") std::raise(SIGKILL);
+      if (kill) std::raise(SIGKILL);
       std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    if (fully) {
+      const at::Tensor x = at::ones({8, 64}, at::TensorOptions().device(dev)) * (comm->rank() + s);
+      const at::Tensor loss = fully->forward([&] {
+        at::Tensor y = x;
+        for (size_t u = 0; u < fully->units(); ++u)
+          y = fully->unit(u, [&] { return model[u]->as<torch::nn::Linear>()->forward(y); });
+        return y.sum();
+      });
+      loss.backward();
+      fully->step();
+      fully->gather_all();  // the parameter read below
+      (void)params[0].sum().item<double>();
+      fully->release_all();
+      std::fprintf(stderr, "rank %d: step %d done\n", comm->rank(), s);
+      continue;
     }
     for (size_t k = 0; k < params.size(); ++k)
       params[k].mutable_grad() = lowbit_test::rank_grad(comm->rank(), s, static_cast<int>(k), params[k].sizes(), at::kFloat).to(dev);
-    sharded.step();
+    sharded->step();
     // As a training loop does (loss.item()), wait for the step: NCCL's collectives return once
     // enqueued, so the others would otherwise run on past the hung collective until their
     // communicator's destructor waited for it.

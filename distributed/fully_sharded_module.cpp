@@ -4,6 +4,7 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace lowbit {
@@ -75,7 +76,8 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
   so.overlap = true;
   so.release_gradients = true;
   so.broadcast_parameters = options_.broadcast_parameters;
-  sharded_.reset(new ShardedOptimizer(std::move(optimizer), std::move(comm), so, std::move(reduce_order)));
+  sharded_.reset(new ShardedOptimizer(std::move(optimizer), std::move(comm), so, std::move(reduce_order),
+                                      options_.step_in_backward, options_.device));
   unit_buckets_.resize(n + 1);
   for (size_t b = 0; b < sharded_->buckets_.size(); ++b) {
     const size_t r = sharded_->buckets_[b].unit;  // in reduce order
@@ -168,6 +170,12 @@ void FullyShardedModule::step() {
 }
 
 void FullyShardedModule::zero_grad(bool set_to_none) { sharded_->zero_grad(set_to_none); }
+
+void FullyShardedModule::load(const std::string& prefix, const optim::LoadOptions& options) {
+  TORCH_CHECK(!in_forward_, kWho, ": load() inside forward()");
+  sharded_->load(prefix, options);  // the units come back released: the next use gathers the loaded shards
+  std::fill(prefetched_.begin(), prefetched_.end(), 0);
+}
 
 void FullyShardedModule::set_accumulating(bool on) { sharded_->set_accumulating(on); }
 

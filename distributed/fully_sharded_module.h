@@ -36,6 +36,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,18 @@ struct FullyShardedOptions {
   bool reshard_after_forward = true;
   // Copy rank 0's parameters to every rank when constructed (ranks then start identical).
   bool broadcast_parameters = true;
+  // Gradient release for the fully sharded model (the memory floor): each unit's shards step as
+  // soon as its gradients are reduced, inside backward(), and its gradient shard is dropped, so
+  // no gradient outlives its unit's backward. step() then only finishes what backward() left
+  // (units whose gradients some rank did not produce). What needs every gradient first is
+  // refused: global-norm clipping (max_grad_norm), LAMB. The non-finite skip is per unit (every
+  // rank skips the unit where any rank saw Inf or NaN); skipped_steps() counts the steps where some
+  // unit skipped. Bits otherwise as without it.
+  bool step_in_backward = false;
+  // Where the shards, the gathered parameters and the state live, when the model was built on the
+  // host (a model larger than one device: each parameter moves to the device only as its rank's
+  // shard). Unset: the parameters' own device.
+  std::optional<at::Device> device;
 };
 
 class FullyShardedModule {
@@ -93,7 +106,14 @@ class FullyShardedModule {
   int64_t gathered_bytes() const;
   bool gathered(size_t u) const;
 
-  // Fragments, state bytes, wire statistics, the optimizer and fragment checkpoints of the state.
+  // Checkpoints in the fragment format (sharded_checkpoint.h, version 3): every rank writes its
+  // shards and their state to `prefix`.rank-R-of-N; the files of any number of ranks load on any
+  // number, and into one process (load_fragments), bit-exact, and back. A refused load changes
+  // nothing on any rank.
+  void save(const std::string& prefix) const { sharded_->save(prefix); }
+  void load(const std::string& prefix, const optim::LoadOptions& options = optim::LoadOptions());
+
+  // Fragments, state bytes, wire statistics and the optimizer.
   ShardedOptimizer& sharded() { return *sharded_; }
   const ShardedOptimizer& sharded() const { return *sharded_; }
 

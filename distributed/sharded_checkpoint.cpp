@@ -34,7 +34,10 @@ constexpr int64_t kMagic = 0x6C6F77626672ll;  // "lowbfr"
 // other check below (the zip's CRC-32s included), only without digests; refusing them would strand
 // every sharded checkpoint written so far, and the CRC-32s already catch damage to their bytes.
 constexpr int64_t kVersionDigests = 2;
-constexpr int64_t kHeaderSize = 7;  // magic, version, rank, world size, seed, fragment count, skipped steps
+constexpr int64_t kVersionWeights = 3;
+// magic, version, rank, world size, seed, fragment count, skipped steps, and from version 3 the
+// count of weight pieces
+int64_t header_size(int64_t version) { return version >= kVersionWeights ? 8 : 7; }
 constexpr int64_t kMax = optim::kMaxCheckpointCount;
 
 struct Meta {  // the int64 header of one fragment
@@ -54,7 +57,16 @@ struct FileFragment {
 };
 
 struct FileHeader {
-  int64_t version, rank, world_size, seed, count, skipped;
+  int64_t version, rank, world_size, seed, count, skipped, weight_count = 0;
+};
+
+// One writer's piece of one parameter's values: elements [offset, offset + numel) of parameter
+// `index` of group `group` (entries "w<i>.meta": group, index, offset, numel, param_numel, dtype,
+// and "w<i>": the values).
+struct WeightPiece {
+  int64_t group = 0, index = 0, offset = 0, numel = 0, param_numel = 0;
+  at::Tensor values;
+  std::string where;
 };
 
 // How many tensors a slot of `storage` holds in a file: codes + absmax, values, or none.
@@ -87,11 +99,18 @@ void put(torch::serialize::OutputArchive& ar, const std::string& key, const at::
 }
 
 void write_file(const std::string& path, int rank, int world_size, uint64_t seed, int64_t skipped,
-                const std::vector<const Fragment*>& frags) {
+                const std::vector<const Fragment*>& frags, const std::vector<WeightPiece>& weights) {
   torch::serialize::OutputArchive ar;
   put(ar, "header", at::tensor(std::vector<int64_t>{kMagic, kFragmentFormatVersion, rank, world_size,
                                                     static_cast<int64_t>(seed), static_cast<int64_t>(frags.size()),
-                                                    skipped}));
+                                                    skipped, static_cast<int64_t>(weights.size())}));
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const WeightPiece& w = weights[i];
+    const std::string key = "w" + std::to_string(i);
+    put(ar, key + ".meta", at::tensor(std::vector<int64_t>{w.group, w.index, w.offset, w.numel, w.param_numel,
+                                                           static_cast<int64_t>(w.values.scalar_type())}));
+    put(ar, key, w.values.reshape({-1}));
+  }
   for (size_t i = 0; i < frags.size(); ++i) {
     const Fragment& f = *frags[i];
     const optim::ParamState& st = f.state;
@@ -183,20 +202,49 @@ FileHeader read_header(FileReader& r, int rank, int world_size) {
   // Version unknown yet: its digest is checked below. Contiguous before its values are read by
   // index: a file may give it any strides that stay inside its storage (stride 0 among them).
   const at::Tensor t = r.tensor("header", at::kLong).contiguous();
-  TORCH_CHECK(t.numel() == kHeaderSize && t.data_ptr<int64_t>()[0] == kMagic, r.who(),
+  TORCH_CHECK(t.numel() >= 2 && t.data_ptr<int64_t>()[0] == kMagic, r.who(),
               " is not a lowbit fragment file (no fragment header)");
   const int64_t* x = t.data_ptr<int64_t>();
-  const FileHeader h{x[1], x[2], x[3], x[4], x[5], x[6]};
-  TORCH_CHECK(h.version == 1 || h.version == kVersionDigests, r.who(), ": format version ", h.version,
-              " is not supported (this lowbit reads versions 1 and ", kVersionDigests, ")");
+  TORCH_CHECK(x[1] >= 1 && x[1] <= kFragmentFormatVersion, r.who(), ": format version ", x[1],
+              " is not supported (this lowbit reads versions 1 to ", kFragmentFormatVersion, ")");
+  TORCH_CHECK(t.numel() == header_size(x[1]), r.who(), ": the header has ", t.numel(), " values; version ", x[1],
+              " writes ", header_size(x[1]));
+  FileHeader h{x[1], x[2], x[3], x[4], x[5], x[6]};
+  if (h.version >= kVersionWeights) h.weight_count = x[7];
   r.version = h.version;
-  if (h.version >= kVersionDigests) r.ints("header", kHeaderSize);  // now with its digest
+  if (h.version >= kVersionDigests) r.ints("header", header_size(h.version));  // now with its digest
   TORCH_CHECK(h.rank == rank && h.world_size == world_size, r.who(), ": the header says rank ", h.rank, " of ",
               h.world_size, ", the file name rank ", rank, " of ", world_size);
-  // Each fragment has at least two entries (meta and slots): a larger count is not this file's.
+  // Each fragment has at least two entries (meta and slots), each weight piece two (meta and
+  // values): larger counts are not this file's.
   check_range(r.who(), "the header's fragment count", h.count, 0, r.entries() / 2);
+  check_range(r.who(), "the header's weight-piece count", h.weight_count, 0, r.entries() / 2 - h.count);
   check_range(r.who(), "the header's skipped-step count", h.skipped, 0, kMax);
   return h;
+}
+
+// Weight piece i, its meta checked field by field before its values are read.
+WeightPiece read_weights(FileReader& r, int64_t i) {
+  const std::string key = "w" + std::to_string(i);
+  const std::vector<int64_t> m = r.ints(key + ".meta", 6);
+  const std::string where = c10::str("load fragments: ", r.path(), ": weight piece ", i);
+  const char* names[] = {"group", "index", "offset", "numel", "param_numel", "dtype"};
+  const auto check = [&](int k, int64_t lo, int64_t hi) {
+    check_range(where, c10::str("field ", names[k], " of '", key, ".meta'"), m[k], lo, hi);
+  };
+  check(0, 0, kMax);
+  check(1, 0, kMax);
+  check(4, 1, kMax);
+  check(2, 0, m[4]);
+  check(3, 0, m[4] - m[2]);
+  const auto dtype = static_cast<at::ScalarType>(m[5]);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, where, ": field dtype of '", key,
+              ".meta' is ", m[5], ", not float32, bfloat16 or float16");
+  WeightPiece w{m[0], m[1], m[2], m[3], m[4], r.tensor(key, dtype), ""};
+  w.where = c10::str(where, " (parameter ", w.index, " of group ", w.group, ")");
+  TORCH_CHECK(w.values.numel() == w.numel, w.where, ": entry '", key, "' has ", w.values.numel(), " values, expected ",
+              w.numel);
+  return w;
 }
 
 // The fragment's meta values, each checked against its range and the others before any is used.
@@ -308,11 +356,13 @@ FileFragment read_fragment(FileReader& r, int64_t i) {
 }
 
 // One writer's file, whole: rank and world size are those of its name.
-std::vector<FileFragment> read_file(const std::string& path, int rank, int world_size, FileHeader* h) {
+std::vector<FileFragment> read_file(const std::string& path, int rank, int world_size, FileHeader* h,
+                                    std::vector<WeightPiece>* weights) {
   FileReader r(path);
   *h = read_header(r, rank, world_size);
   std::vector<FileFragment> out;
   for (int64_t i = 0; i < h->count; ++i) out.push_back(read_fragment(r, i));
+  for (int64_t i = 0; i < h->weight_count; ++i) weights->push_back(read_weights(r, i));
   r.check_no_other_entries();
   return out;
 }
@@ -494,13 +544,61 @@ optim::ParamState converted_state(const optim::LowbitOptimizer& o, size_t group,
 
 // Every writer's file read and checked whole, then every parameter's fragments against the
 // optimizer: throws before anything is changed.
+using ParamKey = std::pair<int64_t, int64_t>;  // (group, index)
+
+// Every parameter of `o` whole from the writers' weight pieces: each element exactly once, the
+// parameter's dtype and size; a piece of a parameter `o` does not have is refused.
+std::map<ParamKey, at::Tensor> join_weights(const optim::LowbitOptimizer& o, std::vector<WeightPiece> pieces,
+                                            const std::string& files) {
+  std::map<ParamKey, std::vector<WeightPiece>> by_param;
+  for (WeightPiece& w : pieces) by_param[{w.group, w.index}].push_back(std::move(w));
+  const auto& groups = o.param_groups();
+  std::map<ParamKey, at::Tensor> out;
+  for (auto& [key, ws] : by_param)
+    TORCH_CHECK(key.first < static_cast<int64_t>(groups.size()) &&
+                    key.second < static_cast<int64_t>(groups[key.first].params().size()),
+                ws[0].where, ": this optimizer has no parameter ", key.second, " in group ", key.first);
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (size_t i = 0; i < groups[gi].params().size(); ++i) {
+      const at::Tensor& p = groups[gi].params()[i];
+      auto it = by_param.find({static_cast<int64_t>(gi), static_cast<int64_t>(i)});
+      TORCH_CHECK(it != by_param.end(), "load fragments: ", files, ": the files hold weights (version ", kVersionWeights,
+                  ") but none of parameter ", i, " of group ", gi);
+      std::vector<WeightPiece>& ws = it->second;
+      std::sort(ws.begin(), ws.end(), [](const WeightPiece& a, const WeightPiece& b) { return a.offset < b.offset; });
+      int64_t next = 0;
+      std::vector<at::Tensor> parts;
+      for (const WeightPiece& w : ws) {
+        TORCH_CHECK(w.param_numel == p.numel(), w.where, ": the parameter has ", w.param_numel,
+                    " elements in the checkpoint but ", p.numel(), " here");
+        TORCH_CHECK(w.values.scalar_type() == p.scalar_type(), w.where, ": the weights are ", w.values.scalar_type(),
+                    ", the parameter ", p.scalar_type());
+        TORCH_CHECK(w.offset >= next, w.where, ": elements ", w.offset, "..", std::min(next, w.offset + w.numel),
+                    " are in two weight pieces (duplicated piece)");
+        TORCH_CHECK(w.offset == next, w.where, ": elements ", next, "..", w.offset,
+                    " are in no weight piece (missing piece)");
+        parts.push_back(w.values);
+        next = w.offset + w.numel;
+      }
+      TORCH_CHECK(next == p.numel(), ws.back().where, ": elements ", next, "..", p.numel(),
+                  " are in no weight piece (missing piece)");
+      out[it->first] = at::cat(parts).view(p.sizes());
+    }
+  return out;
+}
+
 std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimizer& o, const std::string& prefix,
-                                                      const LoadRequest& request, uint64_t* seed, int64_t* skipped) {
+                                                      const LoadRequest& request, uint64_t* seed, int64_t* skipped,
+                                                      std::map<ParamKey, at::Tensor>* weights) {
   std::map<std::pair<int64_t, int64_t>, std::vector<FileFragment>> by_param;
+  std::vector<WeightPiece> pieces;
+  int64_t with_weights = 0, files = 0;
   for (const WriterFile& file : writer_files(prefix)) {
     FileHeader h;
-    for (FileFragment& f : read_file(file.path, file.rank, file.world_size, &h))
+    for (FileFragment& f : read_file(file.path, file.rank, file.world_size, &h, &pieces))
       by_param[{f.meta.group, f.meta.index}].push_back(std::move(f));
+    with_weights += h.version >= kVersionWeights;
+    ++files;
     if (file.rank == 0) {
       *seed = static_cast<uint64_t>(h.seed);
       *skipped = h.skipped;
@@ -511,6 +609,8 @@ std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimiz
     TORCH_CHECK(h.skipped == *skipped, "load fragments: ", file.path, " counts ", h.skipped,
                 " skipped steps, rank 0's file ", *skipped);
   }
+  TORCH_CHECK(with_weights == 0 || with_weights == files, "load fragments: ", prefix, ": ", with_weights, " of ", files,
+              " files hold weights (version ", kVersionWeights, "); the files of one save all do or none");
   const auto& groups = o.param_groups();
   std::map<std::pair<int64_t, int64_t>, Whole> out;
   for (auto& kv : by_param) {
@@ -531,6 +631,10 @@ std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimiz
     if (convert) w.state = converted_state(o, static_cast<size_t>(gi), p, w.state);
     out[kv.first] = std::move(w);
   }
+  // After the state: its errors come first.
+  if (with_weights)
+    *weights = join_weights(o, std::move(pieces), files == 1 ? fragment_file(prefix, 0, 1)
+                                                             : c10::str(prefix, ".rank-*-of-", files));
   return out;
 }
 
@@ -567,10 +671,12 @@ std::string fragment_file(const std::string& prefix, int rank, int world_size) {
 
 void save_fragments(const optim::LowbitOptimizer& o, const std::string& prefix) {
   std::vector<Fragment> frags;
+  std::vector<WeightPiece> weights;
   const auto& groups = o.param_groups();
   for (size_t gi = 0; gi < groups.size(); ++gi)
     for (size_t i = 0; i < groups[gi].params().size(); ++i) {
       const at::Tensor& p = groups[gi].params()[i];
+      weights.push_back({static_cast<int64_t>(gi), static_cast<int64_t>(i), 0, p.numel(), p.numel(), p.detach(), ""});
       const optim::ParamState* st = FragmentAccess::state(o, p);
       if (!st) continue;
       Fragment f;
@@ -583,7 +689,7 @@ void save_fragments(const optim::LowbitOptimizer& o, const std::string& prefix) 
     }
   std::vector<const Fragment*> ptrs;
   for (const Fragment& f : frags) ptrs.push_back(&f);
-  write_file(fragment_file(prefix, 0, 1), 0, 1, FragmentAccess::seed(o), FragmentAccess::skipped(o), ptrs);
+  write_file(fragment_file(prefix, 0, 1), 0, 1, FragmentAccess::seed(o), FragmentAccess::skipped(o), ptrs, weights);
 }
 
 void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix, const optim::LoadOptions& options) {
@@ -592,7 +698,8 @@ void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix, const 
   const LoadRequest request{options.convert_state_format(),
                             "lowbit::distributed::load_fragments(optimizer, prefix, "
                             "LoadOptions().convert_state_format(true))"};
-  auto wholes = assemble(o, prefix, request, &seed, &skipped);  // throws before anything is changed
+  std::map<ParamKey, at::Tensor> weights;
+  auto wholes = assemble(o, prefix, request, &seed, &skipped, &weights);  // throws before anything is changed
   // The checkpoint's state replaces the whole state: a parameter it has no state for has none after
   // (as LowbitOptimizer::load does), not the state it had before.
   const auto& groups = o.param_groups();
@@ -606,14 +713,21 @@ void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix, const 
     }
   FragmentAccess::set_seed(o, seed);
   FragmentAccess::set_skipped(o, skipped);
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, w] : weights) groups[key.first].params()[key.second].copy_(w);
 }
 
 void ShardedOptimizer::save(const std::string& prefix) const {
   std::vector<const Fragment*> ptrs;
-  for (const Fragment& f : fragments_)
+  std::vector<WeightPiece> weights;
+  for (size_t fi = 0; fi < fragments_.size(); ++fi) {
+    const Fragment& f = fragments_[fi];
     if (f.state.counters.defined()) ptrs.push_back(&f);
+    weights.push_back({static_cast<int64_t>(f.group), static_cast<int64_t>(f.index), f.offset, f.numel,
+                       f.param_numel, fragment_params_[fi], ""});
+  }
   write_file(fragment_file(prefix, comm_->rank(), comm_->size()), comm_->rank(), comm_->size(),
-             FragmentAccess::seed(*optimizer_), skipped_steps(), ptrs);
+             FragmentAccess::seed(*optimizer_), skipped_steps(), ptrs, weights);
   comm_->barrier();  // every file is written when save returns on any rank
 }
 
@@ -624,9 +738,10 @@ void ShardedOptimizer::load(const std::string& prefix, const optim::LoadOptions&
                             "lowbit::distributed::ShardedOptimizer::load(prefix, LoadOptions().convert_state_format(true))"};
   // Every rank checks the files whole before any rank changes anything: one all_reduce of failures.
   std::map<std::pair<int64_t, int64_t>, Whole> wholes;
+  std::map<ParamKey, at::Tensor> weights;
   std::string error;
   try {
-    wholes = assemble(*optimizer_, prefix, request, &seed, &skipped);
+    wholes = assemble(*optimizer_, prefix, request, &seed, &skipped, &weights);
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   }
@@ -643,6 +758,22 @@ void ShardedOptimizer::load(const std::string& prefix, const optim::LoadOptions&
   FragmentAccess::set_seed(*optimizer_, seed);
   skipped_ = at::Tensor();
   skipped_loaded_ = skipped;
+  // The weights: each rank's own pieces (fully sharded: the shards), and without full sharding the
+  // whole parameters (every rank read every file), so the replicas agree without a collective.
+  torch::NoGradGuard no_grad;
+  for (size_t fi = 0; fi < fragments_.size(); ++fi) {
+    const Fragment& f = fragments_[fi];
+    auto it = weights.find({static_cast<int64_t>(f.group), static_cast<int64_t>(f.index)});
+    if (it != weights.end())
+      fragment_params_[fi].copy_(it->second.reshape({-1}).narrow(0, f.offset, f.numel), /*non_blocking=*/false);
+  }
+  if (!fully_sharded())
+    for (const Param& pr : params_) {
+      auto it = weights.find({static_cast<int64_t>(pr.group), static_cast<int64_t>(pr.index)});
+      if (it != weights.end()) pr.param.copy_(it->second);
+    }
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (fully_sharded()) release(b);  // gathered again, from the loaded shards, when next used
   // The low-bit wire's residuals are not in checkpoints (ShardedOptions::update_wire): they start
   // again from zero, as after construction.
   for (Bucket& b : buckets_)

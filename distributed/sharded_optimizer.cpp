@@ -30,12 +30,17 @@ constexpr int64_t kGatherBytes = int64_t{128} << 20;
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options)
-    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}) {}
+    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}, false, std::nullopt) {}
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options,
-                                   std::vector<Unit> units)
-    : optimizer_(std::move(optimizer)), comm_(std::move(comm)), options_(options), units_(std::move(units)) {
+                                   std::vector<Unit> units, bool step_in_backward,
+                                   std::optional<at::Device> device)
+    : optimizer_(std::move(optimizer)),
+      comm_(std::move(comm)),
+      options_(options),
+      units_(std::move(units)),
+      step_in_backward_(step_in_backward) {
   TORCH_CHECK(optimizer_, kWho, ": optimizer is null");
   TORCH_CHECK(comm_, kWho, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
@@ -48,6 +53,9 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   if (options_.update_wire) check_wire_compression(*options_.update_wire, "ShardedOptions::update_wire");
   TORCH_INTERNAL_ASSERT(!fully_sharded() || (options_.overlap && options_.release_gradients && !options_.zero1 &&
                                              !options_.gradient_wire && !options_.update_wire));
+  TORCH_INTERNAL_ASSERT(!step_in_backward_ || fully_sharded());
+  TORCH_INTERNAL_ASSERT(!device || fully_sharded());
+  if (step_in_backward_) check_step_in_backward();
   torch::NoGradGuard no_grad;
   const int rank = comm_->rank();
   auto& groups = optimizer_->param_groups();
@@ -60,10 +68,12 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       const auto t = p.scalar_type();
       TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, kWho, ": ", where(), " has dtype ", t,
                   "; supported: float32, bfloat16, float16");
-      if (first) device_ = p.device();
+      if (first) device_ = device ? *device : p.device();
       first = false;
-      TORCH_CHECK(p.device() == device_, kWho, ": ", where(), " is on ", p.device(), " but parameter 0 is on ",
-                  device_, "; shard parameters of one device per optimizer");
+      // Fully sharded onto a device: the parameters may start on the host (a model larger than one
+      // device is built there and sharded onto the devices).
+      TORCH_CHECK(p.device() == device_ || (device && p.is_cpu()), kWho, ": ", where(), " is on ", p.device(),
+                  " but parameter 0 is on ", device_, "; shard parameters of one device per optimizer");
       TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kWho, ": ", where(),
                   " already has optimizer state; wrap a fresh optimizer and load checkpoints into the ShardedOptimizer");
       params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p), at::Tensor()});
@@ -102,7 +112,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   std::vector<std::vector<size_t>> planned = plan_buckets();
   int64_t float_chunks = 0;
   for (const std::vector<size_t>& members : planned) {
-    if (options_.zero1 || params_[members[0]].param.scalar_type() != at::kFloat) continue;
+    if (options_.zero1 || step_in_backward_ || params_[members[0]].param.scalar_type() != at::kFloat) continue;
     std::vector<FlatEntry> entries;
     for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
     float_chunks += plan_flat_layout(entries, comm_->size()).chunk;
@@ -121,12 +131,15 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     b.flat_grad = at::zeros({b.layout.total}, opts);
     if (options_.zero1) {
       b.grad_shard = b.flat_grad.narrow(0, rank * b.layout.chunk, b.layout.chunk);
-    } else if (b.dtype == at::kFloat) {
+    } else if (b.dtype == at::kFloat && !step_in_backward_) {
       b.grad_shard = float_shards_.narrow(0, float_used, b.layout.chunk);
       b.sum_only = true;
       float_used += b.layout.chunk;
     } else {
+      // step_in_backward: a shard of its own, held only from the bucket's reduction to its step;
+      // float32 summed and divided by the world size as the shared buffer is.
       b.grad_shard = at::zeros({b.layout.chunk}, opts);
+      b.sum_only = step_in_backward_ && b.dtype == at::kFloat;
     }
     for (size_t k = 0; k < b.members.size(); ++k) {
       Param& pr = params_[b.members[k]];
@@ -185,6 +198,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     fragment_grads_.push_back(
         b.grad_shard.narrow(0, pr.flat_offset + range.first - rank * b.layout.chunk, range.second - range.first));
   }
+  if (step_in_backward_)  // the views above made: memory from each reduction to its step only
+    for (Bucket& b : buckets_) release_storage(b.grad_shard);
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;  // hooks_ removes the hooks
@@ -375,6 +390,7 @@ void ShardedOptimizer::reduce_ready_buckets() {
   DeferredStreamWaits deferred(*comm_);
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].waiting == 0) {
     Bucket& b = buckets_[next_bucket_++];
+    if (step_in_backward_) allocate_storage(b.grad_shard);
     if (options_.zero1)
       comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
     else if (b.grad_send.defined())
@@ -386,7 +402,78 @@ void ShardedOptimizer::reduce_ready_buckets() {
       release_storage(b.flat_grad);
       release(b);
     }
+    if (step_in_backward_) step_bucket(b);
   }
+}
+
+void ShardedOptimizer::check_step_in_backward() {
+  const auto& groups = optimizer_->param_groups();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const optim::GroupStep gs = FragmentAccess::group_step(*optimizer_, gi);
+    TORCH_CHECK(gs.common.max_grad_norm == 0, "FullyShardedModule: FullyShardedOptions::step_in_backward steps each "
+                "unit as soon as its gradients are reduced, before the others have theirs, so global-norm clipping "
+                "cannot work: group ", gi, " has max_grad_norm ", gs.common.max_grad_norm, "; set it to 0");
+    TORCH_CHECK(gs.config.rule != kernels::Rule::LAMB, "FullyShardedModule: FullyShardedOptions::step_in_backward "
+                "with LAMB (group ", gi, ") is not supported yet: its trust ratios need the norms of whole parameters "
+                "across units");
+  }
+}
+
+void ShardedOptimizer::step_bucket(Bucket& b) {
+  check_step_in_backward();  // options edited since construction
+  comm_->order_after_collectives();  // the shard is reduced
+  if (b.sum_only && comm_->size() > 1) b.grad_shard.div_(comm_->size());  // float32: the Avg, as step() divides
+  const auto& groups = optimizer_->param_groups();
+  bool prepass = false;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    prepass |= FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite;
+  // One small all_reduce for the bucket: any non-finite gradient among every rank's pieces, and how
+  // many ranks had each member's gradient (only a rank that missed one reads the counts back).
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> gids;
+  for (size_t fi : b.fragments) {
+    grads.push_back(fragment_grads_[fi]);
+    gids.push_back(0);
+  }
+  const auto dev = at::TensorOptions().device(device_);
+  at::Tensor found_local = prepass && !grads.empty() ? std::get<0>(ops::grad_check(grads, gids, 1, false))
+                                                     : at::zeros({1}, dev.dtype(at::kFloat));
+  bool missed_any = false;
+  for (size_t m : b.members) missed_any |= !params_[m].had;
+  const int64_t n = static_cast<int64_t>(b.members.size());
+  at::Tensor had = at::ones({n}, dev.dtype(at::kDouble));
+  if (missed_any) {
+    at::Tensor h = at::empty({n}, at::kDouble);
+    for (int64_t k = 0; k < n; ++k) h.data_ptr<double>()[k] = params_[b.members[static_cast<size_t>(k)]].had;
+    had = h.to(device_);
+  }
+  at::Tensor both = at::cat({found_local.to(at::kDouble), had});
+  comm_->all_reduce(both, ReduceOp::Sum);
+  comm_->order_after_collectives();
+  std::vector<char> stepped(params_.size(), 1);
+  if (missed_any) {
+    const at::Tensor counts = both.narrow(0, 1, n).cpu();
+    for (int64_t k = 0; k < n; ++k) stepped[b.members[static_cast<size_t>(k)]] = counts.data_ptr<double>()[k] > 0;
+  }
+  at::Tensor found_inf;
+  if (prepass) {
+    found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
+    backward_found_ = backward_found_.defined() ? at::maximum(backward_found_, found_inf) : found_inf;
+  }
+  const bool cpu_found = found_inf.defined() && found_inf.is_cpu() && found_inf.item<float>() != 0.0f;
+  for (size_t fi : b.fragments) {
+    Fragment& f = fragments_[fi];
+    if (!f.state.counters.defined())
+      f.state = FragmentAccess::make_state(*optimizer_, f.group, params_[fragment_param_[fi]].param, f.numel);
+  }
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    if (FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite && cpu_found) continue;
+    std::vector<size_t> frags;
+    for (size_t fi : b.fragments)
+      if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
+    if (!frags.empty()) update(gi, frags, found_inf, at::Tensor(), {});
+  }
+  release_storage(b.grad_shard);  // in stream order after the update
 }
 
 void ShardedOptimizer::reduce_buckets_before(size_t end) {
@@ -570,6 +657,12 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   for (Bucket& b : buckets_) b.waiting = b.members.size();
   next_bucket_ = 0;
+  if (step_in_backward_) {  // every bucket stepped as it was reduced
+    if (backward_found_.defined()) optim::count_skipped(skipped_, backward_found_);
+    backward_found_ = at::Tensor();
+    report_overflow();
+    return loss;
+  }
   ensure_states();
 
   // ---- one small all_reduce: (any non-finite, each group's sum of squares) over the owned pieces,
@@ -682,17 +775,21 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     if (b.update_rows.defined())
       apply_updates(*options_.update_wire, rank, b.flat_param, b.before, b.update_residual, b.update_rows,
                     wire_scratch_.narrow(0, 0, b.layout.chunk));
+  report_overflow();
+  return loss;
+}
+
+void ShardedOptimizer::report_overflow() {
   // Overflow of quantized state (CPU: free to read): reported once per piece, as a warning, since
   // only the owning rank sees it and an error there would leave the others waiting.
   for (Fragment& f : fragments_) {
-    if (!f.state.counters.is_cpu()) continue;
+    if (!f.state.counters.defined() || !f.state.counters.is_cpu()) continue;
     const optim::Overflow fresh = optim::fresh_overflow(f.state);
     if (fresh.blocks == 0) continue;
-    TORCH_WARN(kWho, ": rank ", rank, ": the state of parameter ", f.index, " of group ", f.group, " (elements ",
-               f.offset, "..", f.offset + f.numel, ") overflowed to Inf/NaN in ", fresh.blocks, " block(s) at step ",
-               fresh.step);
+    TORCH_WARN(kWho, ": rank ", comm_->rank(), ": the state of parameter ", f.index, " of group ", f.group,
+               " (elements ", f.offset, "..", f.offset + f.numel, ") overflowed to Inf/NaN in ", fresh.blocks,
+               " block(s) at step ", fresh.step);
   }
-  return loss;
 }
 
 }  // namespace distributed

@@ -173,8 +173,12 @@ class ShardedOptimizer {
     std::string name;             // for errors: "unit 3", "the root unit"
     std::vector<size_t> members;  // indices into the optimizer's parameters
   };
+  // step_in_backward: each bucket steps as soon as its gradients are reduced, and drops its
+  // gradient shard (FullyShardedOptions::step_in_backward).
+  // device: where the shards live when the parameters start on the host.
   ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
-                   ShardedOptions options, std::vector<Unit> units);
+                   ShardedOptions options, std::vector<Unit> units, bool step_in_backward,
+                   std::optional<at::Device> device);
   void gather(size_t bucket);   // every rank's shard into flat_param (its parameters' memory)
   void release(size_t bucket) { release(buckets_[bucket]); }  // the parameters' memory dropped; the shard stays
   // Buckets [0, end) reduced now: the gradients no hook took from .grad, zeros where a parameter
@@ -219,6 +223,9 @@ class ShardedOptimizer {
   void ensure_flat_grad(Bucket& b);  // fully sharded: flat_grad's memory, its padding zeroed
   void release(Bucket& b);
   void point_members_at(Bucket& b, const at::Tensor& flat);  // the parameters become views of flat
+  void step_bucket(Bucket& b);       // step_in_backward: the bucket's update, once reduced
+  void check_step_in_backward();     // ... refuses what needs every gradient first
+  void report_overflow();            // quantized state that overflowed since the last report
   // Every rank's options, parameter count and sizes against rank 0's, before any other collective.
   void check_ranks_agree();
   void make_wire_buffers(Bucket& b);
@@ -255,6 +262,8 @@ class ShardedOptimizer {
   at::Tensor skipped_;   // int64 [1] on the device
   int64_t skipped_loaded_ = 0;
   std::vector<Unit> units_;  // fully sharded only (see the constructor above)
+  bool step_in_backward_ = false;
+  at::Tensor backward_found_;  // step_in_backward: float32 [1], a bucket of this step was skipped
   bool fully_sharded() const { return !units_.empty(); }
 };
 

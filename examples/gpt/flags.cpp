@@ -69,7 +69,8 @@ std::string usage() {
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
-         "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block)\n"
+         "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
+         "            the host by rank 0; with --gradient-release each unit steps in backward)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
@@ -199,10 +200,10 @@ Flags parse_flags(int argc, char** argv) {
                                 "global-norm clipping (--clip " + std::to_string(f.clip) + ") cannot work: pass --clip 0");
   if (!f.sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--wire-gradients / --wire-updates compress the collectives of --sharded; add it");
-  if (f.sharded && (f.optimizer == "torch-adamw" || f.gradient_release || !f.save.empty() || !f.resume.empty() ||
-                    f.check_resume || f.qat_steps || f.probe))
-    throw std::invalid_argument("--sharded takes a lowbit optimizer, without --gradient-release, --save / --resume, "
-                                "the checks, --qat-steps or --probe-max-size");
+  if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || !f.save.empty() ||
+                    !f.resume.empty() || f.check_resume || f.qat_steps || f.probe))
+    throw std::invalid_argument("--sharded / --fully-sharded take a lowbit optimizer, without --save / --resume, the "
+                                "checks, --qat-steps or --probe-max-size (and --sharded without --gradient-release)");
   if (f.fully_sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--fully-sharded: the low-bit wire (--wire-gradients / --wire-updates) is for --sharded only so far");
   if (!f.compare.empty() && f.stop_after)

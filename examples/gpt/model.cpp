@@ -62,6 +62,7 @@ BlockImpl::BlockImpl(const ModelConfig& c, int64_t index) : heads_(c.heads), che
   fc_proj_w_ = param(*this, "fc_proj_w", {d, 4 * d}, c);
   fc_proj_b_ = param(*this, "fc_proj_b", {d}, c);
   // GPT-2's initialization: N(0, 0.02), residual projections scaled by 1/sqrt(2 * layers).
+  if (!c.initialize) return;
   torch::NoGradGuard ng;
   const double resid_std = 0.02 / std::sqrt(2.0 * c.layers);
   for (at::Tensor* w : {&ln1_w_, &ln2_w_}) w->fill_(1.0);
@@ -111,7 +112,7 @@ GPTImpl::GPTImpl(const ModelConfig& c) : cfg_(c) {
   TORCH_CHECK(c.width % c.heads == 0, "--width ", c.width, " is not a multiple of --heads ", c.heads);
   wte_ = param(*this, "wte", {c.vocab, c.width}, c);
   wpe_ = param(*this, "wpe", {c.context, c.width}, c);
-  {
+  if (c.initialize) {
     torch::NoGradGuard ng;
     wte_.normal_(0.0, 0.02);
     wpe_.normal_(0.0, 0.01);
@@ -119,6 +120,7 @@ GPTImpl::GPTImpl(const ModelConfig& c) : cfg_(c) {
   for (int64_t i = 0; i < c.layers; ++i) blocks_.push_back(register_module("h" + std::to_string(i), Block(c, i)));
   lnf_w_ = param(*this, "lnf_w", {c.width}, c);
   lnf_b_ = param(*this, "lnf_b", {c.width}, c);
+  if (!c.initialize) return;
   torch::NoGradGuard ng;
   lnf_w_.fill_(1.0);
   lnf_b_.zero_();

@@ -18,6 +18,9 @@ struct ModelConfig {
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
   bool checkpoint_activations = false;  // keep only each block's input; recompute the block in backward
+  // false: parameters left uninitialized (--fully-sharded ranks but 0, which take rank 0's values;
+  // untouched host pages cost no memory).
+  bool initialize = true;
 };
 
 // Parameters of a model of this shape (embeddings counted once: the head is tied).

@@ -61,17 +61,20 @@ class Sharded : public TrainOptimizer {
 // head are the root.
 class FullySharded : public TrainOptimizer {
  public:
-  FullySharded(std::unique_ptr<lowbit::optim::LowbitOptimizer> opt, std::string what, GPTImpl& model)
+  FullySharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt, std::string what, GPTImpl& model)
       : model_(model) {
     inner_ = std::shared_ptr<lowbit::optim::LowbitOptimizer>(std::move(opt));
     std::shared_ptr<torch::nn::Module> root = model.shared_from_this();
-    fsdp_ = std::make_unique<ld::FullyShardedModule>(root, model.block_modules(), inner_, communicator());
+    ld::FullyShardedOptions fo;
+    fo.device = at::Device(f.device);
+    fo.step_in_backward = f.gradient_release;
+    fsdp_ = std::make_unique<ld::FullyShardedModule>(root, model.block_modules(), inner_, communicator(), fo);
     model.run_through([this](const GPTImpl::Fn& fn) { return fsdp_->forward(fn); },
                       [this](size_t b, const GPTImpl::Fn& fn) { return fsdp_->unit(b, fn); });
     std::ostringstream s;
     s << what << ", fully sharded over " << communicator()->size() << " ranks (" << communicator()->backend() << ", "
-      << fsdp_->units() << " units + the root): " << fsdp_->shard_bytes() << " of " << fsdp_->model_bytes()
-      << " parameter bytes held per rank";
+      << fsdp_->units() << " units + the root" << (f.gradient_release ? ", each stepped in backward" : "")
+      << "): " << fsdp_->shard_bytes() << " of " << fsdp_->model_bytes() << " parameter bytes held per rank";
     what_ = s.str();
   }
   ~FullySharded() override { unshard(); }
@@ -122,7 +125,7 @@ std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<low
   job(f);
   if (f.fully_sharded) {
     if (!model) throw std::invalid_argument("--fully-sharded: this mode of the example has no model to shard");
-    return std::make_unique<FullySharded>(std::move(opt), std::move(what), *model);
+    return std::make_unique<FullySharded>(f, std::move(opt), std::move(what), *model);
   }
   return std::make_unique<Sharded>(f, std::move(opt), std::move(what));
 }

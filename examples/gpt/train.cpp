@@ -230,6 +230,12 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   mc.vocab = f.vocab, mc.context = f.context, mc.layers = f.layers, mc.width = f.width, mc.heads = f.heads;
   mc.dtype = f.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   mc.device = dev, mc.checkpoint_activations = f.checkpoint_activations;
+  if (f.fully_sharded) {
+    // Built on the host, by rank 0 only (the others' pages stay untouched: rank 0's values are
+    // broadcast), and sharded onto the GPUs: a model larger than one GPU never has to fit on one.
+    mc.device = at::kCPU;
+    mc.initialize = job(f).rank == 0;
+  }
   TORCH_CHECK(c.bpe.vocab() <= f.vocab, "the tokenizer has ", c.bpe.vocab(), " tokens, more than --vocab ", f.vocab);
   GPT model(mc);
   const std::vector<at::Tensor> params = model->parameters();

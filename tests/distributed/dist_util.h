@@ -78,9 +78,11 @@ Outcome expect_same_as_one_process(const Factory& make, at::ScalarType dtype, ld
 // The ShardedOptimizer over `c` against one process: every rule with Q8, Q4 and FP32 state; bf16
 // parameters with stochastic rounding; ZeRO-1; overlap with small buckets (every rule, Q4).
 void expect_sharded_over_matches_one_process(const std::shared_ptr<ld::Communicator>& c);
-// The sharded parameters and every fragment's state against one process's, bit for bit.
+// The sharded parameters and every fragment's state against one process's, bit for bit, and the
+// skipped steps (the sharded side's `extra_skipped` more: steps it skipped only in part).
 void expect_same_as(const ld::ShardedOptimizer& sharded, const std::vector<at::Tensor>& params,
-                    const lo::LowbitOptimizer& ref, const std::vector<at::Tensor>& ref_params);
+                    const lo::LowbitOptimizer& ref, const std::vector<at::Tensor>& ref_params,
+                    int64_t extra_skipped = 0);
 // One backward() whose gradient of params[k] is grads[k] exactly (undefined: params[k] unused).
 void backward_with(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads);
 

@@ -6,6 +6,10 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
+
+#include <lowbit/optim/step_calls.h>
+
 namespace lowbit_test {
 namespace {
 
@@ -62,16 +66,24 @@ struct FsdpRun {
   ld::FullyShardedOptions options;
   GradFn grad = default_grad;
   bool all_used = true;  // grad gives every parameter a gradient on every rank
+  // The one process's gradients where they differ from grad's (a unit the sharded run skips).
+  GradFn reference_grad;
+  int64_t skipped = 0;  // steps the module reports skipped
+  bool host_built = false;  // the model built on the host, sharded onto device() (FullyShardedOptions::device)
 };
 
 // Trains the crafted model fully sharded and one process on the mean gradients; compares.
 void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, const FsdpRun& run = {}) {
   const int rank = comm().rank(), world = comm().size();
-  std::vector<at::Tensor> params = make_params(dtype, device()), ref_params = make_params(dtype, device());
+  std::vector<at::Tensor> params = make_params(dtype, run.host_built ? at::Device(at::kCPU) : device()),
+                          ref_params = make_params(dtype, device());
   CraftedModel model(params);
   std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
   std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
-  ld::FullyShardedModule fsdp(model.ptr(), model->unit_modules(), inner, comm_ptr(), run.options);
+  ld::FullyShardedOptions options = run.options;
+  if (run.host_built) options.device = device();
+  ld::FullyShardedModule fsdp(model.ptr(), model->unit_modules(), inner, comm_ptr(), options);
+  for (const at::Tensor& p : params) EXPECT_EQ(p.device(), device());
   EXPECT_EQ(fsdp.gathered_bytes(), 0);
   for (int s = 1; s <= run.steps; ++s) {
     fsdp.zero_grad();
@@ -87,13 +99,18 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
       // Where every rank had every gradient, backward() reduced every unit and released it.
       if (run.all_used && mb + 1 == run.micro_batches)
         for (size_t u = 0; u <= fsdp.units(); ++u) EXPECT_FALSE(fsdp.gathered(u)) << "step " << s << " unit " << u;
+      // step_in_backward: backward() has stepped every piece already.
+      if (run.options.step_in_backward && run.all_used && !run.reference_grad && mb + 1 == run.micro_batches)
+        for (const ld::Fragment& f : fsdp.sharded().fragments())
+          EXPECT_EQ(f.state.counters.defined() ? f.state.step() : 0, s) << "parameter " << f.index;
     }
     for (size_t k = 0; k < params.size(); ++k) {
       at::Tensor sum = at::zeros(params[k].sizes(), at::kFloat);
       bool any = false;
+      const GradFn& ref_grad = run.reference_grad ? run.reference_grad : run.grad;
       for (int r = 0; r < world; ++r)
         for (int mb = 0; mb < run.micro_batches; ++mb) {
-          const at::Tensor g = run.grad(r, 10 * s + mb, static_cast<int>(k), params[k].sizes(), dtype);
+          const at::Tensor g = ref_grad(r, 10 * s + mb, static_cast<int>(k), params[k].sizes(), dtype);
           if (!g.defined()) continue;
           sum += g.to(at::kFloat);
           any = true;
@@ -105,7 +122,7 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
     EXPECT_EQ(fsdp.gathered_bytes(), 0) << "step " << s;
   }
   fsdp.gather_all();
-  expect_same_as(fsdp.sharded(), params, *ref, ref_params);
+  expect_same_as(fsdp.sharded(), params, *ref, ref_params, run.skipped);
   fsdp.release_all();
 }
 
@@ -176,6 +193,71 @@ TEST(FullyShardedModule, ClippingAndTheNonFiniteSkipMatchOneProcess) {
       return std::make_unique<lo::LAMB>(p, lo::LAMBOptions(1e-2).state_format(f).max_grad_norm(0.5));
     }, at::kFloat, run);
   }
+}
+
+TEST(FullyShardedModule, StepInBackwardMatchesOneProcess) {
+  FsdpRun release;
+  release.options.step_in_backward = true;
+  for (const RuleCase& rc : rule_cases()) {
+    if (std::string(rc.name) == "LAMB") continue;  // refused (below)
+    for (StateFormat f : {StateFormat::Q8, StateFormat::Q4, StateFormat::FP32}) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, f, false); }, at::kFloat,
+                                      release);
+    }
+  }
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[1].make(p, StateFormat::Q8, true); },
+                                  at::kBFloat16, release);
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4).master_weight_bits(24));
+  }, at::kBFloat16, release);
+  FsdpRun host = release;
+  host.host_built = true;
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4).master_weight_bits(24));
+  }, at::kBFloat16, host);
+  FsdpRun micro = release;
+  micro.micro_batches = 3;
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q8, false); },
+                                  at::kFloat, micro);
+  // Unused parameters (as without release), and the per-unit skip: an Inf in parameter 3 (unit 1)
+  // from the last rank at step 2 skips unit 1 on every rank, as one process whose unit-1
+  // parameters have no gradient at that step.
+  const int last = comm().size() - 1;
+  FsdpRun unused = release;
+  unused.all_used = false;
+  unused.grad = [last](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+    if ((k == 2 && r == 0) || (k == 0 && s == 20 && r == last) || (k == 5 && s == 30)) return at::Tensor();
+    return rank_grad(r, s, k, shape, dtype);
+  };
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[1].make(p, StateFormat::Q4, false); },
+                                  at::kFloat, unused);
+  FsdpRun inf = release;
+  inf.grad = [last](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+    at::Tensor g = rank_grad(r, s, k, shape, dtype);
+    if (s == 20 && k == 3 && r == last) g.view(-1)[4100] = std::numeric_limits<float>::infinity();
+    return g;
+  };
+  inf.reference_grad = [](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+    return s == 20 && (k == 2 || k == 3) ? at::Tensor() : rank_grad(r, s, k, shape, dtype);
+  };
+  inf.skipped = 1;
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[1].make(p, StateFormat::Q8, false); },
+                                  at::kFloat, inf);
+  // What needs every gradient first.
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  CraftedModel model(params);
+  const auto refused = [&](std::shared_ptr<lo::LowbitOptimizer> opt, const std::string& part) {
+    try {
+      ld::FullyShardedModule f(model.ptr(), model->unit_modules(), std::move(opt), comm_ptr(), release.options);
+      ADD_FAILURE() << "no error; expected one containing: " << part;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3).max_grad_norm(1.0)),
+          "global-norm clipping cannot work: group 0 has max_grad_norm 1; set it to 0");
+  refused(std::make_shared<lo::LAMB>(params, lo::LAMBOptions(1e-3)), "with LAMB (group 0) is not supported yet");
 }
 
 TEST(FullyShardedModule, HoldsAShareOfTheParametersAndReleasesThem) {
@@ -250,6 +332,66 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
   loss.backward();
   fsdp.step();
   EXPECT_EQ(fsdp.gathered_bytes(), 0);
+}
+
+// Resharding through checkpoints: ctest runs stage 0 on 3 ranks, 1 on 2, 2 as one unsharded
+// process (load_fragments / save_fragments), 3 on 3 again (LOWBIT_FSDP_STAGE). Each stage starts
+// from zeroed parameters (the weights must come from the files), steps twice and saves; each is
+// compared with one process replaying every step from the start.
+constexpr int kFsdpSchedule[] = {3, 2, 1, 3};
+
+TEST(FsdpReshard, Stage) {
+  const char* stage_env = std::getenv("LOWBIT_FSDP_STAGE");
+  if (!stage_env) GTEST_SKIP() << "run by the distributed_fsdp_reshard_* ctest entries";
+  const int stage = std::atoi(stage_env), world = comm().size(), rank = comm().rank();
+  ASSERT_EQ(world, kFsdpSchedule[stage]) << "stage " << stage << " runs on " << kFsdpSchedule[stage] << " ranks";
+  const auto make = [](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).weight_decay(0.01).state_format(StateFormat::Q4));
+  };
+  std::vector<at::Tensor> ref_params = make_params(at::kFloat, device());
+  auto ref = make(ref_params);
+  for (int st = 0; st <= stage; ++st)
+    for (int s = 2 * st + 1; s <= 2 * st + 2; ++s) {
+      for (size_t k = 0; k < ref_params.size(); ++k)
+        ref_params[k].mutable_grad() =
+            mean_grad(kFsdpSchedule[st], s, static_cast<int>(k), ref_params[k].sizes(), at::kFloat).to(device());
+      ref->step();
+    }
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  if (stage > 0)
+    for (at::Tensor& p : params) p.detach().zero_();
+  const std::string previous = "fsdp_reshard_" + std::to_string(stage - 1), mine = "fsdp_reshard_" + std::to_string(stage);
+  if (stage == 2) {  // one process, no module: the optimizer alone
+    auto one = make(params);
+    ld::load_fragments(*one, previous);
+    for (int s = 5; s <= 6; ++s) {
+      for (size_t k = 0; k < params.size(); ++k)
+        params[k].mutable_grad() = rank_grad(0, s, static_cast<int>(k), params[k].sizes(), at::kFloat).to(device());
+      one->step();
+    }
+    for (size_t k = 0; k < params.size(); ++k) {
+      EXPECT_TRUE(bitwise_equal(params[k], ref_params[k])) << "parameter " << k;
+      std::vector<at::Tensor> a, b;
+      lowbit::optim::append_state_range(*one->state_of(params[k]), 0, params[k].numel(), a);
+      lowbit::optim::append_state_range(*ref->state_of(ref_params[k]), 0, params[k].numel(), b);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t t = 0; t < a.size(); ++t) EXPECT_TRUE(bitwise_equal(a[t], b[t])) << "parameter " << k << " state " << t;
+    }
+    ld::save_fragments(*one, mine);
+    return;
+  }
+  CraftedModel model(params);
+  ld::FullyShardedModule fsdp(model.ptr(), model->unit_modules(), make(params), comm_ptr());
+  if (stage > 0) fsdp.load(previous);
+  for (int s = 2 * stage + 1; s <= 2 * stage + 2; ++s) {
+    fsdp.zero_grad();
+    model->forward(fsdp, default_grad, rank, s).backward();
+    fsdp.step();
+  }
+  fsdp.gather_all();
+  expect_same_as(fsdp.sharded(), params, *ref, ref_params);
+  fsdp.release_all();
+  fsdp.save(mine);
 }
 
 }  // namespace

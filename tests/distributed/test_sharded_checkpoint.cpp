@@ -155,9 +155,14 @@ TEST(ShardedCheckpoint, MissingDuplicatedOrMismatchedFragmentsLoadNothing) {
   auto victim = make_opt(vp);
   for (size_t k = 0; k < vp.size(); ++k) vp[k].mutable_grad() = at::ones_like(vp[k]);
   victim->step();
-  const auto before = all_state(*victim, vp);
+  const auto with_weights = [&] {
+    std::vector<at::Tensor> all = all_state(*victim, vp);
+    for (const at::Tensor& p : vp) all.push_back(p.detach().clone());
+    return all;
+  };
+  const auto before = with_weights();
   const auto unchanged = [&] {
-    const auto now = all_state(*victim, vp);
+    const auto now = with_weights();
     bool same = now.size() == before.size();
     for (size_t t = 0; same && t < now.size(); ++t) same = bitwise_equal(now[t], before[t]);
     return same;
@@ -204,7 +209,7 @@ TEST(ShardedCheckpoint, MissingDuplicatedOrMismatchedFragmentsLoadNothing) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Damaged fragment files (format version 2): each check of the reader, by a file that fails it
+// Damaged fragment files (format version 3): each check of the reader, by a file that fails it
 // alone. Entry edits are re-signed (fragment_edit.h) so that the checks behind the digests are
 // reached; the victim, an optimizer with state of its own, must come out bit-identical.
 // ---------------------------------------------------------------------------------------------
@@ -216,10 +221,16 @@ struct Victim {
   explicit Victim(StateFormat f) : opt(make_opt(params, f)) {
     for (auto& p : params) p.mutable_grad() = at::ones_like(p);
     opt->step();
-    before = all_state(*opt, params);
+    before = state_and_weights();
+  }
+  // The state and the parameters: a refused load changes neither.
+  std::vector<at::Tensor> state_and_weights() const {
+    std::vector<at::Tensor> all = all_state(*opt, params);
+    for (const at::Tensor& p : params) all.push_back(p.detach().clone());
+    return all;
   }
   bool unchanged() const {
-    const auto now = all_state(*opt, params);
+    const auto now = state_and_weights();
     bool same = now.size() == before.size();
     for (size_t t = 0; same && t < now.size(); ++t) same = bitwise_equal(now[t], before[t]);
     return same;
@@ -267,7 +278,8 @@ std::vector<Damage> damages() {
       {"digest", [](E& e) { auto t = tensor_of(e, "f0.t0"); t[7] = t[7].item<uint8_t>() ^ 1; e["f0.t0"] = t; },
        "checkpoint tensor 'f0.t0' is corrupt: its digest is"},
       {"magic", [](E& e) { set_int(e, "header", kMagic, 1); }, "is not a lowbit fragment file"},
-      {"version", [](E& e) { set_int(e, "header", kVersion, 3); }, "format version 3 is not supported"},
+      {"version", [](E& e) { set_int(e, "header", kVersion, 4); }, "format version 4 is not supported"},
+      {"header_size", [](E& e) { set_int(e, "header", kVersion, 2); }, "the header has 8 values; version 2 writes 7"},
       {"rank", [](E& e) { set_int(e, "header", kRank, 1); }, "the header says rank 1 of 1, the file name rank 0 of 1"},
       {"count", [](E& e) { set_int(e, "header", kCount, int64_t(1) << 40); }, "the header's fragment count is 1099511627776"},
       {"skipped", [](E& e) { set_int(e, "header", kSkipped, -1); }, "the header's skipped-step count is -1"},
@@ -296,8 +308,27 @@ std::vector<Damage> damages() {
       {"values", [](E& e) { e["f2.t0"] = tensor_of(e, "f2.t0").narrow(0, 0, 299).clone(); }, "'f2.t0' has 299 values, expected 300"},
       {"negative_scale", [](E& e) { auto t = tensor_of(e, "f0.t1"); t[3] = -1.0f; e["f0.t1"] = t; },
        "'f0.t1' holds a negative or non-finite block scale"},
-      {"extra_entry", [](E& e) { e["f9.meta"] = e["f0.meta"]; }, "entry 'f9.meta' is not one a version-2 writer writes"},
-      {"extra_value", [](E& e) { e["note"] = c10::IValue(int64_t(1)); }, "entry 'note' is not one a version-2 writer writes"},
+      {"extra_entry", [](E& e) { e["f9.meta"] = e["f0.meta"]; }, "entry 'f9.meta' is not one a version-3 writer writes"},
+      {"extra_value", [](E& e) { e["note"] = c10::IValue(int64_t(1)); }, "entry 'note' is not one a version-3 writer writes"},
+      // The weight pieces (w<i>: parameter i whole in a one-writer file).
+      {"weight_count", [](E& e) { set_int(e, "header", kWeightCount, int64_t(1) << 40); },
+       "the header's weight-piece count is 1099511627776"},
+      {"weight_dtype", [](E& e) { set_int(e, "w0.meta", kWDtype, static_cast<int64_t>(at::kDouble)); },
+       "field dtype of 'w0.meta' is 7, not float32, bfloat16 or float16"},
+      {"weight_offset", [](E& e) { set_int(e, "w0.meta", kWOffset, 6000); }, "field offset of 'w0.meta' is 6000, expected 0..5000"},
+      {"weight_values", [](E& e) { set_int(e, "w0.meta", kWNumel, 4999); }, "entry 'w0' has 5000 values, expected 4999"},
+      {"weight_param", [](E& e) { set_int(e, "w0.meta", kWGroup, 3); }, "this optimizer has no parameter 0 in group 3"},
+      {"weight_size", [](E& e) { set_int(e, "w0.meta", kWParamNumel, 6000); },
+       "weight piece 0 (parameter 0 of group 0): the parameter has 6000 elements in the checkpoint but 5000 here"},
+      {"weight_twice", [](E& e) { set_int(e, "w1.meta", kWIndex, 0); set_int(e, "w1.meta", kWParamNumel, 5000);
+         set_int(e, "w1.meta", kWNumel, 5000); e["w1"] = e["w0"]; },
+       "elements 0..5000 are in two weight pieces (duplicated piece)"},
+      {"weight_missing", [](E& e) { e.erase("w5"); e.erase("w5.digest"); e.erase("w5.meta"); e.erase("w5.meta.digest");
+         set_int(e, "header", kWeightCount, 5); },
+       "the files hold weights (version 3) but none of parameter 5 of group 0"},
+      {"weight_as_bf16", [](E& e) { e["w0"] = tensor_of(e, "w0").to(at::kBFloat16);
+         set_int(e, "w0.meta", kWDtype, static_cast<int64_t>(at::kBFloat16)); },
+       "the weights are BFloat16, the parameter Float"},
       {"missing_entry", [](E& e) { e.erase("f1.t2"); }, "entry 'f1.t2' is missing"},
       {"not_a_tensor", [](E& e) { e["f1.t2"] = c10::IValue(int64_t(3)); }, "entry 'f1.t2' is not a tensor"},
       {"no_such_param", [](E& e) { set_int(e, "f0.meta", kGroup, 5); }, "this optimizer has no parameter 0 in group 5"},
@@ -380,12 +411,12 @@ TEST(ShardedCheckpoint, TensorRecordsShorterThanTheirClaimsAreRefused) {
   std::vector<ZipEntry> probe = entries;
   const std::vector<TensorClaims> claims = tensor_claims(find_entry_in_folder(probe, "data.pkl")->bytes);
   ASSERT_GT(claims.size(), 10u);
-  // The header (7 int64: 56 bytes) cut to 48 bytes; the large claim (2^24 elements, sizes too)
+  // The header (8 int64: 64 bytes) cut to 56 bytes; the large claim (2^24 elements, sizes too)
   // over the smallest record.
   size_t header = claims.size(), smallest = 0;
   for (size_t k = 0; k < claims.size(); ++k) {
     const size_t n = find_entry_in_folder(probe, "data/" + claims[k].key)->bytes.size();
-    if (n == 56 && header == claims.size()) header = k;
+    if (n == 64 && header == claims.size()) header = k;
     if (n < find_entry_in_folder(probe, "data/" + claims[smallest].key)->bytes.size()) smallest = k;
   }
   ASSERT_LT(header, claims.size());
@@ -397,8 +428,8 @@ TEST(ShardedCheckpoint, TensorRecordsShorterThanTheirClaimsAreRefused) {
   };
   const std::vector<Case> cases = {
       {"header_cut",
-       [&](std::vector<ZipEntry>& e) { find_entry_in_folder(e, "data/" + claims[header].key)->bytes.resize(48); },
-       "checkpoint tensor 'header' needs 56 bytes, but its record in the file holds 48 bytes"},
+       [&](std::vector<ZipEntry>& e) { find_entry_in_folder(e, "data/" + claims[header].key)->bytes.resize(56); },
+       "checkpoint tensor 'header' needs 64 bytes, but its record in the file holds 56 bytes"},
       {"large_claim",
        [&](std::vector<ZipEntry>& e) {
          std::string& p = find_entry_in_folder(e, "data.pkl")->bytes;
@@ -479,24 +510,43 @@ TEST(ShardedCheckpoint, WriterSetsAreCheckedWhole) {
   EXPECT_TRUE(victim.unchanged());
 }
 
-// Version 1 files (no digests) still load, with every other check.
-TEST(ShardedCheckpoint, Version1FilesStillLoad) {
+// Version 1 files (no digests) and version 2 files (no weights) still load, with every other
+// check: the state, the parameters keeping their values.
+TEST(ShardedCheckpoint, Version1And2FilesStillLoad) {
   Saved saved(StateFormat::Q4, "v1");
-  Entries e;
-  for (const auto& [k, v] : saved.entries)
-    if (k.size() < 7 || k.compare(k.size() - 7, 7, ".digest") != 0) e.emplace(k, v);
-  set_int(e, "header", kVersion, 1);
+  for (int64_t version : {1, 2}) {
+    SCOPED_TRACE(version);
+    std::vector<at::Tensor> p = make_params(at::kFloat, device());
+    auto o = make_opt(p);
+    ld::load_fragments(*o, write_set("v" + std::to_string(version), {as_version(saved.entries, version)}));
+    const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
+    const std::vector<at::Tensor> init = make_params(at::kFloat, device());
+    for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(bitwise_equal(p[k], init[k])) << "parameter " << k;
+  }
+  // A version-1 file carrying digests is not what a version-1 writer wrote.
+  Entries e = as_version(saved.entries, 1);
+  resign_fragments(e);
   std::vector<at::Tensor> p = make_params(at::kFloat, device());
   auto o = make_opt(p);
-  ld::load_fragments(*o, write_set("v1", {e}));
-  const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
-  // A version-1 file carrying digests is not what a version-1 writer wrote.
-  set_int(saved.entries, "header", kVersion, 1);
-  resign_fragments(saved.entries);
-  const std::string err = load_error(*o, write_set("v1_digests", {saved.entries}));
+  const std::string err = load_error(*o, write_set("v1_digests", {e}));
   EXPECT_NE(err.find("' is not one a version-1 writer writes"), std::string::npos) << err;
+}
+
+// Version 3: the weights come back with the state, from one writer or from several.
+TEST(ShardedCheckpoint, WeightsLoadWithTheState) {
+  Saved saved(StateFormat::Q4, "weights");
+  for (int world : {1, 3}) {
+    SCOPED_TRACE(world);
+    std::vector<at::Tensor> p = make_params(at::kFloat, device());
+    auto o = make_opt(p);
+    ld::load_fragments(*o, write_set("weights" + std::to_string(world), split_fragment_file(saved.entries, world)));
+    for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(bitwise_equal(p[k], saved.params[k])) << "parameter " << k;
+    const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
+  }
 }
 
 // A load replaces the whole state: a parameter the checkpoint holds no state for has none after.
@@ -590,9 +640,10 @@ void convert_on_load(StateFormat from, StateFormat to, int64_t master_bits) {
         ld::fragment_file(pre, 0, world) + ": fragment 0 (parameter 0 of group 0)", std::string("nothing was loaded")})
     EXPECT_NE(err.find(want), std::string::npos) << "no '" << want << "' in: " << err;
   EXPECT_TRUE(all_bitwise_equal(before, fragment_state(target)));
-  // On purpose: one process's conversion of the same state, sliced, and its next steps.
+  // On purpose: one process's conversion of the same state, sliced, and its next steps (from the
+  // saved weights, which the load brings).
   std::vector<at::Tensor> one_params;
-  auto one = converted_by_one_process(*ref, to, master_bits, tp, one_params, name);
+  auto one = converted_by_one_process(*ref, to, master_bits, ref_params, one_params, name);
   target.load(pre, kConvert);
   expect_fragments_match(target, *one, one_params);
   expect_next_steps_match(target, tp, *one, one_params, world);

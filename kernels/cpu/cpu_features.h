@@ -17,8 +17,16 @@ inline bool cpu_has_avx512_vbmi() {
   static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi");
   return has;
 }
+
+// AVX2 and F16C (the AVX2 loops convert fp16 with it): Haswell, Zen 1 and later. FMA is not
+// needed: the loops never fuse a multiply and an add.
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+}
 #else
 inline bool cpu_has_avx512() { return false; }
+inline bool cpu_has_avx2() { return false; }
 inline bool cpu_has_avx512_vbmi() { return false; }
 #endif
 

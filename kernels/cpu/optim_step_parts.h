@@ -4,6 +4,8 @@
 //   lamb_norms_cpu.cpp          LAMB's first pass (the sums behind the trust ratio)
 //   x86/*_avx512.cpp            the AVX-512 loops, compiled for AVX-512 and run only where the CPU
 //                               has it (cpu_features.h); built where LOWBIT_X86_AVX512_LOOPS is 1
+//   x86/*_avx2.cpp              the AVX2 loops, the same for CPUs with AVX2 but not AVX-512;
+//                               built where LOWBIT_X86_AVX2_LOOPS is 1
 #pragma once
 
 #include <algorithm>
@@ -55,7 +57,7 @@ struct StepPlan {
   Rule rule = Rule::AdamW;
   float grad_scale = 1.0f;   // clipping / loss-scale factor, applied as the gradient is read
   bool trust_given = false;  // LAMB: the tasks' hyper.trust is set (whole-parameter norms); else pass 1 runs
-  bool vector_path = true;   // false: the scalar loop even where AVX-512 is present (tests)
+  bool vector_path = true;   // false: the scalar loop even where AVX-512 or AVX2 is present (tests)
   std::vector<ParamTask> tasks;
   std::vector<int64_t> steps;  // per task: the step it takes (its counters' steps + 1)
   std::vector<int64_t> first_item;
@@ -111,6 +113,10 @@ RangeFn scalar_range_fn(Rule rule);
 
 // The AVX-512 loop of a rule for t: only where cpu_has_avx512() and !has_correction(t).
 RangeFn avx512_range_fn(Rule rule, const ParamTask& t);
+
+// The AVX2 loop of a rule for t (any parameter type and state, corrections included): only where
+// cpu_has_avx2().
+RangeFn avx2_range_fn(Rule rule, const ParamTask& t);
 
 // ---- block I/O (fp32 buffers of one block) ------------------------------------------------------
 

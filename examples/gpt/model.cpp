@@ -39,6 +39,15 @@ at::Tensor param(torch::nn::Module& m, const std::string& name, at::IntArrayRef 
   return m.register_parameter(name, at::empty(shape, at::TensorOptions().dtype(c.dtype).device(c.device)));
 }
 
+// w ~ N(0, std), drawn on c.init_device where set.
+void init_normal(at::Tensor& w, double std, const ModelConfig& c) {
+  if (!c.init_device || *c.init_device == w.device()) {
+    w.normal_(0.0, std);
+    return;
+  }
+  w.copy_(at::empty(w.sizes(), w.options().device(*c.init_device)).normal_(0.0, std));
+}
+
 }  // namespace
 
 int64_t count_params(const ModelConfig& c) {
@@ -67,10 +76,10 @@ BlockImpl::BlockImpl(const ModelConfig& c, int64_t index) : heads_(c.heads), che
   const double resid_std = 0.02 / std::sqrt(2.0 * c.layers);
   for (at::Tensor* w : {&ln1_w_, &ln2_w_}) w->fill_(1.0);
   for (at::Tensor* b : {&ln1_b_, &ln2_b_, &qkv_b_, &proj_b_, &fc_b_, &fc_proj_b_}) b->zero_();
-  qkv_w_.normal_(0.0, 0.02);
-  fc_w_.normal_(0.0, 0.02);
-  proj_w_.normal_(0.0, resid_std);
-  fc_proj_w_.normal_(0.0, resid_std);
+  init_normal(qkv_w_, 0.02, c);
+  init_normal(fc_w_, 0.02, c);
+  init_normal(proj_w_, resid_std, c);
+  init_normal(fc_proj_w_, resid_std, c);
   (void)index;
 }
 
@@ -114,8 +123,8 @@ GPTImpl::GPTImpl(const ModelConfig& c) : cfg_(c) {
   wpe_ = param(*this, "wpe", {c.context, c.width}, c);
   if (c.initialize) {
     torch::NoGradGuard ng;
-    wte_.normal_(0.0, 0.02);
-    wpe_.normal_(0.0, 0.01);
+    init_normal(wte_, 0.02, c);
+    init_normal(wpe_, 0.01, c);
   }
   for (int64_t i = 0; i < c.layers; ++i) blocks_.push_back(register_module("h" + std::to_string(i), Block(c, i)));
   lnf_w_ = param(*this, "lnf_w", {c.width}, c);

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <lowbit/lowbit.h>
 
@@ -21,6 +22,9 @@ struct ModelConfig {
   // false: parameters left uninitialized (--fully-sharded ranks but 0, which take rank 0's values;
   // untouched host pages cost no memory).
   bool initialize = true;
+  // Where the initial values are drawn (then copied to `device`): a GPU draws a host-built model's
+  // tens of billions of values in seconds, the host in minutes.
+  std::optional<at::Device> init_device;
 };
 
 // Parameters of a model of this shape (embeddings counted once: the head is tied).

@@ -5,6 +5,7 @@
 
 #include "model.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -113,6 +114,9 @@ const Job& job(const Flags& f) {
   if (!f.sharded || communicator()) return j;
   ld::InitOptions io;
   io.device_type = at::Device(f.device).type();
+  // --fully-sharded: rank 0 builds the whole model on the host before the first collective, which
+  // takes minutes at tens of billions of parameters; the others wait in that collective meanwhile.
+  if (f.fully_sharded) io.timeout_s = std::max(io.timeout_s, 1800.0);
   communicator() = ld::init_from_env(io);
   j.rank = communicator()->rank();
   j.size = communicator()->size();

@@ -235,6 +235,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     // broadcast), and sharded onto the GPUs: a model larger than one GPU never has to fit on one.
     mc.device = at::kCPU;
     mc.initialize = job(f).rank == 0;
+    if (dev.is_cuda()) mc.init_device = dev;
   }
   TORCH_CHECK(c.bpe.vocab() <= f.vocab, "the tokenizer has ", c.bpe.vocab(), " tokens, more than --vocab ", f.vocab);
   GPT model(mc);

@@ -78,7 +78,11 @@ class FullySharded : public TrainOptimizer {
       << "): " << fsdp_->shard_bytes() << " of " << fsdp_->model_bytes() << " parameter bytes held per rank";
     what_ = s.str();
   }
-  ~FullySharded() override { unshard(); }
+  // Never gathers here (a destructor run by an error, out of memory say, must not allocate or
+  // start a collective): the model only stops running through the sharding.
+  ~FullySharded() override {
+    if (!detached_) model_.run_through(nullptr, nullptr);
+  }
   void step() override { fsdp_->step(); }
   void zero_grad() override { fsdp_->zero_grad(); }
   void set_lr(double lr) override {

@@ -184,6 +184,19 @@ void FullyShardedModule::gather_all() {
   for (size_t u = 0; u < unit_buckets_.size(); ++u) gather_unit(u);
 }
 
+void FullyShardedModule::gather(size_t u) {
+  TORCH_CHECK(u < unit_buckets_.size(), kWho, ": unit ", u, " does not exist; there are ", units(), " (and the root, ",
+              units(), ")");
+  torch::NoGradGuard no_grad;
+  gather_unit(u);
+}
+
+void FullyShardedModule::release(size_t u) {
+  TORCH_CHECK(u < unit_buckets_.size(), kWho, ": unit ", u, " does not exist; there are ", units(), " (and the root, ",
+              units(), ")");
+  release_unit(u);
+}
+
 void FullyShardedModule::release_all() {
   for (size_t u = 0; u < unit_buckets_.size(); ++u) release_unit(u);
 }

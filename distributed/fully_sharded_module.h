@@ -28,8 +28,9 @@
 //
 // `optimizer` is any lowbit optimizer over the model's parameters (every trainable one), not yet
 // stepped; its groups, options and lr are the step's (schedulers work on it). Parameters not in the
-// optimizer stay whole on every rank. A parameter read outside forward()/backward() while its unit
-// is released fails in ATen ("data is not allocated yet"); gather_all() makes them readable.
+// optimizer stay whole on every rank. A parameter read while its unit is released is an error
+// naming the unit; gather_all() makes them readable. Tensors that alias a gathered parameter (its
+// views, detach()) must not outlive the gathering: copy what is kept (clone()).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -93,9 +94,12 @@ class FullyShardedModule {
   void set_accumulating(bool on);
 
   // Every parameter whole on every rank (evaluation outside forward(), saving the model); the next
-  // forward() or step() releases them again.
+  // forward() or step() releases them again. gather(u) / release(u): one unit's (u == units(): the
+  // root's), for a model too large to be whole on one device. Collective: every rank calls them.
   void gather_all();
   void release_all();
+  void gather(size_t u);
+  void release(size_t u);
 
   size_t units() const { return unit_buckets_.size() - 1; }  // the root not counted
   // Bytes of parameters this rank keeps between steps (its shards), and the whole model's.

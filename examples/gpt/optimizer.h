@@ -28,9 +28,11 @@ class TrainOptimizer {
   virtual void save_moments(const std::string& path, const std::vector<at::Tensor>& params, int64_t step) const;
   virtual void load(const std::string& path) = 0;
   virtual std::string describe() const = 0;
-  // After training: every parameter whole on this process again (--fully-sharded gathers them and
-  // detaches the model from the sharding), for the digest, sampling and the memory report.
-  virtual void unshard() {}
+  // After training: the parameters' values whole, for the digest. --fully-sharded gathers one unit
+  // at a time and copies it to the host on rank 0 (a model larger than one GPU never is whole on
+  // one); the other ranks get undefined tensors. The model stays sharded.
+  virtual std::vector<at::Tensor> whole_parameters(const std::vector<at::Tensor>& params) { return params; }
+  virtual bool fully_sharded() const { return false; }
 };
 
 class GPTImpl;  // model.h

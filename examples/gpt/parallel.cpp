@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_map>
 #include <stdexcept>
 
 namespace gpt {
@@ -80,9 +81,7 @@ class FullySharded : public TrainOptimizer {
   }
   // Never gathers here (a destructor run by an error, out of memory say, must not allocate or
   // start a collective): the model only stops running through the sharding.
-  ~FullySharded() override {
-    if (!detached_) model_.run_through(nullptr, nullptr);
-  }
+  ~FullySharded() override { model_.run_through(nullptr, nullptr); }
   void step() override { fsdp_->step(); }
   void zero_grad() override { fsdp_->zero_grad(); }
   void set_lr(double lr) override {
@@ -92,11 +91,29 @@ class FullySharded : public TrainOptimizer {
   void save(const std::string&) override { throw std::invalid_argument("--save with --fully-sharded"); }
   void load(const std::string&) override { throw std::invalid_argument("--resume with --fully-sharded"); }
   std::string describe() const override { return what_; }
-  void unshard() override {
-    if (detached_) return;
-    fsdp_->gather_all();
-    model_.run_through(nullptr, nullptr);
-    detached_ = true;
+  bool fully_sharded() const override { return true; }
+  std::vector<at::Tensor> whole_parameters(const std::vector<at::Tensor>& params) override {
+    std::unordered_map<const c10::TensorImpl*, size_t> index;
+    for (size_t k = 0; k < params.size(); ++k) index.emplace(params[k].unsafeGetTensorImpl(), k);
+    std::vector<at::Tensor> out(params.size());
+    const bool keep = communicator()->rank() == 0;
+    const auto take = [&](const at::Tensor& p) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      // A copy (cpu() of a host tensor is the tensor itself, whose memory release() drops).
+      if (it != index.end() && keep && !out[it->second].defined())
+        out[it->second] = p.is_cpu() ? p.detach().clone() : p.detach().cpu();
+    };
+    const auto blocks = model_.block_modules();
+    for (size_t u = 0; u <= fsdp_->units(); ++u) {  // the root last: its parameters are what is left
+      fsdp_->gather(u);
+      if (u < blocks.size())
+        for (const at::Tensor& p : blocks[u]->parameters()) take(p);
+      else
+        for (size_t k = 0; k < params.size(); ++k)
+          if (!out[k].defined()) take(params[k]);
+      fsdp_->release(u);
+    }
+    return out;
   }
 
  private:
@@ -104,7 +121,6 @@ class FullySharded : public TrainOptimizer {
   std::shared_ptr<lowbit::optim::LowbitOptimizer> inner_;
   std::unique_ptr<ld::FullyShardedModule> fsdp_;
   std::string what_;
-  bool detached_ = false;
 };
 
 }  // namespace

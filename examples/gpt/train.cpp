@@ -37,6 +37,7 @@ int64_t bytes_of(const std::vector<at::Tensor>& ts, bool grads) {
 uint64_t digest_of(const std::vector<at::Tensor>& params) {
   uint64_t h = fnv1a(nullptr, 0);
   for (const at::Tensor& p : params) {
+    if (!p.defined()) return 0;  // not this rank's to digest (--fully-sharded: rank 0's)
     const at::Tensor t = p.detach().contiguous().cpu();
     h = fnv1a(t.data_ptr(), t.nbytes(), h);
   }
@@ -320,10 +321,9 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   }
   r.seconds = seconds_since(t_run);
   csv.close();
-  opt->unshard();
   if (!f.save.empty()) save_checkpoint(f.save, f, c, model, *opt, r.last_step, dev);
   if (!f.save_moments.empty()) opt->save_moments(f.save_moments, params, r.last_step);
-  r.digest = digest_of(params);
+  r.digest = digest_of(opt->whole_parameters(params));
   if (!f.quiet) {
     const std::string report = opt->memory_report();
     if (!report.empty()) std::printf("optimizer memory report:\n%s", report.c_str());
@@ -333,7 +333,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     if (const int64_t replays = opt->step_graph_replays())
       std::printf("optimizer steps replayed from a recorded CUDA graph: %lld\n", static_cast<long long>(replays));
     if (r.last_step == f.steps) std::printf("final validation loss %.4f\n", r.final_val);
-    if (f.sample > 0) std::printf("sample: %s\n", sample(model, f, c, dev).c_str());
+    if (f.sample > 0 && !opt->fully_sharded()) std::printf("sample: %s\n", sample(model, f, c, dev).c_str());
     if (r.last_step == f.steps) plot(f);
   }
   if (f.qat_steps && r.last_step == f.steps) run_qat_study(f, c, model, r.final_val, dev);

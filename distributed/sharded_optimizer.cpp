@@ -3,6 +3,7 @@
 #include "sharded_optimizer.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "../kernels/common/step_config.h"
 #include "../optim/fragment_access.h"
@@ -419,6 +420,54 @@ void ShardedOptimizer::check_step_in_backward() {
   }
 }
 
+ShardedOptimizer::GradientAgreement ShardedOptimizer::agree_on_gradients(const std::vector<size_t>& frags,
+                                                                         const std::vector<size_t>& members,
+                                                                         const std::vector<char>& had, bool prepass,
+                                                                         bool want_sumsq, bool count_ranks) {
+  const int64_t ngroups = static_cast<int64_t>(optimizer_->param_groups().size());
+  const auto on_device = at::TensorOptions().device(device_);
+  at::Tensor found_local = at::zeros({1}, on_device.dtype(at::kFloat));
+  at::Tensor sumsq_local = at::zeros({ngroups}, on_device.dtype(at::kDouble));
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> gids;
+  for (size_t f : frags) {
+    if (!prepass) break;
+    grads.push_back(fragment_grads_[f]);
+    gids.push_back(static_cast<int64_t>(fragments_[f].group));
+  }
+  if (!grads.empty()) std::tie(found_local, sumsq_local) = ops::grad_check(grads, gids, ngroups, want_sumsq);
+  std::vector<at::Tensor> parts{found_local.to(at::kDouble), sumsq_local};
+  // How many ranks had each member's gradient. Which parameters step is a host decision, but only a
+  // rank that missed some gradient itself needs the others' counts (a gradient of its own makes a
+  // count >= 1), so only such a rank copies its flags up and reads the counts back, and waits for
+  // its stream; the others add ones made on the device and never wait.
+  const int64_t n = static_cast<int64_t>(members.size());
+  bool missed_any = false;
+  if (count_ranks) {
+    for (size_t m : members) missed_any |= !had[m];
+    if (missed_any) {
+      at::Tensor h = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
+      for (int64_t k = 0; k < n; ++k) h.data_ptr<double>()[k] = had[members[static_cast<size_t>(k)]];
+      parts.push_back(h.to(device_));
+    } else {
+      parts.push_back(at::ones({n}, on_device.dtype(at::kDouble)));
+    }
+  }
+  at::Tensor both = at::cat(parts);
+  comm_->all_reduce(both, ReduceOp::Sum);
+  GradientAgreement a;
+  a.stepped.assign(params_.size(), 1);
+  if (missed_any) {
+    const at::Tensor counts = both.narrow(0, 1 + ngroups, n).cpu();
+    for (int64_t k = 0; k < n; ++k) a.stepped[members[static_cast<size_t>(k)]] = counts.data_ptr<double>()[k] > 0;
+  }
+  if (prepass) {
+    a.found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
+    a.sumsq = both.narrow(0, 1, ngroups);
+  }
+  return a;
+}
+
 void ShardedOptimizer::step_bucket(Bucket& b) {
   check_step_in_backward();  // options edited since construction
   comm_->order_after_collectives();  // the shard is reduced
@@ -427,39 +476,14 @@ void ShardedOptimizer::step_bucket(Bucket& b) {
   bool prepass = false;
   for (size_t gi = 0; gi < groups.size(); ++gi)
     prepass |= FragmentAccess::group_step(*optimizer_, gi).common.skip_nonfinite;
-  // One small all_reduce for the bucket: any non-finite gradient among every rank's pieces, and how
-  // many ranks had each member's gradient (only a rank that missed one reads the counts back).
-  std::vector<at::Tensor> grads;
-  std::vector<int64_t> gids;
-  for (size_t fi : b.fragments) {
-    grads.push_back(fragment_grads_[fi]);
-    gids.push_back(0);
-  }
-  const auto dev = at::TensorOptions().device(device_);
-  at::Tensor found_local = prepass && !grads.empty() ? std::get<0>(ops::grad_check(grads, gids, 1, false))
-                                                     : at::zeros({1}, dev.dtype(at::kFloat));
-  bool missed_any = false;
-  for (size_t m : b.members) missed_any |= !params_[m].had;
-  const int64_t n = static_cast<int64_t>(b.members.size());
-  at::Tensor had = at::ones({n}, dev.dtype(at::kDouble));
-  if (missed_any) {
-    at::Tensor h = at::empty({n}, at::kDouble);
-    for (int64_t k = 0; k < n; ++k) h.data_ptr<double>()[k] = params_[b.members[static_cast<size_t>(k)]].had;
-    had = h.to(device_);
-  }
-  at::Tensor both = at::cat({found_local.to(at::kDouble), had});
-  comm_->all_reduce(both, ReduceOp::Sum);
+  // Every rank's pieces of the bucket: any non-finite gradient, and which members some rank had.
+  std::vector<char> had(params_.size());
+  for (size_t m : b.members) had[m] = params_[m].had;
+  GradientAgreement a = agree_on_gradients(b.fragments, b.members, had, prepass, false, true);
   comm_->order_after_collectives();
-  std::vector<char> stepped(params_.size(), 1);
-  if (missed_any) {
-    const at::Tensor counts = both.narrow(0, 1, n).cpu();
-    for (int64_t k = 0; k < n; ++k) stepped[b.members[static_cast<size_t>(k)]] = counts.data_ptr<double>()[k] > 0;
-  }
-  at::Tensor found_inf;
-  if (prepass) {
-    found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
-    backward_found_ = backward_found_.defined() ? at::maximum(backward_found_, found_inf) : found_inf;
-  }
+  const std::vector<char>& stepped = a.stepped;
+  const at::Tensor& found_inf = a.found_inf;
+  if (prepass) backward_found_ = backward_found_.defined() ? at::maximum(backward_found_, found_inf) : found_inf;
   const bool cpu_found = found_inf.defined() && found_inf.is_cpu() && found_inf.item<float>() != 0.0f;
   for (size_t fi : b.fragments) {
     Fragment& f = fragments_[fi];
@@ -679,47 +703,14 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   bool cpu_found = false;
   std::vector<char> stepped(params_.size(), 1);
   if (prepass || options_.overlap) {
-    at::Tensor found_local, sumsq_local;
-    std::vector<at::Tensor> grads;
-    std::vector<int64_t> gids;
-    for (size_t f = 0; f < fragments_.size() && prepass; ++f) {
-      grads.push_back(fragment_grads_[f]);
-      gids.push_back(static_cast<int64_t>(fragments_[f].group));
-    }
-    if (!grads.empty()) {
-      std::tie(found_local, sumsq_local) = ops::grad_check(grads, gids, ngroups, want_sumsq);
-    } else {
-      found_local = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
-      sumsq_local = at::zeros({ngroups}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    }
-    std::vector<at::Tensor> parts{found_local.to(at::kDouble), sumsq_local};
-    // With overlap, how many ranks had each gradient. Which parameters step is a host decision, but
-    // only a rank that missed some gradient itself needs the others' counts (a gradient of its own
-    // makes a count >= 1), so only such a rank copies its flags up and reads the counts back, and
-    // waits for its stream; the others add ones made on the device and never wait.
-    bool missed_any = false;
-    if (options_.overlap) {
-      const int64_t n = static_cast<int64_t>(params_.size());
-      for (size_t m = 0; m < params_.size(); ++m) missed_any |= !had[m];
-      if (missed_any) {
-        at::Tensor h = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
-        for (size_t m = 0; m < params_.size(); ++m) h.data_ptr<double>()[m] = had[m];
-        parts.push_back(h.to(device_));
-      } else {
-        parts.push_back(at::ones({n}, at::TensorOptions().dtype(at::kDouble).device(device_)));
-      }
-    }
-    at::Tensor both = at::cat(parts);
-    comm_->all_reduce(both, ReduceOp::Sum);
-    if (missed_any) {
-      const at::Tensor counts = both.narrow(0, 1 + ngroups, static_cast<int64_t>(params_.size())).cpu();
-      for (size_t m = 0; m < params_.size(); ++m) stepped[m] = counts.data_ptr<double>()[m] > 0;
-    }
-    if (prepass) {
-      found_inf = both.narrow(0, 0, 1).gt(0).to(at::kFloat);  // the same decision on every rank
-      sumsq = both.narrow(0, 1, ngroups);
-      cpu_found = optim::count_skipped(skipped_, found_inf);
-    }
+    std::vector<size_t> all_frags(fragments_.size()), all_params(params_.size());
+    std::iota(all_frags.begin(), all_frags.end(), size_t{0});
+    std::iota(all_params.begin(), all_params.end(), size_t{0});
+    GradientAgreement a = agree_on_gradients(all_frags, all_params, had, prepass, want_sumsq, options_.overlap);
+    found_inf = a.found_inf;
+    sumsq = a.sumsq;
+    stepped = std::move(a.stepped);
+    if (prepass) cpu_found = optim::count_skipped(skipped_, found_inf);
   }
 
   // ---- LAMB's per-parameter norms: collective, every rank for every LAMB group, before any update.

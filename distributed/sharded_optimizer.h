@@ -223,6 +223,16 @@ class ShardedOptimizer {
   void ensure_flat_grad(Bucket& b);  // fully sharded: flat_grad's memory, its padding zeroed
   void release(Bucket& b);
   void point_members_at(Bucket& b, const at::Tensor& flat);  // the parameters become views of flat
+  // What every rank decides together before an update, in one small all_reduce: whether any of the
+  // pieces `frags` (of every rank) holds a non-finite gradient and each group's sum of squares
+  // (prepass; sumsq where asked), and with count_ranks which of `members` no rank had a gradient
+  // for (had: this rank's flags, by index into params_).
+  struct GradientAgreement {
+    at::Tensor found_inf, sumsq;  // undefined without prepass
+    std::vector<char> stepped;    // by index into params_: 0 where no rank had the gradient
+  };
+  GradientAgreement agree_on_gradients(const std::vector<size_t>& frags, const std::vector<size_t>& members,
+                                       const std::vector<char>& had, bool prepass, bool want_sumsq, bool count_ranks);
   void step_bucket(Bucket& b);       // step_in_backward: the bucket's update, once reduced
   void check_step_in_backward();     // ... refuses what needs every gradient first
   void report_overflow();            // quantized state that overflowed since the last report

@@ -225,6 +225,9 @@ double lr_at(const Flags& f, int64_t s) {
 
 RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   RunResult r;
+  // Before the run, not after it: the curve to compare with must be there.
+  TORCH_CHECK(f.compare.empty() || job(f).rank != 0 || std::ifstream(f.compare).good(), "--compare: cannot read ",
+              f.compare);
   const at::Device dev = device_of(f);
   torch::manual_seed(f.seed);
   ModelConfig mc;

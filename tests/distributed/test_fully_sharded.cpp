@@ -248,12 +248,9 @@ TEST(FullyShardedModule, StepInBackwardMatchesOneProcess) {
   std::vector<at::Tensor> params = make_params(at::kFloat, device());
   CraftedModel model(params);
   const auto refused = [&](std::shared_ptr<lo::LowbitOptimizer> opt, const std::string& part) {
-    try {
-      ld::FullyShardedModule f(model.ptr(), model->unit_modules(), std::move(opt), comm_ptr(), release.options);
-      ADD_FAILURE() << "no error; expected one containing: " << part;
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
+    const std::string err = error_of(
+        [&] { ld::FullyShardedModule f(model.ptr(), model->unit_modules(), std::move(opt), comm_ptr(), release.options); });
+    EXPECT_NE(err.find(part), std::string::npos) << "no '" << part << "' in: " << err;
   };
   refused(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3).max_grad_norm(1.0)),
           "global-norm clipping cannot work: group 0 has max_grad_norm 1; set it to 0");
@@ -294,12 +291,8 @@ TEST(FullyShardedModule, HoldsAShareOfTheParametersAndReleasesThem) {
 
 TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
   const auto expect_error = [](const std::function<void()>& fn, const std::string& part) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one containing: " << part;
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
+    const std::string err = error_of(fn);
+    EXPECT_NE(err.find(part), std::string::npos) << "no '" << part << "' in: " << err;
   };
   std::vector<at::Tensor> params = make_params(at::kFloat, device());
   CraftedModel model(params);
@@ -308,6 +301,12 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
   expect_error([&] {
     ld::FullyShardedModule f(model.ptr(), {units[0], units[0]}, std::make_shared<lo::AdamW>(params), comm_ptr());
   }, "parameter 'unit0.p0' is in unit 0 and in unit 1");
+  // A null unit, a null optimizer.
+  expect_error([&] {
+    ld::FullyShardedModule f(model.ptr(), {units[0], nullptr}, std::make_shared<lo::AdamW>(params), comm_ptr());
+  }, "FullyShardedModule: unit 1 is null");
+  expect_error([&] { ld::FullyShardedModule f(model.ptr(), units, nullptr, comm_ptr()); },
+               "FullyShardedModule: optimizer is null");
   // A module outside the root.
   CraftedUnit stranger(std::vector<int>{0}, make_params(at::kFloat, device()));
   expect_error([&] {
@@ -327,6 +326,17 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
   expect_error([&] {
     fsdp.forward([&] { return fsdp.unit(7, [] { return at::Tensor(); }); });
   }, "unit 7 does not exist; there are 3");
+  expect_error([&] { fsdp.gather(4); }, "unit 4 does not exist; there are 3 (and the root, 3)");
+  expect_error([&] { fsdp.release(9); }, "unit 9 does not exist");
+  // A load of files that are not there: refused on every rank, the shards as they were.
+  fsdp.gather_all();
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& p : params) before.push_back(p.detach().clone());
+  fsdp.release_all();
+  expect_error([&] { fsdp.load("fsdp_does_not_exist"); }, "no fragment files");
+  fsdp.gather_all();
+  for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(bitwise_equal(params[k], before[k])) << "parameter " << k;
+  fsdp.release_all();
   // The refused calls left the module usable.
   const at::Tensor loss = model->forward(fsdp, default_grad, comm().rank(), 1);
   loss.backward();

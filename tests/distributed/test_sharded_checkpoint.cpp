@@ -37,6 +37,12 @@ std::unique_ptr<lo::LowbitOptimizer> make_opt(std::vector<at::Tensor>& p, StateF
       p, lo::AdamWOptions(1e-2).state_format(f).bf16_stochastic_round(master_bits == 0).master_weight_bits(master_bits));
 }
 
+bool all_bitwise_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  bool same = a.size() == b.size();
+  for (size_t t = 0; same && t < a.size(); ++t) same = bitwise_equal(a[t], b[t]);
+  return same;
+}
+
 // Every state tensor of every parameter of an unsharded optimizer, to compare whole states.
 std::vector<at::Tensor> all_state(const lo::LowbitOptimizer& o, const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> out;
@@ -519,11 +525,8 @@ TEST(ShardedCheckpoint, Version1And2FilesStillLoad) {
     std::vector<at::Tensor> p = make_params(at::kFloat, device());
     auto o = make_opt(p);
     ld::load_fragments(*o, write_set("v" + std::to_string(version), {as_version(saved.entries, version)}));
-    const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
-    ASSERT_EQ(want.size(), got.size());
-    for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
-    const std::vector<at::Tensor> init = make_params(at::kFloat, device());
-    for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(bitwise_equal(p[k], init[k])) << "parameter " << k;
+    EXPECT_TRUE(all_bitwise_equal(all_state(*saved.opt, saved.params), all_state(*o, p)));
+    EXPECT_TRUE(all_bitwise_equal(p, make_params(at::kFloat, device()))) << "the parameters keep their values";
   }
   // A version-1 file carrying digests is not what a version-1 writer wrote.
   Entries e = as_version(saved.entries, 1);
@@ -542,10 +545,8 @@ TEST(ShardedCheckpoint, WeightsLoadWithTheState) {
     std::vector<at::Tensor> p = make_params(at::kFloat, device());
     auto o = make_opt(p);
     ld::load_fragments(*o, write_set("weights" + std::to_string(world), split_fragment_file(saved.entries, world)));
-    for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(bitwise_equal(p[k], saved.params[k])) << "parameter " << k;
-    const auto want = all_state(*saved.opt, saved.params), got = all_state(*o, p);
-    ASSERT_EQ(want.size(), got.size());
-    for (size_t t = 0; t < want.size(); ++t) EXPECT_TRUE(bitwise_equal(want[t], got[t])) << "state tensor " << t;
+    EXPECT_TRUE(all_bitwise_equal(p, saved.params)) << "the weights";
+    EXPECT_TRUE(all_bitwise_equal(all_state(*saved.opt, saved.params), all_state(*o, p)));
   }
 }
 
@@ -587,12 +588,6 @@ std::vector<at::Tensor> fragment_state(const ld::ShardedOptimizer& s) {
       out.push_back(f.state.counters.clone());
     }
   return out;
-}
-
-bool all_bitwise_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  bool same = a.size() == b.size();
-  for (size_t t = 0; same && t < a.size(); ++t) same = bitwise_equal(a[t], b[t]);
-  return same;
 }
 
 // One process's conversion of `source`'s state (its own checkpoint, load_checkpoint) into an

@@ -177,11 +177,15 @@ bool edit_entries(lt::Entries& e, const std::string& k, Rng& r, std::string* not
   } else {
     const std::string key = pick_key(r, e, is_meta);
     if (key.empty()) return true;
-    const int64_t fields[] = {lt::kGroup, lt::kIndex,     lt::kOffset, lt::kNumel,   lt::kParamNumel,
-                              lt::kFormat, lt::kBlockSize, lt::kNslots, lt::kOverflow};
-    const int64_t field = fields[pick(r, 9)];
-    const int64_t old = lt::ints_of(e, key)[field];
-    const bool small = field == lt::kGroup || field == lt::kIndex || field == lt::kNslots || field == lt::kFormat;
+    // A weight piece's meta ("w<i>.meta") has fields of its own, fewer than a fragment's.
+    const bool weight = key[0] == 'w';
+    const int64_t fragment_fields[] = {lt::kGroup,  lt::kIndex,     lt::kOffset, lt::kNumel,   lt::kParamNumel,
+                                       lt::kFormat, lt::kBlockSize, lt::kNslots, lt::kOverflow};
+    const int64_t weight_fields[] = {lt::kWGroup, lt::kWIndex, lt::kWOffset, lt::kWNumel, lt::kWParamNumel, lt::kWDtype};
+    const int64_t field = weight ? weight_fields[pick(r, 6)] : fragment_fields[pick(r, 9)];
+    const int64_t old = lt::ints_of(e, key).at(field);
+    const bool small = weight ? (field == lt::kWGroup || field == lt::kWIndex || field == lt::kWDtype)
+                              : (field == lt::kGroup || field == lt::kIndex || field == lt::kNslots || field == lt::kFormat);
     edit(e, key, field, old + (small ? d / std::abs(d) : d), note);
   }
   return true;

@@ -1,14 +1,10 @@
 """lowbit's fake-quant (QAT) ops from Python: torch.ops.lowbit.fake_quant_*, against the ATen
 reference and against torchao's formulas written out in torch ops."""
-import os
 
 import pytest
 import torch
 
-LIB = os.environ.get("LOWBIT_LIBRARY")
-if not LIB:
-    pytest.skip("LOWBIT_LIBRARY is not set (run through ctest)", allow_module_level=True)
-torch.ops.load_library(LIB)
+import lowbit  # noqa: E402,F401  (conftest.py: the installed package, or python/ with LOWBIT_LIBRARY)
 ops = torch.ops.lowbit
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -2,18 +2,13 @@
 equal the C++ optimizer's bit for bit, and the op traces under torch.compile(fullgraph=True)."""
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import lowbit  # noqa: E402  (python/lowbit, from the source tree)
+import lowbit  # conftest.py: the installed package, or python/ with LOWBIT_LIBRARY
 
-LIB = os.environ.get("LOWBIT_LIBRARY")
-if not LIB:
-    pytest.skip("LOWBIT_LIBRARY is not set (run through ctest)", allow_module_level=True)
-ops = lowbit.load_library(LIB)
+ops = torch.ops.lowbit
 
 
 def test_adamw_q8_through_the_helper_equals_the_cpp_optimizer(tmp_path):

@@ -50,6 +50,16 @@ class Communicator {
   // collective issued so far. Backends that complete collectives before returning ignore both.
   virtual void defer_stream_waits(bool defer) { (void)defer; }
   virtual void order_after_collectives() {}
+  // The finer wait: collectives_issued() counts the collectives issued so far, and
+  // order_after_collective(n) orders the caller's stream after the n-th of them (so after every
+  // earlier one too: a backend runs them in issue order) but not after later ones, which then run
+  // under the caller's next kernels (a prefetched all-gather awaited while a reduce-scatter issued
+  // after it still runs). Backends that complete collectives before returning count nothing.
+  virtual int64_t collectives_issued() const { return 0; }
+  virtual void order_after_collective(int64_t n) {
+    (void)n;
+    order_after_collectives();
+  }
 };
 
 // defer_stream_waits(true) for a scope. A scope left by an exception also orders the caller's

@@ -91,23 +91,25 @@ FullyShardedModule::~FullyShardedModule() = default;
 void FullyShardedModule::gather_unit(size_t u) {
   for (size_t b : unit_buckets_[u]) sharded_->gather(b);
   if (prefetched_[u]) {
-    sharded_->communicator().order_after_collectives();
+    // Only its own gathers: a reduce-scatter issued since runs on under this unit's compute.
+    sharded_->communicator().order_after_collective(prefetched_[u]);
     prefetched_[u] = 0;
   }
 }
 
 void FullyShardedModule::prefetch_unit(size_t u) {
-  DeferredStreamWaits deferred(sharded_->communicator());
+  Communicator& comm = sharded_->communicator();
+  DeferredStreamWaits deferred(comm);
   for (size_t b : unit_buckets_[u]) {
     if (sharded_->buckets_[b].gathered) continue;
     sharded_->gather(b);
-    prefetched_[u] = 1;
+    prefetched_[u] = comm.collectives_issued();
   }
 }
 
 void FullyShardedModule::release_unit(size_t u) {
   if (prefetched_[u]) {  // its gather may still be writing the memory
-    sharded_->communicator().order_after_collectives();
+    sharded_->communicator().order_after_collective(prefetched_[u]);
     prefetched_[u] = 0;
   }
   for (size_t b : unit_buckets_[u]) sharded_->release(b);

@@ -134,7 +134,9 @@ class FullyShardedModule {
   FullyShardedOptions options_;
   std::unique_ptr<ShardedOptimizer> sharded_;
   std::vector<std::vector<size_t>> unit_buckets_;  // per unit (the root last): its buckets in sharded_
-  std::vector<char> prefetched_;                   // per unit: gathered without the caller's stream waiting
+  // Per unit gathered without the caller's stream waiting: the number of its last all-gather
+  // (Communicator::collectives_issued()), which the caller's stream waits for before a use; 0: none.
+  std::vector<int64_t> prefetched_;
   bool in_forward_ = false;
 };
 

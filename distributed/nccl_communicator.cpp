@@ -83,6 +83,7 @@ bool reduces_natively(at::ScalarType t) { return t != at::kHalf && t != at::kBFl
 
 struct InFlight {
   cudaEvent_t done;
+  int64_t number;  // its place in issue order, from 1 (collectives_issued())
   Clock::time_point start;
   const char* collective;  // a string literal
   int64_t numel;
@@ -124,6 +125,7 @@ struct NcclCommunicator::Impl {
   std::condition_variable wake;     // to the watchdog: work in flight, a waiter, or stop
   std::condition_variable settled;  // to waiters: a collective finished, or a failure
   std::deque<InFlight> in_flight;   // in enqueue order, which is their order on the own stream
+  int64_t issued = 0;               // collectives enqueued so far
   std::vector<cudaEvent_t> pool;    // completion events not in use
   std::vector<cudaEvent_t> events;  // every completion event made (destroyed with Impl)
   std::string broken;               // the first failure; nothing runs after it
@@ -532,7 +534,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     if (failure.empty()) {
       std::lock_guard<std::mutex> lock(m.mu);
       const bool idle = m.in_flight.empty();
-      m.in_flight.push_back({done, Clock::now(), collective, numel});
+      m.in_flight.push_back({done, ++m.issued, Clock::now(), collective, numel});
       if (idle) m.wake.notify_all();
     } else {
       m.record(failure);
@@ -713,6 +715,32 @@ void NcclCommunicator::order_after_collectives() {
   // A deferred collective that failed already is this call's error too: the caller is about to use
   // the results.
   check_usable("order_after_collectives");
+}
+
+int64_t NcclCommunicator::collectives_issued() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->issued;
+}
+
+void NcclCommunicator::order_after_collective(int64_t n) {
+  Impl& m = *impl_;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+  {
+    // Under mu the watchdog cannot hand the event back to the pool (and a later collective record
+    // it again) between the lookup and the wait. A collective no longer in flight has finished.
+    std::lock_guard<std::mutex> lock(m.mu);
+    TORCH_CHECK(n >= 0 && n <= m.issued, kWho, ": order_after_collective(", n, "): ", m.issued,
+                " collectives were issued", m.where());
+    for (const InFlight& f : m.in_flight) {
+      if (f.number < n) continue;
+      if (f.number == n)
+        TORCH_CHECK(cudaStreamWaitEvent(caller, f.done, 0) == cudaSuccess, kWho, ": order_after_collective: ordering "
+                    "the caller's stream after ", f.collective, " failed", m.where());
+      break;
+    }
+  }
+  check_usable("order_after_collective");
 }
 
 void NcclCommunicator::barrier() {

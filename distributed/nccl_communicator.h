@@ -77,6 +77,8 @@ class NcclCommunicator : public Communicator {
 
   void defer_stream_waits(bool defer) override;
   void order_after_collectives() override;
+  int64_t collectives_issued() const override;
+  void order_after_collective(int64_t n) override;
 
  private:
   struct Impl;  // NCCL and CUDA handles, the watchdog: no nccl.h in this header

@@ -390,6 +390,10 @@ void ShardedOptimizer::reduce_ready_buckets() {
   // after them before the first read of a gradient shard.
   DeferredStreamWaits deferred(*comm_);
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].waiting == 0) {
+    // step_in_backward steps a bucket when the next one is reduced (or backward ends): its
+    // reduction has had backward's compute since to finish. Stepped at once, the update would hold
+    // the caller's stream, and the next unit's backward with it, until the reduction finished.
+    if (step_in_backward_) step_reduced_buckets(next_bucket_);
     Bucket& b = buckets_[next_bucket_++];
     if (step_in_backward_) allocate_storage(b.grad_shard);
     if (options_.zero1)
@@ -398,13 +402,18 @@ void ShardedOptimizer::reduce_ready_buckets() {
       send_gradient_chunks(*comm_, *options_.gradient_wire, b.flat_grad, b.grad_residual, b.grad_send, b.grad_recv);
     else
       comm_->reduce_scatter(b.flat_grad, b.grad_shard, b.sum_only ? ReduceOp::Sum : ReduceOp::Avg);
+    b.reduced_by = comm_->collectives_issued();
     if (fully_sharded()) {
       // Every gradient of the bucket is in: backward() has no more use for its parameters.
       release_storage(b.flat_grad);
       release(b);
     }
-    if (step_in_backward_) step_bucket(b);
   }
+  if (step_in_backward_ && next_bucket_ == buckets_.size()) step_reduced_buckets(next_bucket_);
+}
+
+void ShardedOptimizer::step_reduced_buckets(size_t end) {
+  while (next_to_step_ < end) step_bucket(buckets_[next_to_step_++]);
 }
 
 void ShardedOptimizer::check_step_in_backward() {
@@ -470,7 +479,7 @@ ShardedOptimizer::GradientAgreement ShardedOptimizer::agree_on_gradients(const s
 
 void ShardedOptimizer::step_bucket(Bucket& b) {
   check_step_in_backward();  // options edited since construction
-  comm_->order_after_collectives();  // the shard is reduced
+  comm_->order_after_collective(b.reduced_by);  // the shard is reduced (later collectives run on)
   if (b.sum_only && comm_->size() > 1) b.grad_shard.div_(comm_->size());  // float32: the Avg, as step() divides
   const auto& groups = optimizer_->param_groups();
   bool prepass = false;
@@ -480,7 +489,7 @@ void ShardedOptimizer::step_bucket(Bucket& b) {
   std::vector<char> had(params_.size());
   for (size_t m : b.members) had[m] = params_[m].had;
   GradientAgreement a = agree_on_gradients(b.fragments, b.members, had, prepass, false, true);
-  comm_->order_after_collectives();
+  comm_->order_after_collective(comm_->collectives_issued());
   const std::vector<char>& stepped = a.stepped;
   const at::Tensor& found_inf = a.found_inf;
   if (prepass) backward_found_ = backward_found_.defined() ? at::maximum(backward_found_, found_inf) : found_inf;
@@ -680,7 +689,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     params_[m].taken = params_[m].had = false;
   }
   for (Bucket& b : buckets_) b.waiting = b.members.size();
-  next_bucket_ = 0;
+  next_bucket_ = next_to_step_ = 0;
   if (step_in_backward_) {  // every bucket stepped as it was reduced
     if (backward_found_.defined()) optim::count_skipped(skipped_, backward_found_);
     backward_found_ = at::Tensor();

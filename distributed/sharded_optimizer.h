@@ -207,6 +207,7 @@ class ShardedOptimizer {
     size_t unit = 0;
     bool gathered = true;
     std::vector<std::pair<int64_t, int64_t>> padding;
+    int64_t reduced_by = 0;  // step_in_backward: its reduction's number (Communicator::collectives_issued())
   };
   struct Param {
     size_t group, index;
@@ -234,6 +235,7 @@ class ShardedOptimizer {
   GradientAgreement agree_on_gradients(const std::vector<size_t>& frags, const std::vector<size_t>& members,
                                        const std::vector<char>& had, bool prepass, bool want_sumsq, bool count_ranks);
   void step_bucket(Bucket& b);       // step_in_backward: the bucket's update, once reduced
+  void step_reduced_buckets(size_t end);  // ... of the buckets before `end` not stepped yet
   void check_step_in_backward();     // ... refuses what needs every gradient first
   void report_overflow();            // quantized state that overflowed since the last report
   // Every rank's options, parameter count and sizes against rank 0's, before any other collective.
@@ -263,6 +265,7 @@ class ShardedOptimizer {
   at::Tensor wire_scratch_;  // float32, the largest chunk: one decoded chunk at a time
   WireStats wire_stats_;
   size_t next_bucket_ = 0;       // the next bucket to reduce this step
+  size_t next_to_step_ = 0;      // step_in_backward: the next bucket to step this step
   bool accumulating_ = false;
   std::unique_ptr<optim::GradHooks> hooks_;  // overlap only
   std::vector<Param> params_;

@@ -142,6 +142,54 @@ TEST(NcclAsync, ManyCollectivesReturnBeforeTheyRunAndGiveTheRightValues) {
   c->barrier();
 }
 
+TEST(NcclAsync, OrderingAfterOneCollectiveDoesNotWaitForLaterOnes) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_nccl(60.0);
+  const int n = c->size();
+  const auto opts = at::TensorOptions().device(device());
+  at::Tensor a = at::ones({1024}, opts), b = at::ones({16}, opts), seen = at::zeros({1024}, opts);
+  c->all_reduce(b);  // first use before any hold
+  c->synchronize();
+  const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(device().index());
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device().index());
+  const int64_t before = c->collectives_issued();
+  cudaEvent_t reached = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&reached, cudaEventDisableTiming), cudaSuccess);
+  bool main_ran_on = false;
+  {
+    ld::DeferredStreamWaits deferred(*c);
+    c->all_reduce(a);  // collective `before + 1`, free to run
+    const int64_t first = c->collectives_issued();
+    EXPECT_EQ(first, before + 1);
+    std::unique_ptr<StreamHold> hold;
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      hold = std::make_unique<StreamHold>(/*deadline_s=*/30);
+      c->all_reduce(b);  // ordered after the held side stream: it cannot run until the hold lets go
+    }
+    EXPECT_EQ(c->collectives_issued(), before + 2);
+    c->order_after_collective(first);  // the main stream waits for `a` only
+    seen.copy_(a);
+    ASSERT_EQ(cudaEventRecord(reached, main.stream()), cudaSuccess);
+    const auto start = Clock::now();
+    while (seconds_since(start) < 20 && !main_ran_on) {
+      main_ran_on = cudaEventQuery(reached) == cudaSuccess;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_FALSE(hold->expired());
+    hold.reset();  // lets `b` run
+  }
+  EXPECT_TRUE(main_ran_on) << "the main stream waited for a collective issued after the one it asked for";
+  c->order_after_collective(c->collectives_issued());
+  EXPECT_TRUE(bitwise_equal(seen, at::full({1024}, static_cast<double>(n), at::kFloat)));
+  EXPECT_TRUE(bitwise_equal(b, at::full({16}, static_cast<double>(n), at::kFloat)));
+  const std::string error = error_of([&] { c->order_after_collective(c->collectives_issued() + 1); });
+  EXPECT_NE(error.find("order_after_collective(" + std::to_string(before + 3) + "): " + std::to_string(before + 2) +
+                       " collectives were issued"), std::string::npos) << error;
+  cudaEventDestroy(reached);
+  c->synchronize();
+}
+
 TEST(NcclAsync, ACollectiveDuringAGraphCaptureIsRefusedAndChangesNothing) {
   SKIP_WITHOUT_NCCL();
   auto c = make_nccl(60.0);

@@ -1,25 +1,21 @@
-"""python/lowbit/optim.py: the helper builds torch.ops.lowbit.optim_step_'s arguments; its AdamW Q8 steps
+"""python/lowbit/optim/step_args.py: the helper builds torch.ops.lowbit.optim_step_'s arguments; its AdamW Q8 steps
 equal the C++ optimizer's bit for bit, and the op traces under torch.compile(fullgraph=True)."""
-import os
-import subprocess
-
 import pytest
 import torch
 
 import lowbit  # conftest.py: the installed package, or python/ with LOWBIT_LIBRARY
+from cpp_reference import run_cpp
 
 ops = torch.ops.lowbit
 
 
-def test_adamw_q8_through_the_helper_equals_the_cpp_optimizer(tmp_path):
+def test_adamw_q8_through_the_helper_equals_the_cpp_optimizer():
     torch.manual_seed(0)
     n = 70001
     p0 = torch.randn(n)
     grads = [torch.randn(n) * 0.1 for _ in range(3)]
-    torch.save([p0] + grads, tmp_path / "in.pt")
-    subprocess.run([os.environ["LOWBIT_OPTIMIZER_STEPS"], str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-                   check=True)
-    want = torch.load(tmp_path / "out.pt", weights_only=False)  # our own file, written by torch::pickle_save
+    want = run_cpp(dict(rule="AdamW", groups=[dict(lr=1e-2, weight_decay=1e-2, state_format="Q8")], params=[[p0]],
+                        grads=[[[g]] for g in grads]))
 
     p = p0.clone()
     state = lowbit.optim.init_state(p, "AdamW", "Q8")
@@ -28,8 +24,9 @@ def test_adamw_q8_through_the_helper_equals_the_cpp_optimizer(tmp_path):
     for g in grads:
         lowbit.optim.step([p], [g], [state], lr, rule="AdamW", weight_decay=1e-2)
     assert state.step == 3
-    assert torch.equal(p, want[0])
-    for got, exp in zip(state.tensors, want[1:]):
+    assert torch.equal(p, want["params"][0])
+    assert len(state.tensors) == len(want["state"][0]) == 4
+    for got, exp in zip(state.tensors, want["state"][0]):
         assert torch.equal(got, exp)
 
 

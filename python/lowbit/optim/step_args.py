@@ -1,7 +1,7 @@
-"""Builds the arguments of torch.ops.lowbit.optim_step_ (tensors/optim_ops.h documents the op).
+"""Builds the arguments of torch.ops.lowbit.optim_step_ (tensors/optim_ops.h documents the op): the raw
+step under the optimizer classes (optimizers.py), for callers that manage state themselves.
 
     import lowbit
-    lowbit.load_library("build/liblowbit.so")
     states = [lowbit.optim.init_state(p, "AdamW", "Q8") for p in params]
     lr = torch.tensor([1e-3], dtype=torch.float64, device=params[0].device)
     lowbit.optim.step(params, [p.grad for p in params], states, lr, rule="AdamW", weight_decay=0.01)
@@ -40,8 +40,10 @@ class ParamState:
 def init_state(param: torch.Tensor, rule: str, state_format: str = "Q8", *, block_size: int = 0,
                min_quant_numel: int = 4096, initial_value: float = 0.0, momentum: float = 0.0,
                centered: bool = False, amsgrad: bool = False, fp8_second_moment: str = "FP8E4M3",
-               rng_key: int = 0, master_weight_bits: int = 0) -> ParamState:
-    """Fresh state for `param`, every slot holding `initial_value` (Adagrad's initial_accumulator_value).
+               rng_key: int = 0, master_weight_bits: int = 0,
+               values: Optional[List[Optional[torch.Tensor]]] = None) -> ParamState:
+    """Fresh state for `param`, every slot holding `initial_value` (Adagrad's initial_accumulator_value), or
+    values[k] (any float tensor of param's numel, e.g. torch.optim's fp32 state) where given for slot k.
 
     master_weight_bits 32 / 24 (bf16 params): the last slot holds an int16 / int8 correction, zero at first (the
     master equals the parameter)."""
@@ -50,18 +52,23 @@ def init_state(param: torch.Tensor, rule: str, state_format: str = "Q8", *, bloc
                                           centered, amsgrad, fp8_second_moment, master_weight_bits)
     tensors = []
     init = torch.full((param.numel(),), float(initial_value), dtype=torch.float32, device=param.device)
-    for s in slots:
+    for k, s in enumerate(slots):
         if s == "none":
             continue
+        given = values[k] if values is not None and k < len(values) else None
+        if given is not None and given.numel() != param.numel():
+            raise ValueError(f"lowbit.optim.init_state: values[{k}] has {given.numel()} elements, "
+                             f"the parameter {param.numel()}")
+        start = init if given is None else given.detach().to(param.device, torch.float32).reshape(-1)
         if s == "fp32":
-            tensors.append(init.clone())
+            tensors.append(start.clone())
         elif s == "bf16":
-            tensors.append(init.to(torch.bfloat16))
+            tensors.append(start.to(torch.bfloat16))
         elif s in ("int16_correction", "int8_correction"):
             tensors.append(torch.zeros(param.numel(), device=param.device,
                                        dtype=torch.int16 if s == "int16_correction" else torch.int8))
         else:
-            codes, absmax = ops.quantize_blockwise(init, s, block)
+            codes, absmax = ops.quantize_blockwise(start, s, block)
             tensors += [codes, absmax]
     counters = torch.zeros(2, dtype=torch.int64, device=param.device)
     return ParamState(list(slots), tensors, counters, int(block), rng_key=rng_key)

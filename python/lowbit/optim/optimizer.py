@@ -1,0 +1,263 @@
+"""LowbitOptimizer: a torch.optim.Optimizer whose step is torch.ops.lowbit.optim_step_, laid out and called as the
+C++ optimizers call it (optim/lowbit_optimizer.cpp, optim/step_calls.cpp), so the bits are theirs.
+
+A step: one read of every gradient on its device (grad_check: the non-finite flag, each group's squared norm for
+clipping), then per param group one op call per (device, state layout). Everything that changes per step stays on
+the device: the step counts (in each state's `counters`), lr (a float64 tensor per group and device, written from
+group["lr"] when that changes: schedulers work), the skip flag and GradScaler's scale. Nothing waits for a GPU.
+"""
+from typing import Dict, Iterable, Optional, Set
+
+import torch
+
+from . import param_state, state_dict_io, step_args
+from .option_checks import check_options
+
+# The C++ optimizers' stochastic-rounding seed ("lowbit", LowbitOptimizer::seed_) and parameter keys
+# (optim/step_calls.h param_rng_key): the same noise, so bf16 stochastic rounding matches them bit for bit.
+DEFAULT_SEED = 0x6C6F77626974
+
+
+def rng_key(group: int, index: int) -> int:
+    return group * 7919 + index
+
+
+# Options every lowbit optimizer takes beside its rule's own (optim/options.h LOWBIT_COMMON_ARGS says what each does).
+COMMON_DEFAULTS = dict(state_format="Q8", block_size=0, min_quant_numel=4096, bf16_stochastic_round=False,
+                       max_grad_norm=0.0, skip_nonfinite=True, fp8_second_moment="FP8E4M3", master_weight_bits=0)
+# torch.optim's implementation switches: lowbit's step is always one fused call that never waits for the host.
+IGNORED_TORCH_OPTIONS = ("foreach", "fused", "capturable")
+
+
+class LowbitOptimizer(torch.optim.Optimizer):
+    rule = ""            # the op's rule ("AdamW", ...)
+    state_names = ()     # torch.optim's names of the rule's state slots 0..2 (kernels/common/state_slots.h)
+    # torch.amp.GradScaler.step then hands over `found_inf` and `grad_scale` tensors instead of unscaling and
+    # reading found_inf on the host: the op divides by the scale and skips on the flag, on the device.
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, defaults: Dict, options: Dict):
+        unknown = set(options) - set(COMMON_DEFAULTS) - set(IGNORED_TORCH_OPTIONS) - {"differentiable"}
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unexpected keyword argument(s) {sorted(unknown)}; lowbit's "
+                            f"options are {sorted(COMMON_DEFAULTS)}")
+        if options.get("differentiable"):
+            raise ValueError(f"{type(self).__name__}: differentiable=True is not supported (the step is a fused op)")
+        self.seed = DEFAULT_SEED
+        self._lr_tensors = {}      # (group, device) -> [float64 [1] tensor, the lr written into it]
+        self._checked = {}         # group index -> the settings last checked (see _check_group)
+        self._skipped = None       # int64 [1] on the device: steps skipped for a non-finite gradient
+        self._skipped_loaded = 0   # ... and those a loaded state_dict brought
+        self._where = None         # id(param) -> (group, index), for steps of some parameters
+        merged = dict(COMMON_DEFAULTS)
+        merged.update({k: v for k, v in options.items() if k in COMMON_DEFAULTS})
+        merged.update(defaults)
+        super().__init__(params, merged)
+
+    # ---- what each optimizer says -------------------------------------------------------------
+    def op_hyper_parameters(self, group: Dict) -> Dict:
+        """The op's named hyper-parameters (lowbit.optim.hyper_parameters()) from a param group's options."""
+        raise NotImplementedError
+
+    def initial_state_value(self, group: Dict) -> float:
+        return 0.0
+
+    # ---- param groups -------------------------------------------------------------------------
+    def add_param_group(self, param_group: Dict) -> None:
+        super().add_param_group(param_group)
+        self._where = None
+        self._check_group(len(self.param_groups) - 1, self.param_groups[-1])
+
+    def _check_group(self, index: int, group: Dict) -> None:
+        """Refuses bad options as the C++ optimizers do (LowbitOptimizer::check_groups), through the ops' own checks
+        where an op sees the option: the layout options through optim_state_layout, lr and the hyper-parameters
+        through a skipped step of a one-element parameter (found_inf set: the op checks every argument, then
+        writes nothing). Checked again only when a value changed (a scheduler's new lr): a step pays a comparison."""
+        key = tuple((k, v) for k, v in group.items() if k != "params" and not isinstance(v, torch.Tensor))
+        if self._checked.get(index) == key:
+            return
+        try:
+            check_options(self, group)
+        except (RuntimeError, ValueError) as e:
+            raise type(e)(f"lowbit.optim.{type(self).__name__}: param group {index}: {e}") from None
+        self._checked[index] = key
+
+    # ---- state --------------------------------------------------------------------------------
+    def _state_for(self, p: torch.Tensor, group: Dict, gi: int, index: int) -> Dict:
+        st = self.state.get(p)
+        if st:
+            if st["counters"].device != p.device:
+                raise RuntimeError(f"lowbit.optim.{type(self).__name__}: parameter {index} of group {gi} is on "
+                                   f"{p.device} but its optimizer state is on {st['counters'].device}; move the "
+                                   "parameter back or recreate the optimizer")
+            return st
+        st = param_state.from_param_state(self._new_state(p, group), self.state_names)
+        self.state[p] = st
+        return st
+
+    def _new_state(self, p: torch.Tensor, group: Dict, values=None) -> step_args.ParamState:
+        return step_args.init_state(
+            p, self.rule, group["state_format"], block_size=group["block_size"],
+            min_quant_numel=group["min_quant_numel"], initial_value=self.initial_state_value(group),
+            momentum=float(group.get("momentum", 0.0)), centered=bool(group.get("centered", False)),
+            amsgrad=bool(group.get("amsgrad", False)), fp8_second_moment=group["fp8_second_moment"],
+            master_weight_bits=group["master_weight_bits"], values=values)
+
+    def state_bytes(self) -> int:
+        """Bytes the optimizer state holds (codes, scales, dense slots, corrections; not the counters)."""
+        return sum(t.nbytes for st in self.state.values() for k, t in st.items()
+                   if isinstance(t, torch.Tensor) and k != "counters")
+
+    def skipped_steps(self) -> int:
+        """Steps skipped for a non-finite gradient (reading it waits for a GPU)."""
+        return self._skipped_loaded + (int(self._skipped.sum()) if self._skipped is not None else 0)
+
+    def state_dict(self) -> Dict:
+        return state_dict_io.save(self, super().state_dict())
+
+    def load_state_dict(self, state_dict: Dict) -> None:
+        state_dict_io.load(self, state_dict)
+        self._lr_tensors.clear()
+        self._checked.clear()
+        self._where = None
+
+    # ---- the step -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._step(None)
+        return loss
+
+    @torch.no_grad()
+    def step_parameters(self, params: Iterable[torch.Tensor]) -> None:
+        """A step of these parameters alone (gradient release): each steps as it would in step()."""
+        self._step({id(p) for p in params})
+
+    def _lr_tensor(self, gi: int, group: Dict, device: torch.device) -> torch.Tensor:
+        lr = group["lr"]
+        entry = self._lr_tensors.get((gi, device))
+        if isinstance(lr, torch.Tensor):
+            if entry is None:
+                entry = self._lr_tensors[(gi, device)] = [torch.empty(1, dtype=torch.float64, device=device), None]
+            entry[0].copy_(lr.detach().reshape(1))  # on the device: no host sync
+        elif entry is None:
+            entry = self._lr_tensors[(gi, device)] = [
+                torch.full((1,), float(lr), dtype=torch.float64, device=device), lr]
+        elif entry[1] != lr:
+            entry[0].fill_(float(lr))  # a kernel on a GPU, no sync
+            entry[1] = lr
+        return entry[0]
+
+    def _items(self, only: Optional[Set[int]]):
+        """Per group, the (index, param, grad) to step."""
+        work = [[] for _ in self.param_groups]
+        if only is None:
+            for gi, group in enumerate(self.param_groups):
+                work[gi] = [(i, p, p.grad) for i, p in enumerate(group["params"]) if p.grad is not None]
+        else:
+            if self._where is None:
+                self._where = {id(p): (gi, i) for gi, g in enumerate(self.param_groups)
+                               for i, p in enumerate(g["params"])}
+            for pid in only:
+                gi, i = self._where[pid]
+                p = self.param_groups[gi]["params"][i]
+                if p.grad is not None:
+                    work[gi].append((i, p, p.grad))
+            for w in work:
+                w.sort(key=lambda item: item[0])
+        # The one refusal no op makes (an op would fail inside ATen instead): the C++ optimizers' message.
+        for gi, items in enumerate(work):
+            for i, p, grad in items:
+                if grad.layout != torch.strided:
+                    raise RuntimeError(f"lowbit.optim.{type(self).__name__}: parameter {i} of group {gi} (shape "
+                                       f"{list(p.shape)}) has a sparse gradient; lowbit optimizers need dense gradients")
+        return work
+
+    def _step(self, only: Optional[Set[int]]) -> None:
+        ops = torch.ops.lowbit
+        groups = self.param_groups
+        for gi, group in enumerate(groups):
+            self._check_group(gi, group)
+        work = self._items(only)
+        if not any(work):
+            return
+        # ---- pre-pass: one read of the gradients per device, for the groups that skip or clip.
+        want_sumsq = any(g["max_grad_norm"] > 0 for g in groups)
+        per_device = {}
+        for gi, group in enumerate(groups):
+            if not (group["skip_nonfinite"] or group["max_grad_norm"] > 0):
+                continue
+            for _, _, grad in work[gi]:
+                grads, ids = per_device.setdefault(grad.device, ([], []))
+                grads.append(grad)
+                ids.append(gi)
+        checks = {d: list(ops.grad_check(g, ids, len(groups), want_sumsq)) for d, (g, ids) in per_device.items()}
+        if len(checks) > 1:
+            # Several devices: the skip and the norms cover all of them (as the C++ optimizers do).
+            first = next(iter(checks.values()))
+            found, sumsq = first
+            for other in list(checks.values())[1:]:
+                found = torch.maximum(found, other[0].to(found.device))
+                sumsq = sumsq + other[1].to(sumsq.device)
+            for d in checks:
+                checks[d] = [found.to(d), sumsq.to(d)]
+        # ---- GradScaler's flag and scale (set by GradScaler.step for the duration of this step).
+        amp_found = getattr(self, "found_inf", None)
+        amp_scale = getattr(self, "grad_scale", None)
+        if amp_found is not None:
+            amp_found = amp_found.reshape(1).to(torch.float32)
+        # ---- skipped steps: counted on the device; on the CPU the skip is decided here, before any state is made.
+        found_any = None
+        if checks:
+            found_any = next(iter(checks.values()))[0]
+        if amp_found is not None:
+            found_any = amp_found if found_any is None else torch.maximum(found_any, amp_found.to(found_any.device))
+        own_found_cpu = amp_found_cpu = False
+        if found_any is not None:
+            if self._skipped is None:
+                self._skipped = torch.zeros(1, dtype=torch.int64, device=found_any.device)
+            self._skipped.add_(found_any.to(self._skipped.device).to(torch.int64))
+            if checks and next(iter(checks.values()))[0].device.type == "cpu":
+                own_found_cpu = bool(next(iter(checks.values()))[0].item())
+            if amp_found is not None and amp_found.device.type == "cpu":
+                amp_found_cpu = bool(amp_found.item())
+        # ---- the calls: per group, one per (device, state layout).
+        for gi, group in enumerate(groups):
+            if not work[gi] or amp_found_cpu or (group["skip_nonfinite"] and own_found_cpu):
+                continue
+            self._step_group(gi, group, work[gi], checks, amp_found, amp_scale)
+
+    def _step_group(self, gi, group, items, checks, amp_found, amp_scale) -> None:
+        ops = torch.ops.lowbit
+        buckets = {}
+        for i, p, grad in items:
+            st = self._state_for(p, group, gi, i)
+            key = (p.device, tuple(st["slots"]), st["block_size"])
+            b = buckets.get(key)
+            if b is None:
+                b = buckets[key] = ([], [], [], [], [])
+            b[0].append(p)
+            b[1].append(grad)
+            b[2].extend(st[k] for k in param_state.state_keys(key[1], self.state_names))
+            b[3].append(st["counters"])
+            b[4].append(rng_key(gi, i))
+        hyper = self.op_hyper_parameters(group)
+        for (device, slots, block), (params, grads, state, counters, keys) in buckets.items():
+            found = sumsq = None
+            if device in checks:
+                if group["skip_nonfinite"]:
+                    found = checks[device][0]
+                if group["max_grad_norm"] > 0:
+                    sumsq = checks[device][1].narrow(0, gi, 1)
+            if amp_found is not None:
+                a = amp_found.to(device)
+                found = a if found is None else torch.maximum(found, a)
+            scale = None if amp_scale is None else amp_scale.reshape(1).to(device, torch.float32)
+            ops.optim_step_(params, grads, state, counters, self._lr_tensor(gi, group, device), rule=self.rule,
+                            slots=list(slots), block_size=block, offsets=[0] * len(params), rng_keys=keys,
+                            seed=self.seed, stochastic_round=group["bf16_stochastic_round"], found_inf=found,
+                            grad_sumsq=sumsq, max_grad_norm=group["max_grad_norm"] if sumsq is not None else 0.0,
+                            grad_scale=scale, **hyper)

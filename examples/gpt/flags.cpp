@@ -71,6 +71,7 @@ std::string usage() {
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
          "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
          "            the host by rank 0; with --gradient-release each unit steps in backward)\n"
+         "            --timeline STEP (over NCCL, rank 0: that step's collectives on the GPU beside forward / backward / step)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
@@ -137,6 +138,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
     else if (a == "--compare") f.compare = next();
+    else if (a == "--timeline") f.timeline = to_int(a, next(), 1, int64_t(1) << 40);
     else if (a == "--tolerance") f.tolerance = to_double(a, next(), 0, 1e9);
     else if (a == "--wire-gradients" || a == "--wire-updates") {
       const std::string v = next();

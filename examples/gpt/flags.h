@@ -46,6 +46,7 @@ struct Flags {
   // After training, rank 0 compares its loss curve with another run's CSV (--out of that run):
   // the largest difference of the logged training losses must stay within `tolerance`.
   std::string compare;
+  int64_t timeline = 0;  // --timeline STEP: that step's collectives printed (rank 0, NCCL); 0: none
   double tolerance = 5e-3;
   // ---- output
   int64_t log_every = 10, eval_every = 100, eval_batches = 8, sample = 0;

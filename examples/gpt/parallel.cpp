@@ -3,9 +3,14 @@
 
 #include <lowbit/build_config.h>
 
+#if LOWBIT_WITH_NCCL
+#include <lowbit/distributed/nccl_communicator.h>
+#endif
+
 #include "model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <unordered_map>
 #include <stdexcept>
@@ -144,6 +149,52 @@ const Job& job(const Flags& f) {
   return j;
 }
 
+#if LOWBIT_WITH_NCCL
+namespace {
+ld::NcclCommunicator* nccl_of(const Flags& f) {
+  return f.sharded ? dynamic_cast<ld::NcclCommunicator*>(communicator().get()) : nullptr;
+}
+}  // namespace
+
+void timeline_start(const Flags& f) {
+  if (auto* n = nccl_of(f)) n->start_timeline();
+}
+
+void timeline_mark(const Flags& f, const std::string& label) {
+  if (auto* n = nccl_of(f)) n->mark(label);
+}
+
+void timeline_print(const Flags& f) {
+  auto* n = nccl_of(f);
+  if (!n) return;
+  const auto entries = n->timeline();
+  if (n->rank() != 0) return;
+  // Collectives run one after another on the communicator's stream: their busy time is a sum.
+  double busy = 0, busy_in_backward = 0, backward_end = 0;
+  for (const auto& e : entries)
+    if (e.numel == 0 && e.what == "backward") backward_end = e.end_ms;
+  std::printf("timeline of step %lld (rank 0, ms on the GPU from the step's start; marks: the loop's calls "
+              "returned and their work reached the stream):\n", static_cast<long long>(f.timeline));
+  for (const auto& e : entries) {
+    if (e.numel == 0) {
+      std::printf("  %9.3f            mark %s\n", e.start_ms, e.what.c_str());
+      continue;
+    }
+    busy += e.end_ms - e.start_ms;
+    if (e.end_ms <= backward_end) busy_in_backward += e.end_ms - e.start_ms;
+    std::printf("  %9.3f %9.3f  %-14s %lld elements\n", e.start_ms, e.end_ms, e.what.c_str(),
+                static_cast<long long>(e.numel));
+  }
+  std::printf("collectives busy %.3f ms, %.3f of them finished by the backward mark (%.3f ms)\n", busy,
+              busy_in_backward, backward_end);
+  std::fflush(stdout);
+}
+#else
+void timeline_start(const Flags&) {}
+void timeline_mark(const Flags&, const std::string&) {}
+void timeline_print(const Flags&) {}
+#endif
+
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt,
                                              std::string what, GPTImpl* model) {
   job(f);
@@ -155,6 +206,10 @@ std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<low
 }
 
 #else
+
+void timeline_start(const Flags&) {}
+void timeline_mark(const Flags&, const std::string&) {}
+void timeline_print(const Flags&) {}
 
 void Job::average(at::Tensor&) const {}
 

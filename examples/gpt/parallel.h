@@ -26,4 +26,10 @@ const Job& job(const Flags& f);
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt,
                                              std::string what, GPTImpl* model);
 
+// --timeline STEP: that step's collectives on the GPU (NcclCommunicator's CUDA-event timeline)
+// beside marks the training loop sets; rank 0 prints them after the step. Nothing without NCCL.
+void timeline_start(const Flags& f);
+void timeline_mark(const Flags& f, const std::string& label);
+void timeline_print(const Flags& f);
+
 }  // namespace gpt

@@ -286,10 +286,18 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
       const int64_t b = f.batch / job(f).size;
       xy = {xy.first.narrow(0, job(f).rank * b, b), xy.second.narrow(0, job(f).rank * b, b)};
     }
+    const bool timed = step == f.timeline;
+    if (timed) timeline_start(f);
     opt->zero_grad();
     at::Tensor loss = model->loss(xy.first, xy.second);
+    if (timed) timeline_mark(f, "forward");
     loss.backward();
+    if (timed) timeline_mark(f, "backward");
     opt->step();
+    if (timed) {
+      timeline_mark(f, "step");
+      timeline_print(f);
+    }
     loss_sum += loss.detach();
     ++in_interval;
     if (record_losses) r.losses.push_back(loss.item<double>());

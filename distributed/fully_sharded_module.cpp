@@ -4,7 +4,10 @@
 
 #include <torch/autograd.h>
 
+#include "../kernels/common/state_slots.h"
+
 #include <algorithm>
+#include <cstdio>
 #include <unordered_map>
 
 namespace lowbit {
@@ -201,6 +204,47 @@ void FullyShardedModule::release(size_t u) {
 
 void FullyShardedModule::release_all() {
   for (size_t u = 0; u < unit_buckets_.size(); ++u) release_unit(u);
+}
+
+FullyShardedMemory FullyShardedModule::memory_report() const {
+  FullyShardedMemory r;
+  for (const auto& p : sharded_->params_) r.parameters += p.param.numel();
+  r.shard_bytes = shard_bytes();
+  for (const auto& f : sharded_->fragments_)
+    for (const optim::StateSlot& s : f.state.slots)
+      (kernels::is_correction(s.type.storage) ? r.correction_bytes : r.state_bytes) += s.nbytes();
+  const ShardedOptimizer::Transient now = sharded_->transient_now(), peak = sharded_->transient_peak_;
+  r.gathered_bytes = now.gathered;
+  r.gradient_bytes = now.gradients;
+  r.gradient_shard_bytes = now.gradient_shards;
+  r.peak_gathered_bytes = std::max(peak.gathered, now.gathered);
+  r.peak_gradient_bytes = std::max(peak.gradients, now.gradients);
+  r.peak_gradient_shard_bytes = std::max(peak.gradient_shards, now.gradient_shards);
+  return r;
+}
+
+void FullyShardedModule::reset_memory_peaks() { sharded_->transient_peak_ = sharded_->transient_now(); }
+
+std::string FullyShardedMemory::to_string() const {
+  std::string out;
+  const auto line = [&](const char* part, int64_t bytes) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%-28s %16lld B  (%.3f B/param)\n", part, static_cast<long long>(bytes),
+                  parameters ? double(bytes) / double(parameters) : 0.0);
+    out += buf;
+  };
+  line("weight shards", shard_bytes);
+  line("state", state_bytes);
+  line("correction", correction_bytes);
+  line("persistent", persistent_bytes());
+  line("gathered weights now / peak", gathered_bytes);
+  line("", peak_gathered_bytes);
+  line("gradient buffers now / peak", gradient_bytes);
+  line("", peak_gradient_bytes);
+  line("gradient shards now / peak", gradient_shard_bytes);
+  line("", peak_gradient_shard_bytes);
+  line("persistent + peaks", peak_bound_bytes());
+  return out;
 }
 
 int64_t FullyShardedModule::shard_bytes() const {

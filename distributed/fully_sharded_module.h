@@ -67,6 +67,26 @@ struct FullyShardedOptions {
   std::optional<at::Device> device;
 };
 
+// What a rank of a fully sharded model holds, by part: between steps its weight shards, the
+// optimizer state of its pieces and their master-weight corrections (each about the whole model's
+// divided by the ranks); while units run, their gathered weights, their gradient buffers and the
+// reduced gradient shards, now and at their high-water mark. Activations are the model's (the
+// allocator's statistics hold them).
+struct FullyShardedMemory {
+  int64_t parameters = 0;  // elements of the whole model
+  int64_t shard_bytes = 0, state_bytes = 0, correction_bytes = 0;
+  int64_t gathered_bytes = 0, gradient_bytes = 0, gradient_shard_bytes = 0;
+  int64_t peak_gathered_bytes = 0, peak_gradient_bytes = 0, peak_gradient_shard_bytes = 0;
+
+  int64_t persistent_bytes() const { return shard_bytes + state_bytes + correction_bytes; }
+  // The most the transient parts held at once is at most the sum of their high-water marks.
+  int64_t peak_bound_bytes() const {
+    return persistent_bytes() + peak_gathered_bytes + peak_gradient_bytes + peak_gradient_shard_bytes;
+  }
+  // One line per part, bytes and bytes per parameter of the whole model.
+  std::string to_string() const;
+};
+
 class FullyShardedModule {
  public:
   // `units`: submodules of `root`, each with parameters of its own (a parameter in two units is an
@@ -109,6 +129,11 @@ class FullyShardedModule {
   // units(): the root's).
   int64_t gathered_bytes() const;
   bool gathered(size_t u) const;
+
+  // What this rank holds, by part (see FullyShardedMemory); the high-water marks count from the
+  // construction or the last reset_memory_peaks().
+  FullyShardedMemory memory_report() const;
+  void reset_memory_peaks();
 
   // Checkpoints in the fragment format (sharded_checkpoint.h, version 3): every rank writes its
   // shards and their state to `prefix`.rank-R-of-N; the files of any number of ranks load on any

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_set>
 
 #include "../kernels/common/step_config.h"
 #include "../optim/fragment_access.h"
@@ -395,7 +396,10 @@ void ShardedOptimizer::reduce_ready_buckets() {
     // the caller's stream, and the next unit's backward with it, until the reduction finished.
     if (step_in_backward_) step_reduced_buckets(next_bucket_);
     Bucket& b = buckets_[next_bucket_++];
-    if (step_in_backward_) allocate_storage(b.grad_shard);
+    if (step_in_backward_) {
+      allocate_storage(b.grad_shard);
+      note_transient();
+    }
     if (options_.zero1)
       comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
     else if (b.grad_send.defined())
@@ -533,6 +537,7 @@ void ShardedOptimizer::reduce_buckets_before(size_t end) {
 void ShardedOptimizer::ensure_flat_grad(Bucket& b) {
   if (storage_resident(b.flat_grad)) return;
   allocate_storage(b.flat_grad);
+  note_transient();
   for (const auto& [begin, len] : b.padding) b.flat_grad.narrow(0, begin, len).zero_();
 }
 
@@ -540,9 +545,35 @@ void ShardedOptimizer::gather(size_t bucket) {
   Bucket& b = buckets_[bucket];
   if (b.gathered) return;
   allocate_storage(b.flat_param);
+  note_transient();
   comm_->all_gather(b.shard, b.flat_param);
   point_members_at(b, b.flat_param);
   b.gathered = true;
+}
+
+ShardedOptimizer::Transient ShardedOptimizer::transient_now() const {
+  Transient t;
+  // Each storage once: the float32 buckets' gradient shards are views of one (float_shards_).
+  std::unordered_set<const c10::StorageImpl*> seen;
+  const auto bytes = [&](const at::Tensor& x) {
+    const c10::StorageImpl* s = x.storage().unsafeGetStorageImpl();
+    return seen.insert(s).second ? static_cast<int64_t>(s->nbytes()) : int64_t(0);
+  };
+  for (const Bucket& b : buckets_) {
+    if (!fully_sharded()) break;
+    t.gathered += bytes(b.flat_param);
+    t.gradients += bytes(b.flat_grad);
+    t.gradient_shards += bytes(b.grad_shard);
+  }
+  return t;
+}
+
+void ShardedOptimizer::note_transient() {
+  // A sum over the buckets per allocation: a few per unit and step, against the unit's compute.
+  const Transient t = transient_now();
+  transient_peak_.gathered = std::max(transient_peak_.gathered, t.gathered);
+  transient_peak_.gradients = std::max(transient_peak_.gradients, t.gradients);
+  transient_peak_.gradient_shards = std::max(transient_peak_.gradient_shards, t.gradient_shards);
 }
 
 void ShardedOptimizer::release(Bucket& b) {

@@ -236,6 +236,15 @@ class ShardedOptimizer {
                                        const std::vector<char>& had, bool prepass, bool want_sumsq, bool count_ranks);
   void step_bucket(Bucket& b);       // step_in_backward: the bucket's update, once reduced
   void step_reduced_buckets(size_t end);  // ... of the buckets before `end` not stepped yet
+  // Fully sharded: bytes the buckets hold now in gathered parameters, gradient buffers and gradient
+  // shards, and their high-water marks (note_transient() after each allocation; FullyShardedModule::
+  // memory_report()).
+  struct Transient {
+    int64_t gathered = 0, gradients = 0, gradient_shards = 0;
+  };
+  Transient transient_now() const;
+  void note_transient();
+  Transient transient_peak_;
   void check_step_in_backward();     // ... refuses what needs every gradient first
   void report_overflow();            // quantized state that overflowed since the last report
   // Every rank's options, parameter count and sizes against rank 0's, before any other collective.

@@ -93,6 +93,8 @@ class FullySharded : public TrainOptimizer {
     for (auto& g : inner_->param_groups()) g.options().set_lr(lr);
   }
   int64_t state_bytes() const override { return fsdp_->sharded().state_bytes(); }
+  // This rank's parts (rank 0's is printed), the transient ones' high-water marks over the run.
+  std::string memory_report() const override { return fsdp_->memory_report().to_string(); }
   void save(const std::string&) override { throw std::invalid_argument("--save with --fully-sharded"); }
   void load(const std::string&) override { throw std::invalid_argument("--resume with --fully-sharded"); }
   std::string describe() const override { return what_; }

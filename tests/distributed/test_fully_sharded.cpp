@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <lowbit/optim/step_calls.h>
@@ -287,6 +288,42 @@ TEST(FullyShardedModule, HoldsAShareOfTheParametersAndReleasesThem) {
     EXPECT_TRUE(y.defined());
   }
   EXPECT_EQ(fsdp.gathered_bytes(), 0);
+
+  // memory_report(): the persistent parts, and the high-water marks of the transient ones over a
+  // training step (reshard after forward: the root and at most two units gathered at a time).
+  std::vector<int64_t> unit_bytes;  // each unit's gathered bytes, the root's last
+  for (size_t u = 0; u <= fsdp.units(); ++u) {
+    fsdp.gather(u);
+    unit_bytes.push_back(fsdp.gathered_bytes());
+    fsdp.release(u);
+  }
+  const int64_t root = unit_bytes.back();
+  std::vector<int64_t> largest(unit_bytes.begin(), unit_bytes.end() - 1);
+  std::sort(largest.rbegin(), largest.rend());
+  fsdp.reset_memory_peaks();
+  const ld::FullyShardedMemory fresh = fsdp.memory_report();
+  EXPECT_EQ(fresh.parameters, elements);
+  EXPECT_EQ(fresh.shard_bytes, fsdp.shard_bytes());
+  EXPECT_EQ(fresh.peak_gathered_bytes, 0);
+  EXPECT_EQ(fresh.peak_gradient_bytes, 0);
+  fsdp.zero_grad();
+  model->forward(fsdp, default_grad, comm().rank(), 1).backward();
+  fsdp.step();
+  const ld::FullyShardedMemory r = fsdp.memory_report();
+  EXPECT_EQ(r.gathered_bytes, 0);
+  EXPECT_EQ(r.gradient_bytes, 0);
+  EXPECT_GT(r.state_bytes, 0);
+  EXPECT_EQ(r.state_bytes + r.correction_bytes, fsdp.sharded().state_bytes());
+  EXPECT_GE(r.peak_gathered_bytes, root + largest[0]);
+  EXPECT_LE(r.peak_gathered_bytes, root + largest[0] + largest[1]);
+  EXPECT_LT(r.peak_gathered_bytes, fsdp.model_bytes());
+  EXPECT_GE(r.peak_gradient_bytes, root);
+  EXPECT_LE(r.peak_gradient_bytes, root + largest[0] + largest[1]);
+  // Gradient shards: this rank's share of every bucket (float32 buckets' in one buffer, counted once).
+  EXPECT_EQ(r.gradient_shard_bytes, fsdp.shard_bytes());
+  EXPECT_EQ(r.peak_bound_bytes(), r.persistent_bytes() + r.peak_gathered_bytes + r.peak_gradient_bytes +
+                                      r.peak_gradient_shard_bytes);
+  EXPECT_NE(r.to_string().find("gathered weights now / peak"), std::string::npos) << r.to_string();
 }
 
 TEST(FullyShardedModule, InvalidUsesAreClearErrors) {

@@ -10,7 +10,7 @@ from typing import Dict, Iterable, Optional, Set
 
 import torch
 
-from . import param_state, state_dict_io, step_args
+from . import dtensor_shards, param_state, state_dict_io, step_args
 from .option_checks import check_options
 
 # The C++ optimizers' stochastic-rounding seed ("lowbit", LowbitOptimizer::seed_) and parameter keys
@@ -95,13 +95,35 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self.state[p] = st
         return st
 
-    def _new_state(self, p: torch.Tensor, group: Dict, values=None) -> step_args.ParamState:
+    def _new_state(self, p: torch.Tensor, group: Dict, values=None, whole_numel=None) -> step_args.ParamState:
         return step_args.init_state(
             p, self.rule, group["state_format"], block_size=group["block_size"],
             min_quant_numel=group["min_quant_numel"], initial_value=self.initial_state_value(group),
             momentum=float(group.get("momentum", 0.0)), centered=bool(group.get("centered", False)),
             amsgrad=bool(group.get("amsgrad", False)), fp8_second_moment=group["fp8_second_moment"],
-            master_weight_bits=group["master_weight_bits"], values=values)
+            master_weight_bits=group["master_weight_bits"], values=values, whole_numel=whole_numel)
+
+    def _layout(self, group: Dict, numel: int):
+        """(slots, block size) of a parameter of `numel` elements in this group."""
+        return torch.ops.lowbit.optim_state_layout(
+            self.rule, group["state_format"], numel, group["block_size"], group["min_quant_numel"],
+            float(group.get("momentum", 0.0)), bool(group.get("centered", False)), bool(group.get("amsgrad", False)),
+            group["fp8_second_moment"], group["master_weight_bits"])
+
+    def _shard_state(self, p, group: Dict, gi: int, index: int, like: torch.Tensor, begin: int, end: int) -> Dict:
+        """The state of elements [begin, end) of DTensor parameter p (dtensor_shards.py), laid out as the whole
+        parameter's; `like`: a tensor of those elements."""
+        st = self.state.get(p)
+        if st:
+            if st.get("range") != [begin, end]:
+                raise RuntimeError(f"lowbit.optim.{type(self).__name__}: parameter {index} of group {gi} holds state "
+                                   f"for elements {st.get('range')}, its shard now needs {[begin, end]}")
+            return st
+        st = param_state.from_param_state(self._new_state(like.reshape(-1), group, whole_numel=p.numel()),
+                                          self.state_names)
+        st["range"] = [begin, end]
+        self.state[p] = st
+        return st
 
     def state_bytes(self) -> int:
         """Bytes the optimizer state holds (codes, scales, dense slots, corrections; not the counters)."""
@@ -186,15 +208,21 @@ class LowbitOptimizer(torch.optim.Optimizer):
             return
         # ---- pre-pass: one read of the gradients per device, for the groups that skip or clip.
         want_sumsq = any(g["max_grad_norm"] > 0 for g in groups)
-        per_device = {}
+        per_device, sharded_group = {}, None
         for gi, group in enumerate(groups):
             if not (group["skip_nonfinite"] or group["max_grad_norm"] > 0):
                 continue
-            for _, _, grad in work[gi]:
+            for _, p, grad in work[gi]:
+                if dtensor_shards.is_dtensor(grad):
+                    sharded_group = sharded_group or dtensor_shards.rank_ranges(p)[2]
+                    grad = grad.to_local()
                 grads, ids = per_device.setdefault(grad.device, ([], []))
                 grads.append(grad)
                 ids.append(gi)
         checks = {d: list(ops.grad_check(g, ids, len(groups), want_sumsq)) for d, (g, ids) in per_device.items()}
+        if sharded_group is not None:  # DTensor parameters: skip on every rank where any rank saw Inf / NaN
+            for found, _ in checks.values():
+                dtensor_shards.agree_on_found_inf(found, sharded_group)
         if len(checks) > 1:
             # Several devices: the skip and the norms cover all of them (as the C++ optimizers do).
             first = next(iter(checks.values()))
@@ -232,20 +260,28 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def _step_group(self, gi, group, items, checks, amp_found, amp_scale) -> None:
         ops = torch.ops.lowbit
+        # What the op steps: (index, tensor it writes, gradient, state, element offset in the whole parameter).
+        plain = [item for item in items if not dtensor_shards.is_dtensor(item[1])]
+        calls = [(i, p, grad, self._state_for(p, group, gi, i), 0) for i, p, grad in plain]
+        finish = None
+        if len(plain) < len(items):
+            sharded, finish = dtensor_shards.prepare(self, group, gi,
+                                                     [x for x in items if dtensor_shards.is_dtensor(x[1])])
+            calls += sharded
         buckets = {}
-        for i, p, grad in items:
-            st = self._state_for(p, group, gi, i)
+        for i, p, grad, st, offset in calls:
             key = (p.device, tuple(st["slots"]), st["block_size"])
             b = buckets.get(key)
             if b is None:
-                b = buckets[key] = ([], [], [], [], [])
+                b = buckets[key] = ([], [], [], [], [], [])
             b[0].append(p)
             b[1].append(grad)
             b[2].extend(st[k] for k in param_state.state_keys(key[1], self.state_names))
             b[3].append(st["counters"])
             b[4].append(rng_key(gi, i))
+            b[5].append(offset)
         hyper = self.op_hyper_parameters(group)
-        for (device, slots, block), (params, grads, state, counters, keys) in buckets.items():
+        for (device, slots, block), (params, grads, state, counters, keys, offsets) in buckets.items():
             found = sumsq = None
             if device in checks:
                 if group["skip_nonfinite"]:
@@ -257,7 +293,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 found = a if found is None else torch.maximum(found, a)
             scale = None if amp_scale is None else amp_scale.reshape(1).to(device, torch.float32)
             ops.optim_step_(params, grads, state, counters, self._lr_tensor(gi, group, device), rule=self.rule,
-                            slots=list(slots), block_size=block, offsets=[0] * len(params), rng_keys=keys,
+                            slots=list(slots), block_size=block, offsets=offsets, rng_keys=keys,
                             seed=self.seed, stochastic_round=group["bf16_stochastic_round"], found_inf=found,
                             grad_sumsq=sumsq, max_grad_norm=group["max_grad_norm"] if sumsq is not None else 0.0,
                             grad_scale=scale, **hyper)
+        if finish is not None:
+            finish()

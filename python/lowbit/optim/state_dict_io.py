@@ -12,7 +12,7 @@ from typing import Dict
 
 import torch
 
-from . import param_state
+from . import dtensor_shards, param_state
 
 FORMAT_VERSION = 1
 # The options that decide how a parameter's state is stored (optim_state_layout's).
@@ -81,7 +81,13 @@ def _import(opt, entry: Dict, p: torch.Tensor, group: Dict, who: str) -> Dict:
 
 
 def _import_lowbit(opt, entry, p, group, who):
-    want = param_state.from_param_state(opt._new_state(p, group), opt.state_names)
+    if dtensor_shards.is_dtensor(p):  # a rank's range of a sharded parameter (dtensor_shards.py)
+        begin, end = entry.get("range", [0, 0])
+        like = torch.empty(end - begin, dtype=p.dtype, device=p.to_local().device)
+        want = param_state.from_param_state(opt._new_state(like, group, whole_numel=p.numel()), opt.state_names)
+        want["range"] = [begin, end]
+    else:
+        want = param_state.from_param_state(opt._new_state(p, group), opt.state_names)
     if list(entry.get("slots", [])) != want["slots"] or entry.get("block_size") != want["block_size"]:
         _fail(opt, f"{who}: the state dict keeps its state as {entry.get('slots')} in blocks of "
                    f"{entry.get('block_size')}, this optimizer as {want['slots']} in blocks of {want['block_size']} "
@@ -105,6 +111,8 @@ def _import_lowbit(opt, entry, p, group, who):
 
 def _import_torch(opt, entry, p, group, who):
     """A torch.optim state: its fp32 slots (by torch's names) quantized as this optimizer stores them."""
+    if dtensor_shards.is_dtensor(p):
+        _fail(opt, f"{who}: a torch.optim state of a DTensor parameter cannot be loaded (only lowbit's own)")
     layout = opt._new_state(p, group)
     values = []
     for k, storage in enumerate(layout.slots):

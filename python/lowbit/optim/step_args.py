@@ -41,14 +41,18 @@ def init_state(param: torch.Tensor, rule: str, state_format: str = "Q8", *, bloc
                min_quant_numel: int = 4096, initial_value: float = 0.0, momentum: float = 0.0,
                centered: bool = False, amsgrad: bool = False, fp8_second_moment: str = "FP8E4M3",
                rng_key: int = 0, master_weight_bits: int = 0,
-               values: Optional[List[Optional[torch.Tensor]]] = None) -> ParamState:
+               values: Optional[List[Optional[torch.Tensor]]] = None,
+               whole_numel: Optional[int] = None) -> ParamState:
     """Fresh state for `param`, every slot holding `initial_value` (Adagrad's initial_accumulator_value), or
     values[k] (any float tensor of param's numel, e.g. torch.optim's fp32 state) where given for slot k.
+    whole_numel: where `param` is a range of a larger parameter (a shard), that parameter's numel, which decides
+    the layout (so sharding never changes it); the state covers param's elements.
 
     master_weight_bits 32 / 24 (bf16 params): the last slot holds an int16 / int8 correction, zero at first (the
     master equals the parameter)."""
     ops = torch.ops.lowbit
-    slots, block = ops.optim_state_layout(rule, state_format, param.numel(), block_size, min_quant_numel, momentum,
+    layout_numel = param.numel() if whole_numel is None else whole_numel
+    slots, block = ops.optim_state_layout(rule, state_format, layout_numel, block_size, min_quant_numel, momentum,
                                           centered, amsgrad, fp8_second_moment, master_weight_bits)
     tensors = []
     init = torch.full((param.numel(),), float(initial_value), dtype=torch.float32, device=param.device)

@@ -49,6 +49,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._skipped = None       # int64 [1] on the device: steps skipped for a non-finite gradient
         self._skipped_loaded = 0   # ... and those a loaded state_dict brought
         self._where = None         # id(param) -> (group, index), for steps of some parameters
+        self._epoch = 0            # bumped when state is made or loaded: the cached call plans are then stale
+        self._plans = {}           # group -> (epoch, indices stepped, the op calls' lists): steps repeat
         merged = dict(COMMON_DEFAULTS)
         merged.update({k: v for k, v in options.items() if k in COMMON_DEFAULTS})
         merged.update(defaults)
@@ -66,6 +68,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: Dict) -> None:
         super().add_param_group(param_group)
         self._where = None
+        self._epoch += 1
         self._check_group(len(self.param_groups) - 1, self.param_groups[-1])
 
     def _check_group(self, index: int, group: Dict) -> None:
@@ -93,6 +96,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             return st
         st = param_state.from_param_state(self._new_state(p, group), self.state_names)
         self.state[p] = st
+        self._epoch += 1
         return st
 
     def _new_state(self, p: torch.Tensor, group: Dict, values=None, whole_numel=None) -> step_args.ParamState:
@@ -123,6 +127,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                                           self.state_names)
         st["range"] = [begin, end]
         self.state[p] = st
+        self._epoch += 1
         return st
 
     def state_bytes(self) -> int:
@@ -139,6 +144,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: Dict) -> None:
         state_dict_io.load(self, state_dict)
+        self._epoch += 1
         self._lr_tensors.clear()
         self._checked.clear()
         self._where = None
@@ -216,10 +222,11 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 if dtensor_shards.is_dtensor(grad):
                     sharded_group = sharded_group or dtensor_shards.rank_ranges(p)[2]
                     grad = grad.to_local()
-                grads, ids = per_device.setdefault(grad.device, ([], []))
+                index = grad.get_device()  # an int: cheaper than a torch.device per gradient
+                grads, ids, device = per_device.get(index) or per_device.setdefault(index, ([], [], grad.device))
                 grads.append(grad)
                 ids.append(gi)
-        checks = {d: list(ops.grad_check(g, ids, len(groups), want_sumsq)) for d, (g, ids) in per_device.items()}
+        checks = {d: list(ops.grad_check(g, ids, len(groups), want_sumsq)) for g, ids, d in per_device.values()}
         if sharded_group is not None:  # DTensor parameters: skip on every rank where any rank saw Inf / NaN
             for found, _ in checks.values():
                 dtensor_shards.agree_on_found_inf(found, sharded_group)
@@ -262,26 +269,35 @@ class LowbitOptimizer(torch.optim.Optimizer):
         ops = torch.ops.lowbit
         # What the op steps: (index, tensor it writes, gradient, state, element offset in the whole parameter).
         plain = [item for item in items if not dtensor_shards.is_dtensor(item[1])]
-        calls = [(i, p, grad, self._state_for(p, group, gi, i), 0) for i, p, grad in plain]
         finish = None
-        if len(plain) < len(items):
-            sharded, finish = dtensor_shards.prepare(self, group, gi,
-                                                     [x for x in items if dtensor_shards.is_dtensor(x[1])])
-            calls += sharded
-        buckets = {}
-        for i, p, grad, st, offset in calls:
-            key = (p.device, tuple(st["slots"]), st["block_size"])
-            b = buckets.get(key)
-            if b is None:
-                b = buckets[key] = ([], [], [], [], [], [])
-            b[0].append(p)
-            b[1].append(grad)
-            b[2].extend(st[k] for k in param_state.state_keys(key[1], self.state_names))
-            b[3].append(st["counters"])
-            b[4].append(rng_key(gi, i))
-            b[5].append(offset)
+        indices = tuple(item[0] for item in plain)
+        plan = self._plans.get(gi)
+        if len(plain) == len(items) and plan is not None and plan[0] == self._epoch and plan[1] == indices:
+            # The same parameters as the last step, with the same state: only the gradients are new.
+            buckets = {key: (b[0], [plain[k][2] for k in b[6]]) + b[2:] for key, b in plan[2].items()}
+        else:
+            calls = [(i, p, grad, self._state_for(p, group, gi, i), 0, k) for k, (i, p, grad) in enumerate(plain)]
+            if len(plain) < len(items):
+                sharded, finish = dtensor_shards.prepare(self, group, gi,
+                                                         [x for x in items if dtensor_shards.is_dtensor(x[1])])
+                calls += [c + (None,) for c in sharded]
+            buckets = {}
+            for i, p, grad, st, offset, position in calls:
+                key = (p.device, tuple(st["slots"]), st["block_size"])
+                b = buckets.get(key)
+                if b is None:
+                    b = buckets[key] = ([], [], [], [], [], [], [])
+                b[0].append(p)
+                b[1].append(grad)
+                b[2].extend(st[k] for k in param_state.state_keys(key[1], self.state_names))
+                b[3].append(st["counters"])
+                b[4].append(rng_key(gi, i))
+                b[5].append(offset)
+                b[6].append(position)
+            if finish is None:  # kept without the gradients, which must not outlive the step
+                self._plans[gi] = (self._epoch, indices, {k: (b[0], None) + b[2:] for k, b in buckets.items()})
         hyper = self.op_hyper_parameters(group)
-        for (device, slots, block), (params, grads, state, counters, keys, offsets) in buckets.items():
+        for (device, slots, block), (params, grads, state, counters, keys, offsets, _) in buckets.items():
             found = sumsq = None
             if device in checks:
                 if group["skip_nonfinite"]:

@@ -125,3 +125,24 @@ def test_dicts_that_do_not_fit_are_refused_and_change_nothing():
         for i in before["state"]:
             for k, v in before["state"][i].items():
                 assert same_bits(v, now["state"][i][k]) if isinstance(v, torch.Tensor) else v == now["state"][i][k]
+
+
+def test_loading_into_an_optimizer_that_has_stepped_replaces_its_state():
+    """The new state is what the next step writes (not the state the optimizer held before the load)."""
+    saved_from = model(0)
+    opt_saved = lowbit.optim.AdamW(saved_from.parameters(), state_format="Q8")
+    train(saved_from, opt_saved, 2, seed=1)
+    sd = through_a_file(opt_saved.state_dict())
+    a, b = model(0), model(0)
+    opt_a = lowbit.optim.AdamW(a.parameters(), state_format="Q8")
+    train(a, opt_a, 3, seed=9)  # steps of its own first
+    b.load_state_dict(a.state_dict())
+    opt_b = lowbit.optim.AdamW(b.parameters(), state_format="Q8")
+    opt_a.load_state_dict(sd)
+    opt_b.load_state_dict(sd)
+    train(a, opt_a, 2, seed=2)
+    train(b, opt_b, 2, seed=2)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert same_bits(pa, pb)
+        assert all(same_bits(x, y) for x, y in zip(state_list(opt_a, pa), state_list(opt_b, pb)))
+        assert int(opt_a.state[pa]["counters"][0]) == 4

@@ -6,6 +6,8 @@ clipping), then per param group one op call per (device, state layout). Everythi
 the device: the step counts (in each state's `counters`), lr (a float64 tensor per group and device, written from
 group["lr"] when that changes: schedulers work), the skip flag and GradScaler's scale. Nothing waits for a GPU.
 """
+import functools
+import sys
 from typing import Dict, Iterable, Optional, Set
 
 import torch
@@ -20,6 +22,21 @@ DEFAULT_SEED = 0x6C6F77626974
 
 def rng_key(group: int, index: int) -> int:
     return group * 7919 + index
+
+
+def eager_under_compile(fn):
+    """torch.compile does not trace a step (it makes state and calls ops that write it in place): a compiled
+    training step breaks its graph here and runs the step as it comes, the same bits. torch._dynamo is asked only
+    once something loaded it, so a program that never compiles does not pay its import."""
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        disabled = getattr(inner, "disabled", None)
+        if disabled is None:
+            disabled = inner.disabled = sys.modules["torch._dynamo"].disable(fn, recursive=True)
+        return disabled(*args, **kwargs)
+    return inner
 
 
 # Options every lowbit optimizer takes beside its rule's own (optim/options.h LOWBIT_COMMON_ARGS says what each does).
@@ -150,7 +167,6 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._where = None
 
     # ---- the step -----------------------------------------------------------------------------
-    @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
@@ -159,7 +175,6 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._step(None)
         return loss
 
-    @torch.no_grad()
     def step_parameters(self, params: Iterable[torch.Tensor]) -> None:
         """A step of these parameters alone (gradient release): each steps as it would in step()."""
         self._step({id(p) for p in params})
@@ -204,6 +219,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
                                        f"{list(p.shape)}) has a sparse gradient; lowbit optimizers need dense gradients")
         return work
 
+    @eager_under_compile
+    @torch.no_grad()
     def _step(self, only: Optional[Set[int]]) -> None:
         ops = torch.ops.lowbit
         groups = self.param_groups

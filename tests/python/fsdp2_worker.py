@@ -1,6 +1,6 @@
 """One rank of test_fsdp2.py: parameters sharded by FSDP2's fully_shard over Gloo, stepped by lowbit.optim with the
 gradients the test gives (the same values one process steps), then the whole parameters and every rank's state
-written for the test to compare.
+written for the test to compare (taken before a last step that checks a state_dict() round trip).
     python fsdp2_worker.py RANK WORLD PORT IN OUT"""
 import sys
 
@@ -12,25 +12,44 @@ from torch.distributed.tensor import Shard, distribute_tensor
 import lowbit
 
 
+def sharded(cls_name, options, dtype, values):
+    module = torch.nn.Module()
+    module.params = torch.nn.ParameterList([torch.nn.Parameter(t.detach().to(dtype).clone()) for t in values])
+    fully_shard(module)
+    params = list(module.params)
+    return params, getattr(lowbit.optim, cls_name)(params, **options)
+
+
+def step(params, opt, grads, dtype):
+    for p, g in zip(params, grads):
+        p.grad = distribute_tensor(g.to(dtype), p.device_mesh, [Shard(0)])
+    opt.step()
+
+
 def main(rank, world, port, src, dst):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     spec = torch.load(src, weights_only=False)
     results = []
     for cls_name, options, dtype in spec["configs"]:
-        module = torch.nn.Module()
-        module.params = torch.nn.ParameterList([torch.nn.Parameter(t.detach().to(dtype).clone()) for t in spec["init"]])
-        fully_shard(module)
-        params = list(module.params)
-        opt = getattr(lowbit.optim, cls_name)(params, **options)
+        params, opt = sharded(cls_name, options, dtype, spec["init"])
         for grads in spec["grads"]:
-            for p, g in zip(params, grads):
-                p.grad = distribute_tensor(g.to(dtype), p.device_mesh, [Shard(0)])
-            opt.step()
-        whole = [p.full_tensor() for p in params]
-        mine = {i: {k: v for k, v in opt.state[p].items()} for i, p in enumerate(params) if p in opt.state}
+            step(params, opt, grads, dtype)
+        whole = [p.full_tensor().detach().clone() for p in params]  # (one rank: a view of the shard)
+        mine = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+                for i, p in enumerate(params) if p in opt.state}
         states = [None] * world
         dist.all_gather_object(states, mine)
-        results.append(dict(params=whole, states=states, skipped=opt.skipped_steps()))
+        # Each rank's state_dict() loads back into a new optimizer over the same shards: the next step is the same.
+        params2, opt2 = sharded(cls_name, options, dtype, [p.full_tensor() for p in params])
+        opt2.load_state_dict(opt.state_dict())
+        for ps, op in [(params, opt), (params2, opt2)]:
+            step(ps, op, spec["grads"][0], dtype)
+        resumed = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(params, params2)) and all(
+            all(torch.equal(v, opt2.state[b][k]) for k, v in opt.state[a].items() if isinstance(v, torch.Tensor))
+            for a, b in zip(params, params2) if a in opt.state)
+        everywhere = torch.tensor([int(resumed)])
+        dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
+        results.append(dict(params=whole, states=states, skipped=opt.skipped_steps(), resumed=bool(everywhere)))
     if rank == 0:
         torch.save(results, dst)
     dist.destroy_process_group()

@@ -76,6 +76,7 @@ def test_fully_sharded_steps_equal_one_process(tmp_path, world):
     sharded = torch.load(tmp_path / "out.pt", weights_only=False)
     for (cls_name, _, _), (params, opt), got in zip(CONFIGS, single_process(spec), sharded):
         assert got["skipped"] == opt.skipped_steps() == 1, cls_name
+        assert got["resumed"], f"{cls_name}: a state_dict() round trip on the ranks changed the next step"
         for i, p in enumerate(params):
             assert same_bits(got["params"][i], p.detach()), (cls_name, i)
             pieces = merged_state(got["states"], i)

@@ -63,6 +63,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self.seed = DEFAULT_SEED
         self._lr_tensors = {}      # (group, device) -> [float64 [1] tensor, the lr written into it]
         self._checked = {}         # group index -> the settings last checked (see _check_group)
+        self._lr_checks = {}       # group index -> (its settings but lr, a check of another lr)
         self._skipped = None       # int64 [1] on the device: steps skipped for a non-finite gradient
         self._skipped_loaded = 0   # ... and those a loaded state_dict brought
         self._where = None         # id(param) -> (group, index), for steps of some parameters
@@ -96,8 +97,13 @@ class LowbitOptimizer(torch.optim.Optimizer):
         key = tuple((k, v) for k, v in group.items() if k != "params" and not isinstance(v, torch.Tensor))
         if self._checked.get(index) == key:
             return
+        rest = tuple(kv for kv in key if kv[0] != "lr")
         try:
-            check_options(self, group)
+            lr_check = self._lr_checks.get(index)
+            if lr_check is not None and lr_check[0] == rest:
+                lr_check[1](group["lr"])  # only lr changed (a scheduler): one op call checks it
+            else:
+                self._lr_checks[index] = (rest, check_options(self, group))
         except (RuntimeError, ValueError) as e:
             raise type(e)(f"lowbit.optim.{type(self).__name__}: param group {index}: {e}") from None
         self._checked[index] = key
@@ -164,6 +170,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._epoch += 1
         self._lr_tensors.clear()
         self._checked.clear()
+        self._lr_checks.clear()
         self._where = None
 
     # ---- the step -----------------------------------------------------------------------------

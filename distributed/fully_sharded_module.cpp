@@ -42,6 +42,12 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
     : root_(std::move(root)), options_(options) {
   TORCH_CHECK(root_, kWho, ": root is null");
   TORCH_CHECK(optimizer, kWho, ": optimizer is null");
+  const auto floating = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; };
+  TORCH_CHECK(!options_.param_dtype || floating(*options_.param_dtype), kWho, ": FullyShardedOptions::param_dtype is ",
+              *options_.param_dtype, "; parameters compute in float32, bfloat16 or float16");
+  TORCH_CHECK(!options_.reduce_dtype || floating(*options_.reduce_dtype), kWho,
+              ": FullyShardedOptions::reduce_dtype is ", *options_.reduce_dtype,
+              "; gradients are reduced in float32, bfloat16 or float16");
   // The optimizer's parameters, numbered as ShardedOptimizer numbers them: (group, index) order.
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (const auto& g : optimizer->param_groups())
@@ -80,7 +86,8 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
   so.release_gradients = true;
   so.broadcast_parameters = options_.broadcast_parameters;
   sharded_.reset(new ShardedOptimizer(std::move(optimizer), std::move(comm), so, std::move(reduce_order),
-                                      options_.step_in_backward, options_.device));
+                                      options_.step_in_backward, options_.device,
+                                      ShardedOptimizer::Precision{options_.param_dtype, options_.reduce_dtype}));
   unit_buckets_.resize(n + 1);
   for (size_t b = 0; b < sharded_->buckets_.size(); ++b) {
     const size_t r = sharded_->buckets_[b].unit;  // in reduce order
@@ -255,7 +262,7 @@ int64_t FullyShardedModule::shard_bytes() const {
 
 int64_t FullyShardedModule::model_bytes() const {
   int64_t total = 0;
-  for (const auto& b : sharded_->buckets_) total += b.flat_param.numel() * static_cast<int64_t>(b.flat_param.element_size());
+  for (const auto& b : sharded_->buckets_) total += b.layout.total * static_cast<int64_t>(c10::elementSize(b.dtype));
   return total;
 }
 

@@ -65,6 +65,15 @@ struct FullyShardedOptions {
   // host (a model larger than one device: each parameter moves to the device only as its rank's
   // shard). Unset: the parameters' own device.
   std::optional<at::Device> device;
+  // Mixed precision, as FSDP2's policy. param_dtype (bfloat16 or float16): float32 parameters stay
+  // float32 shards, which the optimizer steps (their own master weights: no master_weight_bits),
+  // while the units compute in param_dtype: each all-gather carries the shards rounded to it (to
+  // nearest even) and the model's parameters are param_dtype tensors from construction on.
+  // Parameters of another dtype are left as they are. reduce_dtype: the dtype gradients are
+  // reduce-scattered and stepped in (unset: the dtype they compute in). float32 adds the ranks'
+  // bfloat16 gradients without rounding their mean to bfloat16, at twice the bytes on the wire;
+  // bfloat16 (as the default under param_dtype bfloat16) rounds the mean once. Every rank the same.
+  std::optional<at::ScalarType> param_dtype, reduce_dtype;
 };
 
 // What a rank of a fully sharded model holds, by part: between steps its weight shards, the
@@ -122,7 +131,8 @@ class FullyShardedModule {
   void release(size_t u);
 
   size_t units() const { return unit_buckets_.size() - 1; }  // the root not counted
-  // Bytes of parameters this rank keeps between steps (its shards), and the whole model's.
+  // Bytes of parameters this rank keeps between steps (its shards), and the whole model's in the
+  // dtype it is kept in (with param_dtype, float32: not the bytes a gathered copy takes).
   int64_t shard_bytes() const;
   int64_t model_bytes() const;
   // Parameters' bytes gathered on this rank now (units in use), and whether unit u's are (u ==

@@ -548,8 +548,11 @@ using ParamKey = std::pair<int64_t, int64_t>;  // (group, index)
 
 // Every parameter of `o` whole from the writers' weight pieces: each element exactly once, the
 // parameter's dtype and size; a piece of a parameter `o` does not have is refused.
+// weight_dtypes: the dtype each parameter's weights are kept in where it is not the parameter's own
+// (a fully sharded model's float32 shards that compute in bfloat16); null: the parameters' dtypes.
 std::map<ParamKey, at::Tensor> join_weights(const optim::LowbitOptimizer& o, std::vector<WeightPiece> pieces,
-                                            const std::string& files) {
+                                            const std::string& files,
+                                            const std::map<ParamKey, at::ScalarType>* weight_dtypes) {
   std::map<ParamKey, std::vector<WeightPiece>> by_param;
   for (WeightPiece& w : pieces) by_param[{w.group, w.index}].push_back(std::move(w));
   const auto& groups = o.param_groups();
@@ -571,8 +574,9 @@ std::map<ParamKey, at::Tensor> join_weights(const optim::LowbitOptimizer& o, std
       for (const WeightPiece& w : ws) {
         TORCH_CHECK(w.param_numel == p.numel(), w.where, ": the parameter has ", w.param_numel,
                     " elements in the checkpoint but ", p.numel(), " here");
-        TORCH_CHECK(w.values.scalar_type() == p.scalar_type(), w.where, ": the weights are ", w.values.scalar_type(),
-                    ", the parameter ", p.scalar_type());
+        const at::ScalarType kept = weight_dtypes ? weight_dtypes->at(it->first) : p.scalar_type();
+        TORCH_CHECK(w.values.scalar_type() == kept, w.where, ": the weights are ", w.values.scalar_type(),
+                    ", the parameter ", kept);
         TORCH_CHECK(w.offset >= next, w.where, ": elements ", w.offset, "..", std::min(next, w.offset + w.numel),
                     " are in two weight pieces (duplicated piece)");
         TORCH_CHECK(w.offset == next, w.where, ": elements ", next, "..", w.offset,
@@ -589,7 +593,8 @@ std::map<ParamKey, at::Tensor> join_weights(const optim::LowbitOptimizer& o, std
 
 std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimizer& o, const std::string& prefix,
                                                       const LoadRequest& request, uint64_t* seed, int64_t* skipped,
-                                                      std::map<ParamKey, at::Tensor>* weights) {
+                                                      std::map<ParamKey, at::Tensor>* weights,
+                                                      const std::map<ParamKey, at::ScalarType>* weight_dtypes = nullptr) {
   std::map<std::pair<int64_t, int64_t>, std::vector<FileFragment>> by_param;
   std::vector<WeightPiece> pieces;
   int64_t with_weights = 0, files = 0;
@@ -633,8 +638,9 @@ std::map<std::pair<int64_t, int64_t>, Whole> assemble(const optim::LowbitOptimiz
   }
   // After the state: its errors come first.
   if (with_weights)
-    *weights = join_weights(o, std::move(pieces), files == 1 ? fragment_file(prefix, 0, 1)
-                                                             : c10::str(prefix, ".rank-*-of-", files));
+    *weights = join_weights(o, std::move(pieces),
+                            files == 1 ? fragment_file(prefix, 0, 1) : c10::str(prefix, ".rank-*-of-", files),
+                            weight_dtypes);
   return out;
 }
 
@@ -741,7 +747,10 @@ void ShardedOptimizer::load(const std::string& prefix, const optim::LoadOptions&
   std::map<ParamKey, at::Tensor> weights;
   std::string error;
   try {
-    wholes = assemble(*optimizer_, prefix, request, &seed, &skipped, &weights);
+    std::map<ParamKey, at::ScalarType> kept;  // the shards' dtypes (mixed precision: not the parameters')
+    for (const Param& pr : params_)
+      kept[{static_cast<int64_t>(pr.group), static_cast<int64_t>(pr.index)}] = buckets_[pr.bucket].dtype;
+    wholes = assemble(*optimizer_, prefix, request, &seed, &skipped, &weights, &kept);
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   }

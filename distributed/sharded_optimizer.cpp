@@ -32,17 +32,18 @@ constexpr int64_t kGatherBytes = int64_t{128} << 20;
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options)
-    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}, false, std::nullopt) {}
+    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}, false, std::nullopt, {}) {}
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options,
                                    std::vector<Unit> units, bool step_in_backward,
-                                   std::optional<at::Device> device)
+                                   std::optional<at::Device> device, Precision precision)
     : optimizer_(std::move(optimizer)),
       comm_(std::move(comm)),
       options_(options),
       units_(std::move(units)),
-      step_in_backward_(step_in_backward) {
+      step_in_backward_(step_in_backward),
+      precision_(precision) {
   TORCH_CHECK(optimizer_, kWho, ": optimizer is null");
   TORCH_CHECK(comm_, kWho, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
@@ -57,6 +58,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                                              !options_.gradient_wire && !options_.update_wire));
   TORCH_INTERNAL_ASSERT(!step_in_backward_ || fully_sharded());
   TORCH_INTERNAL_ASSERT(!device || fully_sharded());
+  TORCH_INTERNAL_ASSERT((!precision_.compute && !precision_.reduce) || fully_sharded());
   if (step_in_backward_) check_step_in_backward();
   torch::NoGradGuard no_grad;
   const int rank = comm_->rank();
@@ -76,6 +78,11 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       // device is built there and sharded onto the devices).
       TORCH_CHECK(p.device() == device_ || (device && p.is_cpu()), kWho, ": ", where(), " is on ", p.device(),
                   " but parameter 0 is on ", device_, "; shard parameters of one device per optimizer");
+      TORCH_CHECK(compute_dtype(t) == t || FragmentAccess::group_step(*optimizer_, gi).common.master_weight_bits == 0,
+                  "FullyShardedModule: FullyShardedOptions::param_dtype ", *precision_.compute, " with group ", gi,
+                  "'s master_weight_bits ", FragmentAccess::group_step(*optimizer_, gi).common.master_weight_bits,
+                  ": ", where(), " stays a float32 shard, its own master weight; set master_weight_bits 0 (or "
+                  "build the model in bfloat16 for a bfloat16 shard with a correction)");
       TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kWho, ": ", where(),
                   " already has optimizer state; wrap a fresh optimizer and load checkpoints into the ShardedOptimizer");
       params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p), at::Tensor()});
@@ -114,7 +121,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   std::vector<std::vector<size_t>> planned = plan_buckets();
   int64_t float_chunks = 0;
   for (const std::vector<size_t>& members : planned) {
-    if (options_.zero1 || step_in_backward_ || params_[members[0]].param.scalar_type() != at::kFloat) continue;
+    if (options_.zero1 || step_in_backward_ || reduce_dtype(params_[members[0]].param.scalar_type()) != at::kFloat)
+      continue;
     std::vector<FlatEntry> entries;
     for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
     float_chunks += plan_flat_layout(entries, comm_->size()).chunk;
@@ -124,24 +132,26 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   for (std::vector<size_t>& members : planned) {
     Bucket b;
     b.dtype = params_[members[0]].param.scalar_type();
+    b.compute = compute_dtype(b.dtype);
+    b.reduce = reduce_dtype(b.dtype);
     b.members = std::move(members);
     std::vector<FlatEntry> entries;
     for (size_t m : b.members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
     b.layout = plan_flat_layout(entries, comm_->size());
     const auto opts = at::TensorOptions().dtype(b.dtype).device(device_);
     b.flat_param = at::zeros({b.layout.total}, opts);
-    b.flat_grad = at::zeros({b.layout.total}, opts);
+    b.flat_grad = at::zeros({b.layout.total}, opts.dtype(b.reduce));
     if (options_.zero1) {
       b.grad_shard = b.flat_grad.narrow(0, rank * b.layout.chunk, b.layout.chunk);
-    } else if (b.dtype == at::kFloat && !step_in_backward_) {
+    } else if (b.reduce == at::kFloat && !step_in_backward_) {
       b.grad_shard = float_shards_.narrow(0, float_used, b.layout.chunk);
       b.sum_only = true;
       float_used += b.layout.chunk;
     } else {
       // step_in_backward: a shard of its own, held only from the bucket's reduction to its step;
       // float32 summed and divided by the world size as the shared buffer is.
-      b.grad_shard = at::zeros({b.layout.chunk}, opts);
-      b.sum_only = step_in_backward_ && b.dtype == at::kFloat;
+      b.grad_shard = at::zeros({b.layout.chunk}, opts.dtype(b.reduce));
+      b.sum_only = step_in_backward_ && b.reduce == at::kFloat;
     }
     for (size_t k = 0; k < b.members.size(); ++k) {
       Param& pr = params_[b.members[k]];
@@ -159,6 +169,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       // The shard persists; the whole buffers get memory only while in use.
       b.unit = unit_of[b.members[0]];
       b.shard = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk).clone();
+      // Mixed precision: the parameters compute (and are gathered) in b.compute from here on.
+      if (b.compute != b.dtype) b.flat_param = at::zeros({b.layout.total}, opts.dtype(b.compute));
       int64_t end = 0;
       for (size_t k = 0; k < b.members.size(); ++k) {
         if (b.layout.offsets[k] > end) b.padding.push_back({end, b.layout.offsets[k] - end});
@@ -210,6 +222,14 @@ std::string ShardedOptimizer::name(size_t m) const {
   return c10::str("parameter ", params_[m].index, " of group ", params_[m].group);
 }
 
+at::ScalarType ShardedOptimizer::compute_dtype(at::ScalarType param) const {
+  return precision_.compute && param == at::kFloat ? *precision_.compute : param;
+}
+
+at::ScalarType ShardedOptimizer::reduce_dtype(at::ScalarType param) const {
+  return precision_.reduce ? *precision_.reduce : compute_dtype(param);
+}
+
 void ShardedOptimizer::check_ranks_agree() {
   // What every rank must share, each with the name an error gives it.
   std::vector<std::pair<std::string, int64_t>> v = {
@@ -228,6 +248,9 @@ void ShardedOptimizer::check_ranks_agree() {
     v.push_back({name + ".block_size", c.block_size});
     v.push_back({name + ".error_feedback", c.error_feedback});
   }
+  // Mixed precision: -1 where unset.
+  v.push_back({"FullyShardedOptions::param_dtype", precision_.compute ? static_cast<int64_t>(*precision_.compute) : -1});
+  v.push_back({"FullyShardedOptions::reduce_dtype", precision_.reduce ? static_cast<int64_t>(*precision_.reduce) : -1});
   int64_t elements = 0;
   for (const Param& pr : params_) elements += pr.param.numel();
   v.push_back({"the number of parameters", static_cast<int64_t>(params_.size())});
@@ -546,7 +569,8 @@ void ShardedOptimizer::gather(size_t bucket) {
   if (b.gathered) return;
   allocate_storage(b.flat_param);
   note_transient();
-  comm_->all_gather(b.shard, b.flat_param);
+  // Mixed precision: the shard rounded to the compute dtype (round to nearest even) is what travels.
+  comm_->all_gather(b.compute == b.dtype ? b.shard : b.shard.to(b.compute), b.flat_param);
   point_members_at(b, b.flat_param);
   b.gathered = true;
 }

@@ -155,6 +155,9 @@ class ShardedOptimizer {
   Communicator& communicator() { return *comm_; }
   // This rank's fragments, in (group, index) order; state undefined before the first step.
   const std::vector<Fragment>& fragments() const { return fragments_; }
+  // The values fragments()[i] steps: a view of this rank's range of its parameter (fully sharded,
+  // of its shard; with FullyShardedOptions::param_dtype, the float32 values the units compute from).
+  const at::Tensor& fragment_values(size_t i) const { return fragment_params_.at(i); }
 
   // Checkpoints (sharded_checkpoint.cpp): every rank writes `prefix`.rank-R-of-N; load() reads the
   // files of any number of ranks, checks them whole, then takes the pieces this rank owns. State
@@ -173,12 +176,17 @@ class ShardedOptimizer {
     std::string name;             // for errors: "unit 3", "the root unit"
     std::vector<size_t> members;  // indices into the optimizer's parameters
   };
+  // Fully sharded mixed precision (FullyShardedOptions::param_dtype / reduce_dtype): float32
+  // parameters stay float32 shards and are gathered as `compute`; gradients reduced as `reduce`.
+  struct Precision {
+    std::optional<at::ScalarType> compute, reduce;
+  };
   // step_in_backward: each bucket steps as soon as its gradients are reduced, and drops its
   // gradient shard (FullyShardedOptions::step_in_backward).
   // device: where the shards live when the parameters start on the host.
   ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
                    ShardedOptions options, std::vector<Unit> units, bool step_in_backward,
-                   std::optional<at::Device> device);
+                   std::optional<at::Device> device, Precision precision = {});
   void gather(size_t bucket);   // every rank's shard into flat_param (its parameters' memory)
   void release(size_t bucket) { release(buckets_[bucket]); }  // the parameters' memory dropped; the shard stays
   // Buckets [0, end) reduced now: the gradients no hook took from .grad, zeros where a parameter
@@ -186,7 +194,9 @@ class ShardedOptimizer {
   void reduce_buckets_before(size_t end);
 
   struct Bucket {
-    at::ScalarType dtype;
+    at::ScalarType dtype;  // the parameters' (and the shard's)
+    // Fully sharded: the gathered parameters' and the gradients' dtypes (Precision; else dtype).
+    at::ScalarType compute, reduce;
     FlatLayout layout;
     std::vector<size_t> members;  // indices into params_
     at::Tensor flat_param, flat_grad, grad_shard;
@@ -236,6 +246,8 @@ class ShardedOptimizer {
                                        const std::vector<char>& had, bool prepass, bool want_sumsq, bool count_ranks);
   void step_bucket(Bucket& b);       // step_in_backward: the bucket's update, once reduced
   void step_reduced_buckets(size_t end);  // ... of the buckets before `end` not stepped yet
+  at::ScalarType compute_dtype(at::ScalarType param) const;  // precision_ applied to a parameter dtype
+  at::ScalarType reduce_dtype(at::ScalarType param) const;
   // Fully sharded: bytes the buckets hold now in gathered parameters, gradient buffers and gradient
   // shards, and their high-water marks (note_transient() after each allocation; FullyShardedModule::
   // memory_report()).
@@ -285,6 +297,7 @@ class ShardedOptimizer {
   int64_t skipped_loaded_ = 0;
   std::vector<Unit> units_;  // fully sharded only (see the constructor above)
   bool step_in_backward_ = false;
+  Precision precision_;
   at::Tensor backward_found_;  // step_in_backward: float32 [1], a bucket of this step was skipped
   bool fully_sharded() const { return !units_.empty(); }
 };

@@ -71,6 +71,7 @@ std::string usage() {
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
          "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
          "            the host by rank 0; with --gradient-release each unit steps in backward)\n"
+         "            --param-dtype bf16 (with --dtype fp32: float32 shards, units computing in bfloat16) --reduce-dtype fp32|bf16\n"
          "            --timeline STEP (over NCCL, rank 0: that step's collectives on the GPU beside forward / backward / step)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
@@ -100,6 +101,10 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--dtype") {
       f.dtype = next();
       if (f.dtype != "fp32" && f.dtype != "bf16") bad(a, "'" + f.dtype + "'", "fp32 or bf16");
+    } else if (a == "--param-dtype" || a == "--reduce-dtype") {
+      std::string& v = a == "--param-dtype" ? f.param_dtype : f.reduce_dtype;
+      v = next();
+      if (v != "fp32" && v != "bf16") bad(a, "'" + v + "'", "fp32 or bf16");
     } else if (a == "--checkpoint-activations") f.checkpoint_activations = true;
     else if (a == "--data") f.data = next();
     else if (a == "--data-limit") f.data_limit = to_int(a, next(), 0, kMax);
@@ -208,6 +213,10 @@ Flags parse_flags(int argc, char** argv) {
                                 "checks, --qat-steps or --probe-max-size (and --sharded without --gradient-release)");
   if (f.fully_sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--fully-sharded: the low-bit wire (--wire-gradients / --wire-updates) is for --sharded only so far");
+  if ((!f.param_dtype.empty() || !f.reduce_dtype.empty()) && !f.fully_sharded)
+    throw std::invalid_argument("--param-dtype / --reduce-dtype are the mixed precision of --fully-sharded; add it");
+  if (f.param_dtype == "bf16" && f.dtype != "fp32")
+    throw std::invalid_argument("--param-dtype bf16 computes float32 parameters in bfloat16; they are --dtype " + f.dtype);
   if (!f.compare.empty() && f.stop_after)
     throw std::invalid_argument("--compare checks a whole run's curve: drop --stop-after");
   if (f.stop_after > f.steps)

@@ -14,6 +14,8 @@ struct Flags {
   int64_t layers = 6, width = 384, heads = 6, context = 256;
   int64_t vocab = 1024;            // 256: bytes; more: a BPE with vocab - 256 merges, trained at start-up
   std::string dtype = "fp32";      // parameter dtype: fp32 | bf16
+  // --fully-sharded mixed precision (FullyShardedOptions::param_dtype / reduce_dtype); "": unset.
+  std::string param_dtype, reduce_dtype;
   bool checkpoint_activations = false;
   // ---- data
   std::string data;                // file or folder; empty: /usr/share/games/fortunes

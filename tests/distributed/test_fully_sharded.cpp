@@ -105,18 +105,22 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
         for (const ld::Fragment& f : fsdp.sharded().fragments())
           EXPECT_EQ(f.state.counters.defined() ? f.state.step() : 0, s) << "parameter " << f.index;
     }
+    // Mixed precision: the ranks' gradients come in the dtype the units compute in, and their mean
+    // is rounded once, to the dtype they are reduced in.
+    const at::ScalarType compute = dtype == at::kFloat ? run.options.param_dtype.value_or(dtype) : dtype;
+    const at::ScalarType reduce = run.options.reduce_dtype.value_or(compute);
     for (size_t k = 0; k < params.size(); ++k) {
-      at::Tensor sum = at::zeros(params[k].sizes(), at::kFloat);
+      at::Tensor sum = at::zeros(ref_params[k].sizes(), at::kFloat);
       bool any = false;
       const GradFn& ref_grad = run.reference_grad ? run.reference_grad : run.grad;
       for (int r = 0; r < world; ++r)
         for (int mb = 0; mb < run.micro_batches; ++mb) {
-          const at::Tensor g = ref_grad(r, 10 * s + mb, static_cast<int>(k), params[k].sizes(), dtype);
+          const at::Tensor g = ref_grad(r, 10 * s + mb, static_cast<int>(k), ref_params[k].sizes(), compute);
           if (!g.defined()) continue;
           sum += g.to(at::kFloat);
           any = true;
         }
-      ref_params[k].mutable_grad() = any ? (sum / world).to(dtype).to(device()) : at::Tensor();
+      ref_params[k].mutable_grad() = any ? (sum / world).to(reduce).to(device()) : at::Tensor();
     }
     fsdp.step();
     ref->step();
@@ -256,6 +260,92 @@ TEST(FullyShardedModule, StepInBackwardMatchesOneProcess) {
   refused(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3).max_grad_norm(1.0)),
           "global-norm clipping cannot work: group 0 has max_grad_norm 1; set it to 0");
   refused(std::make_shared<lo::LAMB>(params, lo::LAMBOptions(1e-3)), "with LAMB (group 0) is not supported yet");
+}
+
+TEST(FullyShardedModule, MixedPrecisionMatchesOneProcessKeepingFloat32) {
+  // float32 shards stepped by the optimizer, units computing in bfloat16: one process's float32
+  // parameters fed the mean of the ranks' bfloat16 gradients, rounded to bfloat16 or kept in float32.
+  for (const std::optional<at::ScalarType> reduce : {std::optional<at::ScalarType>(), std::optional(at::kFloat)}) {
+    for (const bool release : {false, true}) {
+      FsdpRun run;
+      run.options.param_dtype = at::kBFloat16;
+      run.options.reduce_dtype = reduce;
+      run.options.step_in_backward = release;
+      for (const RuleCase& rc : rule_cases()) {
+        if (release && std::string(rc.name) == "LAMB") continue;
+        for (StateFormat f : {StateFormat::Q8, StateFormat::FP32}) {
+          SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f) + (reduce ? " reduce fp32" : "") +
+                       (release ? " step in backward" : ""));
+          expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, f, false); }, at::kFloat,
+                                          run);
+        }
+      }
+    }
+  }
+  // bfloat16 parameters are left as they are; float32 gradients of them still reduce in float32.
+  FsdpRun bf16;
+  bf16.options.param_dtype = at::kBFloat16;
+  bf16.options.reduce_dtype = at::kFloat;
+  expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4).master_weight_bits(24));
+  }, at::kBFloat16, bf16);
+  // The model's parameters are bfloat16 tensors; the checkpoint keeps the float32 shards.
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  CraftedModel model(params);
+  ld::FullyShardedModule fsdp(model.ptr(), model->unit_modules(),
+                              std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3)), comm_ptr(), bf16.options);
+  for (const at::Tensor& p : params) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+  for (size_t i = 0; i < fsdp.sharded().fragments().size(); ++i)
+    EXPECT_EQ(fsdp.sharded().fragment_values(i).scalar_type(), at::kFloat);
+  // Checkpoints keep the float32 shards: a fresh module of the same policy loads them, and so does
+  // one process's float32 optimizer, bit for bit.
+  fsdp.zero_grad();
+  model->forward(fsdp, default_grad, comm().rank(), 1).backward();
+  fsdp.step();
+  const std::string prefix = "fsdp_mixed_precision_np" + std::to_string(comm().size());
+  fsdp.save(prefix);
+  std::vector<at::Tensor> again = make_params(at::kFloat, device());
+  for (at::Tensor& p : again) p.detach().zero_();
+  CraftedModel model2(again);
+  ld::FullyShardedModule loaded(model2.ptr(), model2->unit_modules(),
+                                std::make_shared<lo::AdamW>(again, lo::AdamWOptions(1e-3)), comm_ptr(), bf16.options);
+  loaded.load(prefix);
+  std::vector<at::Tensor> one_params = make_params(at::kFloat, device());
+  for (at::Tensor& p : one_params) p.detach().zero_();
+  lo::AdamW one(one_params, lo::AdamWOptions(1e-3));
+  ld::load_fragments(one, prefix);
+  ASSERT_EQ(loaded.sharded().fragments().size(), fsdp.sharded().fragments().size());
+  for (size_t i = 0; i < fsdp.sharded().fragments().size(); ++i) {
+    const ld::Fragment& f = fsdp.sharded().fragments()[i];
+    const at::Tensor& v = fsdp.sharded().fragment_values(i);
+    EXPECT_TRUE(bitwise_equal(loaded.sharded().fragment_values(i), v)) << "parameter " << f.index;
+    EXPECT_TRUE(bitwise_equal(one_params[f.index].reshape({-1}).narrow(0, f.offset, f.numel), v)) << "parameter " << f.index;
+    std::vector<at::Tensor> a, b;
+    lowbit::optim::append_state_range(f.state, 0, f.numel, a);
+    lowbit::optim::append_state_range(*one.state_of(one_params[f.index]), f.offset, f.numel, b);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t t = 0; t < a.size(); ++t) EXPECT_TRUE(bitwise_equal(a[t], b[t])) << "parameter " << f.index;
+  }
+  // Refused before anything changes: a dtype nothing computes in, float32 shards given a
+  // master-weight correction.
+  std::vector<at::Tensor> fresh = make_params(at::kFloat, device());
+  CraftedModel other(fresh);
+  const auto refused = [&](std::shared_ptr<lo::LowbitOptimizer> opt, ld::FullyShardedOptions o, const std::string& part) {
+    const std::string err = error_of(
+        [&] { ld::FullyShardedModule f(other.ptr(), other->unit_modules(), std::move(opt), comm_ptr(), o); });
+    EXPECT_NE(err.find(part), std::string::npos) << "no '" << part << "' in: " << err;
+    for (const at::Tensor& p : fresh) EXPECT_EQ(p.scalar_type(), at::kFloat);
+  };
+  ld::FullyShardedOptions wrong;
+  wrong.param_dtype = at::kInt;
+  refused(std::make_shared<lo::AdamW>(fresh, lo::AdamWOptions(1e-3)), wrong,
+          "FullyShardedOptions::param_dtype is Int; parameters compute in float32, bfloat16 or float16");
+  wrong.param_dtype = at::kBFloat16;
+  wrong.reduce_dtype = at::kLong;
+  refused(std::make_shared<lo::AdamW>(fresh, lo::AdamWOptions(1e-3)), wrong,
+          "FullyShardedOptions::reduce_dtype is Long; gradients are reduced in float32, bfloat16 or float16");
+  refused(std::make_shared<lo::AdamW>(fresh, lo::AdamWOptions(1e-3).master_weight_bits(24)), bf16.options,
+          "FullyShardedOptions::param_dtype BFloat16 with group 0's master_weight_bits 24");
 }
 
 TEST(FullyShardedModule, HoldsAShareOfTheParametersAndReleasesThem) {

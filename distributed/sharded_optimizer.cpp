@@ -214,6 +214,11 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   }
   if (step_in_backward_)  // the views above made: memory from each reduction to its step only
     for (Bucket& b : buckets_) release_storage(b.grad_shard);
+  // Fully sharded: the state is made now, not in the first step, so that what a rank keeps for the
+  // whole run is allocated before the units' transient buffers come and go around it (a first step
+  // that allocated both interleaved could leave the allocator's free memory in pieces), and a model
+  // whose state does not fit fails here rather than in its first backward.
+  if (fully_sharded()) ensure_states();
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;  // hooks_ removes the hooks

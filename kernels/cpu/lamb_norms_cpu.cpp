@@ -44,7 +44,8 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
 
 void lamb_norms(const StepPlan& plan, double* out) {
   std::vector<double> sums(2 * plan.items);
-  const bool vector = plan.vector_path && cpu_has_avx512();
+  const bool avx512 = plan.vector_path && cpu_has_avx512();
+  const bool avx2 = plan.vector_path && !avx512 && cpu_has_avx2();
 #pragma omp parallel
   {
     std::vector<float> buf(4 * plan.max_block, 0.0f);
@@ -53,15 +54,22 @@ void lamb_norms(const StepPlan& plan, double* out) {
       const int64_t t = plan.task_of(item);
       const int64_t block = item - plan.first_item[t];
 #if LOWBIT_X86_AVX512_LOOPS
-      if (vector && !has_correction(plan.tasks[t])) {
+      if (avx512 && !has_correction(plan.tasks[t])) {
         lamb_norms_block_avx512(plan.tasks[t], block, plan.grad_scale, buf.data(), &sums[2 * item]);
+        continue;
+      }
+#endif
+#if LOWBIT_X86_AVX2_LOOPS
+      if (avx2 && !has_correction(plan.tasks[t])) {
+        lamb_norms_block_avx2(plan.tasks[t], block, plan.grad_scale, buf.data(), &sums[2 * item]);
         continue;
       }
 #endif
       lamb_norms_block(plan.tasks[t], block, plan.grad_scale, buf.data(), &sums[2 * item]);
     }
   }
-  (void)vector;
+  (void)avx512;
+  (void)avx2;
   for (int64_t t = 0; t < plan.num_tasks(); ++t) {
     lamb_add_block_sum_pairs(&sums[2 * plan.first_item[t]], plan.first_item[t + 1] - plan.first_item[t], &out[2 * t]);
   }

@@ -143,6 +143,7 @@ void lamb_norms(const StepPlan& plan, double* out);
 // Every loop and the ATen reference add in exactly this order.
 constexpr int kLambLanes = 16;
 void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums);
+void lamb_norms_block_avx2(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums);
 
 }  // namespace kernels
 }  // namespace lowbit

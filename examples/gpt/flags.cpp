@@ -207,10 +207,9 @@ Flags parse_flags(int argc, char** argv) {
                                 "global-norm clipping (--clip " + std::to_string(f.clip) + ") cannot work: pass --clip 0");
   if (!f.sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--wire-gradients / --wire-updates compress the collectives of --sharded; add it");
-  if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || !f.save.empty() ||
-                    !f.resume.empty() || f.check_resume || f.qat_steps || f.probe))
-    throw std::invalid_argument("--sharded / --fully-sharded take a lowbit optimizer, without --save / --resume, the "
-                                "checks, --qat-steps or --probe-max-size (and --sharded without --gradient-release)");
+  if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))
+    throw std::invalid_argument("--sharded / --fully-sharded take a lowbit optimizer, without --qat-steps or "
+                                "--probe-max-size (and --sharded without --gradient-release)");
   if (f.fully_sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--fully-sharded: the low-bit wire (--wire-gradients / --wire-updates) is for --sharded only so far");
   if ((!f.param_dtype.empty() || !f.reduce_dtype.empty()) && !f.fully_sharded)

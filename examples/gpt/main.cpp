@@ -24,7 +24,9 @@ int check_resume(const gpt::Flags& f, const gpt::Corpus& c) {
   straight.out = f.out + "_straight";
   first.out = second.out = f.out + "_resumed";
   first.stop_after = f.steps / 2;
-  first.save = second.resume = f.out + "_checkpoint";
+  // One checkpoint folder for the job: every rank's files in it (f.out carries ".rankR" past rank 0).
+  const std::string job_out = f.sharded && gpt::job(f).rank != 0 ? f.out.substr(0, f.out.rfind(".rank")) : f.out;
+  first.save = second.resume = job_out + "_checkpoint";
   std::printf("== %lld steps straight\n", (long long)f.steps);
   const gpt::RunResult a = gpt::train(straight, c, true);
   std::printf("== %lld steps, --save %s\n", (long long)first.stop_after, first.save.c_str());

@@ -33,6 +33,9 @@ class TrainOptimizer {
   // one); the other ranks get undefined tensors. The model stays sharded.
   virtual std::vector<at::Tensor> whole_parameters(const std::vector<at::Tensor>& params) { return params; }
   virtual bool fully_sharded() const { return false; }
+  // --sharded / --fully-sharded: save() writes the weights too (each rank its files, the fragment
+  // format of sharded_checkpoint.h, which load() reads on any number of ranks), as `path` prefix.
+  virtual bool saves_weights() const { return false; }
 };
 
 class GPTImpl;  // model.h

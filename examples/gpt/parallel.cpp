@@ -54,8 +54,9 @@ class Sharded : public TrainOptimizer {
     for (auto& g : inner_->param_groups()) g.options().set_lr(lr);
   }
   int64_t state_bytes() const override { return sharded_->state_bytes(); }
-  void save(const std::string&) override { throw std::invalid_argument("--save with --sharded"); }
-  void load(const std::string&) override { throw std::invalid_argument("--resume with --sharded"); }
+  void save(const std::string& prefix) override { sharded_->save(prefix); }
+  void load(const std::string& prefix) override { sharded_->load(prefix); }
+  bool saves_weights() const override { return true; }
   std::string describe() const override { return what_; }
 
  private:
@@ -100,8 +101,9 @@ class FullySharded : public TrainOptimizer {
   int64_t state_bytes() const override { return fsdp_->sharded().state_bytes(); }
   // This rank's parts (rank 0's is printed), the transient ones' high-water marks over the run.
   std::string memory_report() const override { return fsdp_->memory_report().to_string(); }
-  void save(const std::string&) override { throw std::invalid_argument("--save with --fully-sharded"); }
-  void load(const std::string&) override { throw std::invalid_argument("--resume with --fully-sharded"); }
+  void save(const std::string& prefix) override { fsdp_->save(prefix); }
+  void load(const std::string& prefix) override { fsdp_->load(prefix); }
+  bool saves_weights() const override { return true; }
   std::string describe() const override { return what_; }
   bool fully_sharded() const override { return true; }
   std::vector<at::Tensor> whole_parameters(const std::vector<at::Tensor>& params) override {

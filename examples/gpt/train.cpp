@@ -58,8 +58,13 @@ void save_checkpoint(const std::string& dir, const Flags& f, const Corpus& c, GP
   struct stat st {};
   TORCH_CHECK(stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--save ", dir, ": cannot create the folder");
   const auto t0 = Clock::now();
-  torch::save(model, dir + "/model.pt");
-  opt.save(dir + "/optimizer.pt");
+  if (opt.saves_weights()) {
+    opt.save(dir + "/optimizer");  // every rank its files, weights included
+    if (job(f).rank != 0) return;  // the rest is the job's, written once
+  } else {
+    torch::save(model, dir + "/model.pt");
+    opt.save(dir + "/optimizer.pt");
+  }
   torch::serialize::OutputArchive meta;
   meta.write("version", at::tensor(int64_t(1)));
   meta.write("step", at::tensor(step));
@@ -82,9 +87,13 @@ void save_checkpoint(const std::string& dir, const Flags& f, const Corpus& c, GP
 int64_t load_checkpoint(const std::string& dir, const Flags& f, const Corpus& c, GPT& model, TrainOptimizer& opt,
                         at::Device dev) {
   struct stat st {};
-  TORCH_CHECK(stat((dir + "/meta.pt").c_str(), &st) == 0 && stat((dir + "/model.pt").c_str(), &st) == 0 &&
-                  stat((dir + "/optimizer.pt").c_str(), &st) == 0,
-              "--resume ", dir, ": no checkpoint there (it holds meta.pt, model.pt and optimizer.pt, written by --save)");
+  // --sharded / --fully-sharded: the ranks' files (optimizer.rank-R-of-N, any N) hold the weights;
+  // load() names what is missing among them.
+  TORCH_CHECK(stat((dir + "/meta.pt").c_str(), &st) == 0 &&
+                  (opt.saves_weights() ||
+                   (stat((dir + "/model.pt").c_str(), &st) == 0 && stat((dir + "/optimizer.pt").c_str(), &st) == 0)),
+              "--resume ", dir, ": no checkpoint there (it holds meta.pt, and model.pt and optimizer.pt or, written "
+              "by --sharded / --fully-sharded, optimizer.rank-R-of-N; written by --save)");
   torch::serialize::InputArchive meta;
   meta.load_from(dir + "/meta.pt");
   c10::IValue key;
@@ -101,8 +110,12 @@ int64_t load_checkpoint(const std::string& dir, const Flags& f, const Corpus& c,
   meta.read("data_digest", digest);
   TORCH_CHECK(static_cast<uint64_t>(digest.item<int64_t>()) == c.digest, "--resume ", dir,
               ": the checkpoint was trained on other data (--data / --data-limit / --vocab give other tokens)");
-  torch::load(model, dir + "/model.pt", dev);
-  opt.load(dir + "/optimizer.pt");
+  if (opt.saves_weights()) {
+    opt.load(dir + "/optimizer");
+  } else {
+    torch::load(model, dir + "/model.pt", dev);
+    opt.load(dir + "/optimizer.pt");
+  }
   at::Tensor state;
   meta.read("cpu_rng", state);
   {

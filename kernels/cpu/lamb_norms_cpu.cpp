@@ -33,11 +33,7 @@ void lamb_norms_block(const ParamTask& t, int64_t block, float grad_scale, float
     pp[i % kLambLanes] += static_cast<double>(p[i]) * p[i];
     rr[i % kLambLanes] += static_cast<double>(r) * r;
   }
-  sums[0] = sums[1] = 0.0;
-  for (int j = 0; j < kLambLanes; ++j) {
-    sums[0] += pp[j];
-    sums[1] += rr[j];
-  }
+  add_lamb_partials(pp, rr, sums);
 }
 
 }  // namespace

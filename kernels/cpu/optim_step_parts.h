@@ -142,6 +142,16 @@ void lamb_norms(const StepPlan& plan, double* out);
 // partial sum i mod kLambLanes (in element order); a block's sum is the partials added in order.
 // Every loop and the ATen reference add in exactly this order.
 constexpr int kLambLanes = 16;
+namespace {  // internal linkage: the AVX-512 and AVX2 objects include this too (x86_objects_isolated)
+// A block's two sums from its partials, added in order: every loop's last step.
+inline void add_lamb_partials(const double* pp, const double* rr, double* sums) {
+  sums[0] = sums[1] = 0.0;
+  for (int j = 0; j < kLambLanes; ++j) {
+    sums[0] += pp[j];
+    sums[1] += rr[j];
+  }
+}
+}  // namespace
 void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums);
 void lamb_norms_block_avx2(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums);
 

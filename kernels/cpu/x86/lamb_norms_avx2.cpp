@@ -69,11 +69,7 @@ void lamb_norms_block_avx2(const ParamTask& t, int64_t block, float grad_scale, 
     ps[i % kLambLanes] += static_cast<double>(p) * p;
     rs[i % kLambLanes] += static_cast<double>(r) * r;
   }
-  sums[0] = sums[1] = 0.0;
-  for (int j = 0; j < kLambLanes; ++j) {
-    sums[0] += ps[j];
-    sums[1] += rs[j];
-  }
+  add_lamb_partials(ps, rs, sums);
 }
 
 }  // namespace kernels

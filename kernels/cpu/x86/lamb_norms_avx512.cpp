@@ -50,11 +50,7 @@ void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale
   _mm512_store_pd(pp + 8, pp_hi);
   _mm512_store_pd(rr, rr_lo);
   _mm512_store_pd(rr + 8, rr_hi);
-  sums[0] = sums[1] = 0.0;
-  for (int j = 0; j < kLambLanes; ++j) {
-    sums[0] += pp[j];
-    sums[1] += rr[j];
-  }
+  add_lamb_partials(pp, rr, sums);
 }
 
 }  // namespace kernels

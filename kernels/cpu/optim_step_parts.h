@@ -143,6 +143,17 @@ void lamb_norms(const StepPlan& plan, double* out);
 // Every loop and the ATen reference add in exactly this order.
 constexpr int kLambLanes = 16;
 namespace {  // internal linkage: the AVX-512 and AVX2 objects include this too (x86_objects_isolated)
+// The vector loops' start: block `block`'s range and its two state slots decoded into buf (2 x block_size).
+struct LambBlock {
+  int64_t begin, len;
+  float* s[2];
+};
+inline LambBlock decode_lamb_block(const ParamTask& t, int64_t block, float* buf) {
+  const int64_t begin = block * t.block_size;
+  LambBlock b{begin, std::min(t.block_size, t.numel - begin), {buf, buf + t.block_size}};
+  for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, b.len, b.s[k]);
+  return b;
+}
 // A block's two sums from its partials, added in order: every loop's last step.
 inline void add_lamb_partials(const double* pp, const double* rr, double* sums) {
   sums[0] = sums[1] = 0.0;

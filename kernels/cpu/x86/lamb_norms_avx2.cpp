@@ -28,11 +28,9 @@ inline void add_squares(__m256 x, __m256d* lo, __m256d* hi) {
 }  // namespace
 
 void lamb_norms_block_avx2(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums) {
-  const int64_t B = t.block_size;
-  const int64_t begin = block * B;
-  const int64_t len = std::min(B, t.numel - begin);
-  float* s[2] = {buf, buf + B};
-  for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
+  const LambBlock lb = decode_lamb_block(t, block, buf);
+  const int64_t begin = lb.begin, len = lb.len;
+  float* const* s = lb.s;
   const Hyper h = t.hyper;
   const __m256 scale = _mm256_set1_ps(grad_scale);
   __m256d pp[kLambLanes / 4], rr[kLambLanes / 4];  // 4 partial sums each

@@ -18,11 +18,9 @@ namespace kernels {
 // partial sum j. Lanes past the block's end hold p = g = state = 0 and r is masked to 0 (its 0 /
 // eps is NaN with eps 0), so they add +0.0 (a no-op on these sums).
 void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf, double* sums) {
-  const int64_t B = t.block_size;
-  const int64_t begin = block * B;
-  const int64_t len = std::min(B, t.numel - begin);
-  float* s[2] = {buf, buf + B};
-  for (int k = 0; k < 2; ++k) decode_slot(t.slots[k], block, begin, len, s[k]);
+  const LambBlock lb = decode_lamb_block(t, block, buf);
+  const int64_t begin = lb.begin, len = lb.len;
+  float* const* s = lb.s;
   const Hyper h = t.hyper;
   const __m512 scale = _mm512_set1_ps(grad_scale);
   __m512d pp_lo = _mm512_setzero_pd(), pp_hi = pp_lo, rr_lo = pp_lo, rr_hi = pp_lo;

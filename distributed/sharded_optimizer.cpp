@@ -496,6 +496,9 @@ ShardedOptimizer::GradientAgreement ShardedOptimizer::agree_on_gradients(const s
   }
   at::Tensor both = at::cat(parts);
   comm_->all_reduce(both, ReduceOp::Sum);
+  // Read below on the caller's stream: under DeferredStreamWaits (step_in_backward, in backward)
+  // the all_reduce did not order it.
+  comm_->order_after_collective(comm_->collectives_issued());
   GradientAgreement a;
   a.stepped.assign(params_.size(), 1);
   if (missed_any) {
@@ -521,7 +524,6 @@ void ShardedOptimizer::step_bucket(Bucket& b) {
   std::vector<char> had(params_.size());
   for (size_t m : b.members) had[m] = params_[m].had;
   GradientAgreement a = agree_on_gradients(b.fragments, b.members, had, prepass, false, true);
-  comm_->order_after_collective(comm_->collectives_issued());
   const std::vector<char>& stepped = a.stepped;
   const at::Tensor& found_inf = a.found_inf;
   if (prepass) backward_found_ = backward_found_.defined() ? at::maximum(backward_found_, found_inf) : found_inf;

@@ -182,7 +182,7 @@ TEST(NcclAsync, OrderingAfterOneCollectiveDoesNotWaitForLaterOnes) {
   EXPECT_TRUE(main_ran_on) << "the main stream waited for a collective issued after the one it asked for";
   c->order_after_collective(c->collectives_issued());
   EXPECT_TRUE(bitwise_equal(seen, at::full({1024}, static_cast<double>(n), at::kFloat)));
-  EXPECT_TRUE(bitwise_equal(b, at::full({16}, static_cast<double>(n), at::kFloat)));
+  EXPECT_TRUE(bitwise_equal(b, at::full({16}, static_cast<double>(n * n), at::kFloat)));  // all-reduced twice
   const std::string error = error_of([&] { c->order_after_collective(c->collectives_issued() + 1); });
   EXPECT_NE(error.find("order_after_collective(" + std::to_string(before + 3) + "): " + std::to_string(before + 2) +
                        " collectives were issued"), std::string::npos) << error;

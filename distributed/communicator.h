@@ -56,6 +56,10 @@ class Communicator {
   // under the caller's next kernels (a prefetched all-gather awaited while a reduce-scatter issued
   // after it still runs). Backends that complete collectives before returning count nothing.
   virtual int64_t collectives_issued() const { return 0; }
+  // The host waits until the n-th collective has finished (and every earlier one): a bound on how
+  // far the host runs ahead of the device (memory a collective used is reusable once it finished).
+  // Within the timeout like every wait; n beyond collectives_issued() is an error.
+  virtual void wait_for_collective(int64_t n) { (void)n; }
   virtual void order_after_collective(int64_t n) {
     (void)n;
     order_after_collectives();

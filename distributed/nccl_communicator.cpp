@@ -743,6 +743,21 @@ void NcclCommunicator::order_after_collective(int64_t n) {
   check_usable("order_after_collective");
 }
 
+void NcclCommunicator::wait_for_collective(int64_t n) {
+  Impl& m = *impl_;
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    TORCH_CHECK(n >= 0 && n <= m.issued, kWho, ": wait_for_collective(", n, "): ", m.issued,
+                " collectives were issued", m.where());
+    // Bounded: the watchdog ends every collective in flight within the timeout.
+    ++m.waiters;
+    m.wake.notify_all();
+    m.settled.wait(lock, [&] { return m.in_flight.empty() || m.in_flight.front().number > n || !m.broken.empty(); });
+    --m.waiters;
+  }
+  check_usable("wait_for_collective");
+}
+
 void NcclCommunicator::barrier() {
   // A one-element all_reduce on the device orders the GPUs' streams; waiting for it, the hosts
   // (callers rely on that: a checkpoint's files are all written when save() returns).

@@ -79,6 +79,7 @@ class NcclCommunicator : public Communicator {
   void order_after_collectives() override;
   int64_t collectives_issued() const override;
   void order_after_collective(int64_t n) override;
+  void wait_for_collective(int64_t n) override;
 
  private:
   struct Impl;  // NCCL and CUDA handles, the watchdog: no nccl.h in this header

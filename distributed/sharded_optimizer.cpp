@@ -424,10 +424,7 @@ void ShardedOptimizer::reduce_ready_buckets() {
     // the caller's stream, and the next unit's backward with it, until the reduction finished.
     if (step_in_backward_) step_reduced_buckets(next_bucket_);
     Bucket& b = buckets_[next_bucket_++];
-    if (step_in_backward_) {
-      allocate_storage(b.grad_shard);
-      note_transient();
-    }
+    if (step_in_backward_) allocate_transient(b.grad_shard);
     if (options_.zero1)
       comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
     else if (b.grad_send.defined())
@@ -437,7 +434,7 @@ void ShardedOptimizer::reduce_ready_buckets() {
     b.reduced_by = comm_->collectives_issued();
     if (fully_sharded()) {
       // Every gradient of the bucket is in: backward() has no more use for its parameters.
-      release_storage(b.flat_grad);
+      release_transient(b.flat_grad);
       release(b);
     }
   }
@@ -540,7 +537,7 @@ void ShardedOptimizer::step_bucket(Bucket& b) {
       if (fragments_[fi].group == gi && stepped[fragment_param_[fi]]) frags.push_back(fi);
     if (!frags.empty()) update(gi, frags, found_inf, at::Tensor(), {});
   }
-  release_storage(b.grad_shard);  // in stream order after the update
+  release_transient(b.grad_shard);  // in stream order after the update
 }
 
 void ShardedOptimizer::reduce_buckets_before(size_t end) {
@@ -566,16 +563,14 @@ void ShardedOptimizer::reduce_buckets_before(size_t end) {
 
 void ShardedOptimizer::ensure_flat_grad(Bucket& b) {
   if (storage_resident(b.flat_grad)) return;
-  allocate_storage(b.flat_grad);
-  note_transient();
+  allocate_transient(b.flat_grad);
   for (const auto& [begin, len] : b.padding) b.flat_grad.narrow(0, begin, len).zero_();
 }
 
 void ShardedOptimizer::gather(size_t bucket) {
   Bucket& b = buckets_[bucket];
   if (b.gathered) return;
-  allocate_storage(b.flat_param);
-  note_transient();
+  allocate_transient(b.flat_param);
   // Mixed precision: the shard rounded to the compute dtype (round to nearest even) is what travels.
   comm_->all_gather(b.compute == b.dtype ? b.shard : b.shard.to(b.compute), b.flat_param);
   point_members_at(b, b.flat_param);
@@ -607,10 +602,26 @@ void ShardedOptimizer::note_transient() {
   transient_peak_.gradient_shards = std::max(transient_peak_.gradient_shards, t.gradient_shards);
 }
 
+void ShardedOptimizer::allocate_transient(const at::Tensor& t) {
+  if (storage_resident(t)) return;
+  while (releases_pending_.size() > kReleasesAhead) {
+    comm_->wait_for_collective(releases_pending_.front());
+    releases_pending_.pop_front();
+  }
+  allocate_storage(t);
+  note_transient();
+}
+
+void ShardedOptimizer::release_transient(const at::Tensor& t) {
+  if (!storage_resident(t)) return;
+  release_storage(t);
+  releases_pending_.push_back(comm_->collectives_issued());
+}
+
 void ShardedOptimizer::release(Bucket& b) {
   if (!b.gathered) return;
   point_members_at(b, b.released);
-  release_storage(b.flat_param);
+  release_transient(b.flat_param);
   b.gathered = false;
 }
 
@@ -763,7 +774,6 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   // ---- one small all_reduce: (any non-finite, each group's sum of squares) over the owned pieces,
   // and with overlap how many ranks had each parameter's gradient.
   const auto& groups = optimizer_->param_groups();
-  const int64_t ngroups = static_cast<int64_t>(groups.size());
   bool want_sumsq = false, prepass = false;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const optim::CommonOptions c = FragmentAccess::group_step(*optimizer_, gi).common;

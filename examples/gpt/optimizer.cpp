@@ -206,6 +206,19 @@ std::unique_ptr<TrainOptimizer> make_optimizer(const Flags& f, const std::vector
   throw std::invalid_argument("--optimizer " + o + ": unknown");
 }
 
+int64_t TrainOptimizer::weight_bytes(const std::vector<at::Tensor>& params) const {
+  int64_t n = 0;
+  for (const at::Tensor& p : params) n += static_cast<int64_t>(p.nbytes());
+  return n;
+}
+
+int64_t TrainOptimizer::gradient_bytes(const std::vector<at::Tensor>& params) const {
+  int64_t n = 0;
+  for (const at::Tensor& p : params)
+    if (p.grad().defined()) n += static_cast<int64_t>(p.grad().nbytes());
+  return n;
+}
+
 void TrainOptimizer::save_moments(const std::string& path, const std::vector<at::Tensor>&, int64_t) const {
   TORCH_CHECK(false, "--save-moments ", path, ": needs a lowbit optimizer (its state decoded to fp32)");
 }

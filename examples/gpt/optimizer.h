@@ -18,6 +18,11 @@ class TrainOptimizer {
   virtual void zero_grad() = 0;
   virtual void set_lr(double lr) = 0;
   virtual int64_t state_bytes() const = 0;
+  // The parts of the device's peak this optimizer knows of: parameters and gradients as the model
+  // holds them (`params`; --fully-sharded: this rank's shards plus the high-water marks of gathered
+  // units, gradient buffers and gradient shards, as memory_report() shows them).
+  virtual int64_t weight_bytes(const std::vector<at::Tensor>& params) const;
+  virtual int64_t gradient_bytes(const std::vector<at::Tensor>& params) const;
   // lowbit's per-kind report (LowbitOptimizer::memory_report); "" for ATen's optimizer.
   virtual std::string memory_report() const { return ""; }
   // Steps run by a recorded CUDA graph (LowbitOptimizer::step_graph_replays); 0 for ATen's optimizer.

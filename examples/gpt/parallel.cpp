@@ -99,6 +99,14 @@ class FullySharded : public TrainOptimizer {
     for (auto& g : inner_->param_groups()) g.options().set_lr(lr);
   }
   int64_t state_bytes() const override { return fsdp_->sharded().state_bytes(); }
+  int64_t weight_bytes(const std::vector<at::Tensor>&) const override {
+    const ld::FullyShardedMemory m = fsdp_->memory_report();
+    return m.shard_bytes + m.peak_gathered_bytes;
+  }
+  int64_t gradient_bytes(const std::vector<at::Tensor>&) const override {
+    const ld::FullyShardedMemory m = fsdp_->memory_report();
+    return m.peak_gradient_bytes + m.peak_gradient_shard_bytes;
+  }
   // This rank's parts (rank 0's is printed), the transient ones' high-water marks over the run.
   std::string memory_report() const override { return fsdp_->memory_report().to_string(); }
   void save(const std::string& prefix) override { fsdp_->save(prefix); }

@@ -25,15 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-int64_t bytes_of(const std::vector<at::Tensor>& ts, bool grads) {
-  int64_t n = 0;
-  for (const at::Tensor& t : ts) {
-    const at::Tensor& x = grads ? t.grad() : t;
-    if (x.defined()) n += static_cast<int64_t>(x.nbytes());
-  }
-  return n;
-}
-
 uint64_t digest_of(const std::vector<at::Tensor>& params) {
   uint64_t h = fnv1a(nullptr, 0);
   for (const at::Tensor& p : params) {
@@ -351,7 +342,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   if (!f.quiet) {
     const std::string report = opt->memory_report();
     if (!report.empty()) std::printf("optimizer memory report:\n%s", report.c_str());
-    std::printf("%s\n", memory_breakdown(dev, bytes_of(params, false), bytes_of(params, true), opt->state_bytes()).c_str());
+    std::printf("%s\n", memory_breakdown(dev, opt->weight_bytes(params), opt->gradient_bytes(params), opt->state_bytes()).c_str());
     std::printf("steps %lld..%lld in %.1f s; parameter digest %016llx\n", (long long)start + 1, (long long)r.last_step,
                 r.seconds, (unsigned long long)r.digest);
     if (const int64_t replays = opt->step_graph_replays())

@@ -14,13 +14,17 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <lowbit/distributed/fully_sharded_module.h>
 #include <lowbit/distributed/mpi_communicator.h>
 #include <lowbit/distributed/nccl_communicator.h>
 
@@ -231,6 +235,57 @@ TEST(NcclAsync, TheTimelineHasEachCollectiveAndMarkInTheOrderTheGpuRanThem) {
   EXPECT_GE(t[2].start_ms, t[1].start_ms);
   EXPECT_TRUE(c->timeline().empty()) << "timeline() stops the recording";
   EXPECT_TRUE(bitwise_equal(x, at::full({1 << 20}, std::pow(static_cast<double>(c->size()), 3), at::kFloat)));
+}
+
+// The host runs ahead of the device (here: the device held up for about a second at the start of a
+// step), yet a fully sharded step reserves memory for a few units' transient buffers, not for every
+// unit's: the caching allocator can hand a buffer a collective used out again only once that
+// collective finished, so without a bound on how far the host runs ahead each unit's gathered
+// parameters and gradient buffer would be reserved anew (24 units x 2 x 16 MiB here).
+TEST(NcclAsync, AFullyShardedStepAheadOfTheDeviceReservesAFewUnitsNotEvery) {
+  SKIP_WITHOUT_NCCL();
+  std::shared_ptr<ld::NcclCommunicator> c = make_nccl(60.0);
+  constexpr int kUnits = 24;
+  constexpr int64_t kWidth = 2048;  // 16 MiB of float32 weights per unit: the allocator's large blocks
+  constexpr int64_t kUnitBytes = kWidth * kWidth * 4;
+  torch::manual_seed(7);
+  auto root = std::make_shared<torch::nn::Module>();
+  std::vector<torch::nn::Linear> layers;
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (int u = 0; u < kUnits; ++u) {
+    layers.push_back(root->register_module(
+        "layer" + std::to_string(u), torch::nn::Linear(torch::nn::LinearOptions(kWidth, kWidth).bias(false))));
+    layers.back()->to(device());
+    units.push_back(layers.back().ptr());
+  }
+  std::vector<at::Tensor> params = root->parameters();
+  ld::FullyShardedModule fsdp(root, units, std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3)), c);
+  const at::Tensor x = at::randn({8, kWidth}, at::TensorOptions().device(device()));
+  const auto step = [&](bool hold_device) {
+    if (hold_device) at::cuda::sleep(int64_t(2'000'000'000));  // about a second of the caller's stream
+    at::Tensor y = fsdp.forward([&] {
+      at::Tensor h = x;
+      for (int u = 0; u < kUnits; ++u) h = fsdp.unit(static_cast<size_t>(u), [&] { return layers[u]->forward(h); });
+      return h;
+    });
+    y.square().mean().backward();
+    fsdp.step();
+    fsdp.zero_grad();
+  };
+  step(false);  // the first step's own allocations
+  c->synchronize();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  alloc::emptyCache();
+  const int64_t before = alloc::getDeviceStats(device().index()).reserved_bytes[kAll].current;
+  alloc::resetPeakStats(device().index());
+  step(true);
+  c->synchronize();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const int64_t grew = alloc::getDeviceStats(device().index()).reserved_bytes[kAll].peak - before;
+  EXPECT_LE(grew, 16 * kUnitBytes) << "a step reserved " << grew / kUnitBytes << " units' worth of memory anew";
+  EXPECT_GE(grew, 2 * kUnitBytes) << "the step should need at least two units' buffers";
 }
 
 }  // namespace

@@ -85,6 +85,7 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
   so.overlap = true;
   so.release_gradients = true;
   so.broadcast_parameters = options_.broadcast_parameters;
+  so.gradient_wire = options_.gradient_wire;
   sharded_.reset(new ShardedOptimizer(std::move(optimizer), std::move(comm), so, std::move(reduce_order),
                                       options_.step_in_backward, options_.device,
                                       ShardedOptimizer::Precision{options_.param_dtype, options_.reduce_dtype}));

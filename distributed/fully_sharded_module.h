@@ -74,6 +74,12 @@ struct FullyShardedOptions {
   // bfloat16 gradients without rounding their mean to bfloat16, at twice the bytes on the wire;
   // bfloat16 (as the default under param_dtype bfloat16) rounds the mean once. Every rank the same.
   std::optional<at::ScalarType> param_dtype, reduce_dtype;
+  // The low-bit wire for gradients (see ShardedOptions::gradient_wire): each unit's gradients
+  // leave as quantized chunks (all-to-all) and their owner adds them, its own exactly, in float32;
+  // at 8 bits about a quarter of a float32 reduce-scatter's bytes. The send and receive buffers
+  // live from the unit's reduction until its chunks are summed, under the next unit's backward.
+  // error_feedback is refused: its residual is a whole unit's gradient kept on every rank.
+  std::optional<WireCompression> gradient_wire;
 };
 
 // What a rank of a fully sharded model holds, by part: between steps its weight shards, the

@@ -48,14 +48,19 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   TORCH_CHECK(comm_, kWho, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
               options_.bucket_bytes);
+  const char* grad_wire_option = fully_sharded() ? "FullyShardedOptions::gradient_wire" : "ShardedOptions::gradient_wire";
   if (options_.gradient_wire) {
-    check_wire_compression(*options_.gradient_wire, "ShardedOptions::gradient_wire");
+    check_wire_compression(*options_.gradient_wire, grad_wire_option);
     TORCH_CHECK(!options_.zero1, kWho, ": ShardedOptions::gradient_wire compresses the reduce-scatter; with zero1 "
                 "the gradients are all-reduced, which it does not compress (unset one of the two)");
+    TORCH_CHECK(!fully_sharded() || !options_.gradient_wire->error_feedback, "FullyShardedModule: ", grad_wire_option,
+                " with error_feedback would keep on every rank what quantization lost of each unit's whole gradient "
+                "(4 bytes per parameter of the model), the memory full sharding exists to save; set error_feedback "
+                "false");
   }
   if (options_.update_wire) check_wire_compression(*options_.update_wire, "ShardedOptions::update_wire");
   TORCH_INTERNAL_ASSERT(!fully_sharded() || (options_.overlap && options_.release_gradients && !options_.zero1 &&
-                                             !options_.gradient_wire && !options_.update_wire));
+                                             !options_.update_wire));
   TORCH_INTERNAL_ASSERT(!step_in_backward_ || fully_sharded());
   TORCH_INTERNAL_ASSERT(!device || fully_sharded());
   TORCH_INTERNAL_ASSERT((!precision_.compute && !precision_.reduce) || fully_sharded());
@@ -103,7 +108,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     try {
       comm_->all_to_all(probe, out);
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, kWho, ": ShardedOptions::gradient_wire exchanges quantized chunks with all_to_all, which the ",
+      TORCH_CHECK(false, fully_sharded() ? "FullyShardedModule" : kWho, ": ", grad_wire_option,
+                  " exchanges quantized chunks with all_to_all, which the ",
                   comm_->backend(), " communicator refused on rank ", comm_->rank(), ": ", e.what_without_backtrace());
     }
   }
@@ -310,6 +316,10 @@ void ShardedOptimizer::make_wire_buffers(Bucket& b) {
     const int64_t row = wire_row_bytes(*options_.gradient_wire, chunk);
     b.grad_send = at::zeros({world, row}, bytes);
     b.grad_recv = at::zeros({world, row}, bytes);
+    if (fully_sharded()) {  // memory only from the bucket's reduction to its sum (sum_received_chunks)
+      release_storage(b.grad_send);
+      release_storage(b.grad_recv);
+    }
     if (options_.gradient_wire->error_feedback) b.grad_residual = at::zeros({b.layout.total}, floats);
     wire_stats_.gradient_bytes += (world - 1) * row;
   } else {
@@ -419,6 +429,9 @@ void ShardedOptimizer::reduce_ready_buckets() {
   // after them before the first read of a gradient shard.
   DeferredStreamWaits deferred(*comm_);
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].waiting == 0) {
+    // Fully sharded over the low-bit wire, the previous bucket's chunks are summed now: its
+    // exchange has had this bucket's backward to finish.
+    sum_received_chunks(next_bucket_);
     // step_in_backward steps a bucket when the next one is reduced (or backward ends): its
     // reduction has had backward's compute since to finish. Stepped at once, the update would hold
     // the caller's stream, and the next unit's backward with it, until the reduction finished.
@@ -427,18 +440,52 @@ void ShardedOptimizer::reduce_ready_buckets() {
     if (step_in_backward_) allocate_transient(b.grad_shard);
     if (options_.zero1)
       comm_->all_reduce(b.flat_grad, ReduceOp::Avg);
-    else if (b.grad_send.defined())
+    else if (b.grad_send.defined()) {
+      allocate_transient(b.grad_send);
+      allocate_transient(b.grad_recv);
       send_gradient_chunks(*comm_, *options_.gradient_wire, b.flat_grad, b.grad_residual, b.grad_send, b.grad_recv);
-    else
+    } else {
       comm_->reduce_scatter(b.flat_grad, b.grad_shard, b.sum_only ? ReduceOp::Sum : ReduceOp::Avg);
+    }
     b.reduced_by = comm_->collectives_issued();
     if (fully_sharded()) {
-      // Every gradient of the bucket is in: backward() has no more use for its parameters.
-      release_transient(b.flat_grad);
+      // Every gradient of the bucket is in: backward() has no more use for its parameters. Over
+      // the low-bit wire the own chunk of flat_grad is summed with the others' later.
+      if (!b.grad_send.defined()) release_transient(b.flat_grad);
       release(b);
     }
   }
-  if (step_in_backward_ && next_bucket_ == buckets_.size()) step_reduced_buckets(next_bucket_);
+  if (next_bucket_ == buckets_.size()) {
+    sum_received_chunks(next_bucket_);
+    if (step_in_backward_) step_reduced_buckets(next_bucket_);
+  }
+}
+
+void ShardedOptimizer::sum_chunks(Bucket& b) {
+  const int rank = comm_->rank();
+  const int64_t chunk = b.layout.chunk;
+  const at::Tensor own = b.flat_grad.narrow(0, rank * chunk, chunk);
+  const at::Tensor scratch = wire_scratch_.narrow(0, 0, chunk);
+  if (b.sum_only) {
+    sum_gradient_chunks(*options_.gradient_wire, rank, own, b.grad_recv, b.grad_shard, scratch);
+  } else {  // summed in float32, divided once, rounded once to the bucket's dtype
+    const at::Tensor sum = at::empty({chunk}, scratch.options());
+    sum_gradient_chunks(*options_.gradient_wire, rank, own, b.grad_recv, sum, scratch);
+    b.grad_shard.copy_(sum.div_(comm_->size()));
+  }
+}
+
+void ShardedOptimizer::sum_received_chunks(size_t end) {
+  if (!fully_sharded()) return;  // ZeRO: step() sums every bucket's chunks
+  while (next_to_sum_ < end) {
+    Bucket& b = buckets_[next_to_sum_++];
+    if (!b.grad_send.defined()) continue;
+    comm_->order_after_collective(b.reduced_by);
+    sum_chunks(b);
+    release_transient(b.grad_send);
+    release_transient(b.grad_recv);
+    release_transient(b.flat_grad);
+  }
 }
 
 void ShardedOptimizer::step_reduced_buckets(size_t end) {
@@ -582,13 +629,14 @@ ShardedOptimizer::Transient ShardedOptimizer::transient_now() const {
   // Each storage once: the float32 buckets' gradient shards are views of one (float_shards_).
   std::unordered_set<const c10::StorageImpl*> seen;
   const auto bytes = [&](const at::Tensor& x) {
+    if (!x.defined()) return int64_t(0);
     const c10::StorageImpl* s = x.storage().unsafeGetStorageImpl();
     return seen.insert(s).second ? static_cast<int64_t>(s->nbytes()) : int64_t(0);
   };
   for (const Bucket& b : buckets_) {
     if (!fully_sharded()) break;
     t.gathered += bytes(b.flat_param);
-    t.gradients += bytes(b.flat_grad);
+    t.gradients += bytes(b.flat_grad) + bytes(b.grad_send) + bytes(b.grad_recv);
     t.gradient_shards += bytes(b.grad_shard);
   }
   return t;
@@ -741,19 +789,8 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   reduce_buckets_before(buckets_.size());
   comm_->order_after_collectives();
-  for (Bucket& b : buckets_) {
-    if (!b.grad_send.defined()) continue;
-    const int64_t chunk = b.layout.chunk;
-    const at::Tensor own = b.flat_grad.narrow(0, rank * chunk, chunk);
-    const at::Tensor scratch = wire_scratch_.narrow(0, 0, chunk);
-    if (b.sum_only) {
-      sum_gradient_chunks(*options_.gradient_wire, rank, own, b.grad_recv, b.grad_shard, scratch);
-    } else {  // summed in float32, divided once, rounded once to the bucket's dtype
-      const at::Tensor sum = at::empty({chunk}, scratch.options());
-      sum_gradient_chunks(*options_.gradient_wire, rank, own, b.grad_recv, sum, scratch);
-      b.grad_shard.copy_(sum.div_(comm_->size()));
-    }
-  }
+  for (Bucket& b : buckets_)
+    if (b.grad_send.defined() && !fully_sharded()) sum_chunks(b);  // fully sharded: summed in backward
   if (float_shards_.defined() && comm_->size() > 1) float_shards_.div_(comm_->size());  // the Avg (see float_shards_)
   TORCH_INTERNAL_ASSERT(next_bucket_ == buckets_.size());
   std::vector<char> had(params_.size());
@@ -762,7 +799,8 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     params_[m].taken = params_[m].had = false;
   }
   for (Bucket& b : buckets_) b.waiting = b.members.size();
-  next_bucket_ = next_to_step_ = 0;
+  TORCH_INTERNAL_ASSERT(!fully_sharded() || next_to_sum_ == buckets_.size());
+  next_bucket_ = next_to_step_ = next_to_sum_ = 0;
   if (step_in_backward_) {  // every bucket stepped as it was reduced
     if (backward_found_.defined()) optim::count_skipped(skipped_, backward_found_);
     backward_found_ = at::Tensor();

@@ -247,6 +247,10 @@ class ShardedOptimizer {
                                        const std::vector<char>& had, bool prepass, bool want_sumsq, bool count_ranks);
   void step_bucket(Bucket& b);       // step_in_backward: the bucket's update, once reduced
   void step_reduced_buckets(size_t end);  // ... of the buckets before `end` not stepped yet
+  void sum_chunks(Bucket& b);  // gradient_wire: the received chunks and the own one into grad_shard
+  // Fully sharded over gradient_wire: the buckets before `end` not summed yet, their exchange
+  // awaited on the caller's stream, then their send, receive and gradient buffers released.
+  void sum_received_chunks(size_t end);
   at::ScalarType compute_dtype(at::ScalarType param) const;  // precision_ applied to a parameter dtype
   at::ScalarType reduce_dtype(at::ScalarType param) const;
   // Fully sharded: bytes the buckets hold now in gathered parameters, gradient buffers and gradient
@@ -299,6 +303,7 @@ class ShardedOptimizer {
   WireStats wire_stats_;
   size_t next_bucket_ = 0;       // the next bucket to reduce this step
   size_t next_to_step_ = 0;      // step_in_backward: the next bucket to step this step
+  size_t next_to_sum_ = 0;       // fully sharded, gradient_wire: the next bucket to sum this step
   bool accumulating_ = false;
   std::unique_ptr<optim::GradHooks> hooks_;  // overlap only
   std::vector<Param> params_;

@@ -210,8 +210,9 @@ Flags parse_flags(int argc, char** argv) {
   if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))
     throw std::invalid_argument("--sharded / --fully-sharded take a lowbit optimizer, without --qat-steps or "
                                 "--probe-max-size (and --sharded without --gradient-release)");
-  if (f.fully_sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
-    throw std::invalid_argument("--fully-sharded: the low-bit wire (--wire-gradients / --wire-updates) is for --sharded only so far");
+  if (f.fully_sharded && f.wire_updates != "none")
+    throw std::invalid_argument("--fully-sharded gathers the parameters themselves in their compute dtype, not "
+                                "updates: --wire-updates is for --sharded (--wire-gradients works with both)");
   if ((!f.param_dtype.empty() || !f.reduce_dtype.empty()) && !f.fully_sharded)
     throw std::invalid_argument("--param-dtype / --reduce-dtype are the mixed precision of --fully-sharded; add it");
   if (f.param_dtype == "bf16" && f.dtype != "fp32")

@@ -79,6 +79,7 @@ class FullySharded : public TrainOptimizer {
     const auto dtype = [](const std::string& d) { return d == "bf16" ? at::kBFloat16 : at::kFloat; };
     if (!f.param_dtype.empty()) fo.param_dtype = dtype(f.param_dtype);
     if (!f.reduce_dtype.empty()) fo.reduce_dtype = dtype(f.reduce_dtype);
+    fo.gradient_wire = wire(f.wire_gradients, false);
     fsdp_ = std::make_unique<ld::FullyShardedModule>(root, model.block_modules(), inner_, communicator(), fo);
     model.run_through([this](const GPTImpl::Fn& fn) { return fsdp_->forward(fn); },
                       [this](size_t b, const GPTImpl::Fn& fn) { return fsdp_->unit(b, fn); });
@@ -86,6 +87,7 @@ class FullySharded : public TrainOptimizer {
     s << what << ", fully sharded over " << communicator()->size() << " ranks (" << communicator()->backend() << ", "
       << fsdp_->units() << " units + the root" << (f.gradient_release ? ", each stepped in backward" : "")
       << (f.param_dtype.empty() ? "" : ", computing in " + f.param_dtype)
+      << (f.wire_gradients == "none" ? "" : ", gradients over the wire in " + f.wire_gradients)
       << (f.reduce_dtype.empty() ? "" : ", reducing in " + f.reduce_dtype)
       << "): " << fsdp_->shard_bytes() << " of " << fsdp_->model_bytes() << " parameter bytes held per rank";
     what_ = s.str();

@@ -9,10 +9,15 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include <lowbit/distributed/compressed_wire.h>
+#include <lowbit/distributed/flat_layout.h>
 #include <lowbit/optim/step_calls.h>
+#include <lowbit/tensors/wire_ops.h>
 
 namespace lowbit_test {
 namespace {
+
+using lowbit::QuantFormat;
 
 // A unit whose parameter k receives exactly the gradient grad(rank, step, k): its forward adds
 // sum(p * g) to the running value; 0 * sum(p * p) adds nothing but makes backward read p (it must
@@ -73,6 +78,61 @@ struct FsdpRun {
   bool host_built = false;  // the model built on the host, sharded onto device() (FullyShardedOptions::device)
 };
 
+// The mean gradient a fully sharded step over FullyShardedOptions::gradient_wire steps with, replayed
+// in one process with the wire's ATen reference: per unit (the crafted model's buckets: {0, 1},
+// {2, 3}, {4}, then the root's {5}), each rank's flat gradient packed and decoded, and each chunk
+// the float32 sum in rank order of the decoded rows with the owner's own exact, divided once,
+// rounded once to the reduce dtype. grads[r][k]: rank r's gradient of parameter k (undefined:
+// zeros), in the reduce dtype.
+std::vector<at::Tensor> wire_mean(const ld::WireCompression& w, const lo::LowbitOptimizer& ref,
+                                  const std::vector<at::Tensor>& ref_params,
+                                  const std::vector<std::vector<at::Tensor>>& grads, at::ScalarType reduce) {
+  const int world = static_cast<int>(grads.size());
+  const auto group_of = [&](const at::Tensor& p) {
+    const auto& groups = ref.param_groups();
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      for (const at::Tensor& q : groups[gi].params())
+        if (q.is_same(p)) return gi;
+    TORCH_CHECK(false, "wire_mean: a parameter in no group");
+  };
+  const std::string fmt = lowbit::format_name(w.format);
+  const int64_t block = w.block_size ? w.block_size : lowbit::default_block_size(w.format);
+  std::vector<at::Tensor> out(ref_params.size());
+  for (const std::vector<size_t>& unit : std::vector<std::vector<size_t>>{{0, 1}, {2, 3}, {4}, {5}}) {
+    std::vector<ld::FlatEntry> entries;
+    for (size_t k : unit)
+      entries.push_back({ref_params[k].numel(), lo::FragmentAccess::layout(ref, group_of(ref_params[k]), ref_params[k]).block_size});
+    const ld::FlatLayout layout = ld::plan_flat_layout(entries, world);
+    const int64_t chunk = layout.chunk;
+    std::vector<at::Tensor> flat(world), decoded(world);
+    for (int r = 0; r < world; ++r) {
+      flat[r] = at::zeros({layout.total}, at::TensorOptions().dtype(reduce));
+      for (size_t i = 0; i < unit.size(); ++i) {
+        const at::Tensor& g = grads[r][unit[i]];
+        if (g.defined()) flat[r].narrow(0, layout.offsets[i], g.numel()).copy_(g.reshape(-1).cpu());
+      }
+      const at::Tensor packed = at::zeros({world, lowbit::ops::wire_row_bytes(w.format, chunk, block)}, at::kByte);
+      lowbit::ops::wire_pack_reference(flat[r], packed, fmt, w.block_size);
+      decoded[r] = at::empty({layout.total}, at::kFloat);
+      lowbit::ops::wire_unpack_reference(packed, decoded[r], fmt, w.block_size);
+    }
+    at::Tensor mean = at::empty({layout.total}, at::TensorOptions().dtype(reduce));
+    for (int c = 0; c < world; ++c) {
+      at::Tensor sum = at::empty({chunk}, at::kFloat);
+      for (int r = 0; r < world; ++r) {
+        const at::Tensor row = r == c ? flat[r].narrow(0, c * chunk, chunk).to(at::kFloat) : decoded[r].narrow(0, c * chunk, chunk);
+        if (r == 0) sum.copy_(row); else sum.add_(row);
+      }
+      mean.narrow(0, c * chunk, chunk).copy_(sum.div_(world));
+    }
+    for (size_t i = 0; i < unit.size(); ++i) {
+      const size_t k = unit[i];
+      out[k] = mean.narrow(0, layout.offsets[i], ref_params[k].numel()).view(ref_params[k].sizes()).clone();
+    }
+  }
+  return out;
+}
+
 // Trains the crafted model fully sharded and one process on the mean gradients; compares.
 void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, const FsdpRun& run = {}) {
   const int rank = comm().rank(), world = comm().size();
@@ -109,7 +169,18 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
     // is rounded once, to the dtype they are reduced in.
     const at::ScalarType compute = dtype == at::kFloat ? run.options.param_dtype.value_or(dtype) : dtype;
     const at::ScalarType reduce = run.options.reduce_dtype.value_or(compute);
-    for (size_t k = 0; k < params.size(); ++k) {
+    if (run.options.gradient_wire && world > 1) {
+      TORCH_CHECK(run.micro_batches == 1 && !run.reference_grad, "the wire's replay takes one micro-batch");
+      std::vector<std::vector<at::Tensor>> grads(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r)
+        for (size_t k = 0; k < params.size(); ++k) {
+          const at::Tensor g = run.grad(r, 10 * s, static_cast<int>(k), ref_params[k].sizes(), compute);
+          grads[static_cast<size_t>(r)].push_back(g.defined() ? g.to(reduce) : g);
+        }
+      const std::vector<at::Tensor> mean = wire_mean(*run.options.gradient_wire, *ref, ref_params, grads, reduce);
+      for (size_t k = 0; k < params.size(); ++k) ref_params[k].mutable_grad() = mean[k].to(device());
+    }
+    for (size_t k = 0; k < params.size() && !(run.options.gradient_wire && world > 1); ++k) {
       at::Tensor sum = at::zeros(ref_params[k].sizes(), at::kFloat);
       bool any = false;
       const GradFn& ref_grad = run.reference_grad ? run.reference_grad : run.grad;
@@ -129,6 +200,58 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
   fsdp.gather_all();
   expect_same_as(fsdp.sharded(), params, *ref, ref_params, run.skipped);
   fsdp.release_all();
+}
+
+// The low-bit gradient wire (8 and 4 bits) against one process replaying it, every rule, with
+// gradient release and mixed precision too; its buffers live only from a unit's reduction to its
+// sum; error feedback is refused (its residual would be a whole unit's gradient per rank).
+TEST(FullyShardedModule, TheLowBitGradientWireMatchesOneProcessReplayingIt) {
+  for (QuantFormat wf : {QuantFormat::Dyn8Signed, QuantFormat::DE4Signed}) {
+    FsdpRun wire;
+    wire.options.gradient_wire = ld::WireCompression::gradients(wf);
+    for (const RuleCase& rc : rule_cases()) {
+      SCOPED_TRACE(std::string(rc.name) + " over " + lowbit::format_name(wf));
+      expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q8, false); },
+                                      at::kFloat, wire);
+    }
+    FsdpRun release = wire;
+    release.options.step_in_backward = true;
+    expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) {
+      return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4).master_weight_bits(24));
+    }, at::kBFloat16, release);
+    FsdpRun mixed = wire;
+    mixed.options.param_dtype = at::kBFloat16;
+    mixed.options.reduce_dtype = at::kFloat;
+    expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[1].make(p, StateFormat::Q8, false); },
+                                    at::kFloat, mixed);
+  }
+  // After a step nothing of the wire is held; the gradient buffers' high-water mark counts its
+  // send and receive buffers beside the float32 gradient buffers a step without it holds.
+  ld::FullyShardedOptions options;
+  const auto one_step = [&](const ld::FullyShardedOptions& o) {
+    std::vector<at::Tensor> params = make_params(at::kFloat, device());
+    CraftedModel model(params);
+    ld::FullyShardedModule fsdp(model.ptr(), model->unit_modules(),
+                                std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3)), comm_ptr(), o);
+    model->forward(fsdp, default_grad, comm().rank(), 1).backward();
+    fsdp.step();
+    return fsdp.memory_report();
+  };
+  const ld::FullyShardedMemory plain = one_step(options);
+  options.gradient_wire = ld::WireCompression::gradients();
+  const ld::FullyShardedMemory wired = one_step(options);
+  EXPECT_EQ(wired.gradient_bytes, 0);
+  if (comm().size() > 1) EXPECT_GT(wired.peak_gradient_bytes, plain.peak_gradient_bytes);
+  // Error feedback: refused on every rank, naming the option.
+  options.gradient_wire->error_feedback = true;
+  std::vector<at::Tensor> fresh = make_params(at::kFloat, device());
+  CraftedModel other(fresh);
+  const std::string err = error_of([&] {
+    ld::FullyShardedModule f(other.ptr(), other->unit_modules(), std::make_shared<lo::AdamW>(fresh, lo::AdamWOptions(1e-3)),
+                             comm_ptr(), options);
+  });
+  EXPECT_NE(err.find("FullyShardedOptions::gradient_wire with error_feedback would keep on every rank"),
+            std::string::npos) << err;
 }
 
 TEST(FullyShardedModule, EveryRuleAndStateFormatMatchesOneProcess) {

@@ -210,6 +210,8 @@ TEST(FullyShardedModule, TheLowBitGradientWireMatchesOneProcessReplayingIt) {
     FsdpRun wire;
     wire.options.gradient_wire = ld::WireCompression::gradients(wf);
     for (const RuleCase& rc : rule_cases()) {
+      // Every rule over 8 bits; over 4 bits two (the wire is the same for every rule).
+      if (wf == QuantFormat::DE4Signed && std::string(rc.name) != "AdamW" && std::string(rc.name) != "Lion") continue;
       SCOPED_TRACE(std::string(rc.name) + " over " + lowbit::format_name(wf));
       expect_fsdp_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q8, false); },
                                       at::kFloat, wire);

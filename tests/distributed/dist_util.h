@@ -91,4 +91,23 @@ void backward_with(const std::vector<at::Tensor>& params, const std::vector<at::
 // from the last rank only, which every rank must skip; AdamW and LAMB, Q8 and FP32.
 void expect_clipping_and_skip_like_one_process(const ld::ShardedOptions& so);
 
+// The owner's sum over the low-bit gradient wire, replayed in one process: chunk c of the result is
+// the float32 sum in rank order of every rank's decoded chunk c, rank c's own exact (exact[c]),
+// divided once by the world size and rounded once to `dtype`. exact / decoded: each rank's flat
+// buffer of world chunks of `chunk` elements.
+inline at::Tensor wire_chunk_mean(const std::vector<at::Tensor>& exact, const std::vector<at::Tensor>& decoded,
+                                  int64_t chunk, at::ScalarType dtype) {
+  const int world = static_cast<int>(exact.size());
+  at::Tensor mean = at::empty({world * chunk}, at::TensorOptions().dtype(dtype));
+  for (int c = 0; c < world; ++c) {
+    at::Tensor sum = at::empty({chunk}, at::kFloat);
+    for (int r = 0; r < world; ++r) {
+      const at::Tensor row = r == c ? exact[r].narrow(0, c * chunk, chunk).to(at::kFloat) : decoded[r].narrow(0, c * chunk, chunk);
+      if (r == 0) sum.copy_(row); else sum.add_(row);
+    }
+    mean.narrow(0, c * chunk, chunk).copy_(sum.div_(world));
+  }
+  return mean;
+}
+
 }  // namespace lowbit_test

@@ -116,15 +116,7 @@ std::vector<at::Tensor> wire_mean(const ld::WireCompression& w, const lo::Lowbit
       decoded[r] = at::empty({layout.total}, at::kFloat);
       lowbit::ops::wire_unpack_reference(packed, decoded[r], fmt, w.block_size);
     }
-    at::Tensor mean = at::empty({layout.total}, at::TensorOptions().dtype(reduce));
-    for (int c = 0; c < world; ++c) {
-      at::Tensor sum = at::empty({chunk}, at::kFloat);
-      for (int r = 0; r < world; ++r) {
-        const at::Tensor row = r == c ? flat[r].narrow(0, c * chunk, chunk).to(at::kFloat) : decoded[r].narrow(0, c * chunk, chunk);
-        if (r == 0) sum.copy_(row); else sum.add_(row);
-      }
-      mean.narrow(0, c * chunk, chunk).copy_(sum.div_(world));
-    }
+    const at::Tensor mean = wire_chunk_mean(flat, decoded, chunk, reduce);
     for (size_t i = 0; i < unit.size(); ++i) {
       const size_t k = unit[i];
       out[k] = mean.narrow(0, layout.offsets[i], ref_params[k].numel()).view(ref_params[k].sizes()).clone();

@@ -63,15 +63,7 @@ class WireReplay {
           grad_residual_[r].narrow(0, r * chunk, chunk).zero_();
         }
       }
-      mean = at::empty({layout_.total}, dtype);
-      for (int c = 0; c < world_; ++c) {
-        at::Tensor sum = at::empty({chunk}, at::kFloat);
-        for (int r = 0; r < world_; ++r) {
-          const at::Tensor row = r == c ? g[r].narrow(0, c * chunk, chunk).to(at::kFloat) : decoded[r].narrow(0, c * chunk, chunk);
-          if (r == 0) sum.copy_(row); else sum.add_(row);
-        }
-        mean.narrow(0, c * chunk, chunk).copy_(sum.div_(world_));
-      }
+      mean = wire_chunk_mean(g, decoded, chunk, dtype);
     }
     std::vector<at::Tensor> out;
     for (size_t k = 0; k < params_.size(); ++k)

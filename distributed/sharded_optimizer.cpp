@@ -250,7 +250,9 @@ void ShardedOptimizer::check_ranks_agree() {
       {"ShardedOptions::release_gradients", options_.release_gradients},
       {"ShardedOptions::broadcast_parameters", options_.broadcast_parameters},
   };
-  for (const auto& [what, w] : {std::make_pair("ShardedOptions::gradient_wire", &options_.gradient_wire),
+  for (const auto& [what, w] : {std::make_pair(fully_sharded() ? "FullyShardedOptions::gradient_wire"
+                                                                : "ShardedOptions::gradient_wire",
+                                               &options_.gradient_wire),
                                 std::make_pair("ShardedOptions::update_wire", &options_.update_wire)}) {
     const WireCompression c = w->value_or(WireCompression{});
     const std::string name = what;

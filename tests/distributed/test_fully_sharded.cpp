@@ -565,6 +565,13 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
       ld::FullyShardedModule f(model.ptr(), mine, std::make_shared<lo::AdamW>(params), comm_ptr());
     }, "FullyShardedModule: the ranks disagree on the number of units (the root's included): rank 0 has 4, rank 1 "
        "has 3");
+    // ... or the gradient wire's format: named before any collective of a step.
+    ld::FullyShardedOptions wire;
+    wire.gradient_wire = ld::WireCompression::gradients(comm().rank() == 1 ? QuantFormat::DE4Signed
+                                                                            : QuantFormat::Dyn8Signed);
+    expect_error([&] {
+      ld::FullyShardedModule f(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr(), wire);
+    }, "FullyShardedModule: the ranks disagree on FullyShardedOptions::gradient_wire.format: rank 0 has ");
   }
   ld::FullyShardedModule fsdp(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr());
   expect_error([&] { fsdp.unit(0, [] { return at::Tensor(); }); }, "unit(0) outside forward()");

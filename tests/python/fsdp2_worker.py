@@ -2,6 +2,7 @@
 gradients the test gives (the same values one process steps), then the whole parameters and every rank's state
 written for the test to compare (taken before a last step that checks a state_dict() round trip).
     python fsdp2_worker.py RANK WORLD PORT IN OUT"""
+import io
 import sys
 
 import torch
@@ -39,9 +40,13 @@ def main(rank, world, port, src, dst):
                 for i, p in enumerate(params) if p in opt.state}
         states = [None] * world
         dist.all_gather_object(states, mine)
-        # Each rank's state_dict() loads back into a new optimizer over the same shards: the next step is the same.
+        # Each rank's state_dict(), through a file (torch.load's weights_only), loads back into a new optimizer over
+        # the same shards: the next step is the same.
         params2, opt2 = sharded(cls_name, options, dtype, [p.full_tensor() for p in params])
-        opt2.load_state_dict(opt.state_dict())
+        buf = io.BytesIO()
+        torch.save(opt.state_dict(), buf)
+        buf.seek(0)
+        opt2.load_state_dict(torch.load(buf, weights_only=True))
         for ps, op in [(params, opt), (params2, opt2)]:
             step(ps, op, spec["grads"][0], dtype)
         resumed = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(params, params2)) and all(

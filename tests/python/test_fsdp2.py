@@ -1,6 +1,8 @@
 """FSDP2 (fully_shard, DTensor parameters) over Gloo on the CPU: 1, 2 and 3 ranks step their shards to the very
 bits of one process, parameters and state (dtensor_shards.py: quantization blocks are the whole parameter's,
-a block cut by a shard boundary is stepped whole by the rank holding its first element)."""
+a block cut by a shard boundary is stepped whole by the rank holding its first element), and a
+torch.distributed.checkpoint checkpoint written at N ranks goes on at M ranks with those bits (dtensor_state.py)."""
+import copy
 import os
 import pathlib
 import socket
@@ -35,6 +37,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def run_ranks(world, script, *args):
+    """`script` RANK WORLD PORT *args on `world` processes; fails with their stderr if one fails."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE)] + sys.path))
+    procs = [subprocess.Popen([sys.executable, str(HERE / script), str(r), str(world), str(port)] +
+                              [str(a) for a in args], env=env, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(e[-3000:] for e in errors)
+
+
 def single_process(spec):
     out = []
     for cls_name, options, dtype in spec["configs"]:
@@ -66,13 +78,7 @@ def test_fully_sharded_steps_equal_one_process(tmp_path, world):
     grads[1][0][7, 3] = float("nan")  # a non-finite gradient on one rank's shard: every rank skips that step
     spec = dict(init=init, grads=grads, configs=CONFIGS)
     torch.save(spec, tmp_path / "in.pt")
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE)] + sys.path))
-    procs = [subprocess.Popen([sys.executable, str(HERE / "fsdp2_worker.py"), str(r), str(world), str(port),
-                               str(tmp_path / "in.pt"), str(tmp_path / "out.pt")], env=env, stderr=subprocess.PIPE,
-                              text=True) for r in range(world)]
-    errors = [p.communicate(timeout=300)[1] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(e[-3000:] for e in errors)
+    run_ranks(world, "fsdp2_worker.py", tmp_path / "in.pt", tmp_path / "out.pt")
     sharded = torch.load(tmp_path / "out.pt", weights_only=False)
     for (cls_name, _, _), (params, opt), got in zip(CONFIGS, single_process(spec), sharded):
         assert got["skipped"] == opt.skipped_steps() == 1, cls_name
@@ -87,3 +93,59 @@ def test_fully_sharded_steps_equal_one_process(tmp_path, world):
                 whole = torch.cat([x[key] for x in pieces])
                 assert same_bits(whole, st[key]), (cls_name, i, key)
             assert all(torch.equal(x["counters"], st["counters"]) for x in pieces), (cls_name, i)
+
+
+# ---- torch.distributed.checkpoint: N ranks save, M ranks load. A Q8 weight whose shards cut blocks, a Q8 bias of one
+# block (ranks that own none of it), a Q4 weight (4-bit codes; at 3 ranks one owns none), an fp32-state bias; two
+# param groups; a non-finite gradient before the save (the skip count goes along).
+DCP_SPEC = dict(optimizer="AdamW", options=dict(min_quant_numel=64), split=3,
+                groups=[dict(params=["a.weight", "a.bias"]),
+                        dict(params=["b.weight", "b.bias"], state_format="Q4", lr=3e-3, weight_decay=0.1)])
+
+
+def same_as_one_process(got, named, opt, run):
+    """A run's whole parameters and every rank's state (by parameter name) against one process's, bit for bit."""
+    assert got["skipped"] == opt.skipped_steps() == 1, run
+    for name, p in named.items():
+        assert same_bits(got["params"][name], p.detach()), (run, name)
+        st = opt.state[p]
+        everyone = [s[name] for s in got["states"]]  # every rank holds a state, maybe of no element
+        assert all(torch.equal(x["counters"], st["counters"]) for x in everyone), (run, name)
+        pieces = sorted((x for x in everyone if x["range"][1] > x["range"][0]), key=lambda x: x["range"][0])
+        assert pieces[0]["range"][0] == 0 and pieces[-1]["range"][1] == p.numel(), (run, name)
+        assert all(x["range"][1] == y["range"][0] for x, y in zip(pieces, pieces[1:])), (run, name)
+        for key in lowbit.optim.param_state.state_keys(tuple(st["slots"]), opt.state_names):
+            assert same_bits(torch.cat([x[key] for x in pieces]), st[key]), (run, name, key)
+
+
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="ranks under the sanitizer run")
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # (the one-process loads)
+def test_a_dcp_checkpoint_saved_at_n_ranks_goes_on_at_m_ranks(tmp_path):
+    import fsdp2_dcp_worker as worker
+    gen = torch.Generator().manual_seed(11)
+    init = {name: torch.randn(p.shape, generator=gen) for name, p in worker.Net().named_parameters()}
+    grads = [{name: torch.randn(t.shape, generator=gen) * 0.1 for name, t in init.items()} for _ in range(5)]
+    grads[1]["a.weight"][40, 7] = float("inf")
+    spec = dict(DCP_SPEC, init=init, grads=grads)
+    # ---- one process that never saves: every step (and its state_dict() after the first `split`).
+    model, opt = worker.build(spec, init)
+    worker.steps(model, opt, grads[:spec["split"]])
+    spec["whole"] = copy.deepcopy(opt.state_dict())
+    worker.steps(model, opt, grads[spec["split"]:])
+    named = dict(model.named_parameters())
+    torch.save(spec, tmp_path / "spec.pt")
+    # ---- 2 ranks save after 3 steps and go on; 3 ranks load that, save it again and go on (one launch of 3 ranks).
+    ck2, ck3 = tmp_path / "ck2", tmp_path / "ck3"
+    run_ranks(3, "fsdp2_dcp_worker.py", tmp_path / "spec.pt", tmp_path / "out.pt", ck2, ck3)
+    runs = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert runs.pop("whole state loaded"), "3 ranks loading one process's state_dict() got another state than DCP's"
+    assert sorted(runs) == ["2 ranks, saved", "3 ranks, loaded"]
+    for run, got in runs.items():
+        same_as_one_process(got, named, opt, run)
+    # ---- one process (no FSDP, no process group) loads either: the whole tensors are one process's state.
+    for ck in (ck2, ck3):
+        one, one_opt = worker.load(spec, ck)
+        worker.steps(one, one_opt, grads[spec["split"]:])
+        mine = {name: dict(one_opt.state[p], range=[0, p.numel()]) for name, p in one.named_parameters()}
+        same_as_one_process(dict(params=dict(one.named_parameters()), states=[mine], skipped=one_opt.skipped_steps()),
+                            named, opt, f"1 process loads {ck.name}")

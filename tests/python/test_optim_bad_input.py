@@ -115,3 +115,106 @@ def test_master_weights_need_bf16_parameters():
                                            "\\(int16_correction\\) needs bfloat16 parameters"):
         opt.step()
     assert torch.equal(p, torch.zeros(5000))
+
+
+# ---- a step refused for a later param group steps no group (the earlier groups used to step first). Only the op
+# refuses these: the group's options pass their checks, the parameter does not.
+BAD_GROUPS = [
+    # master_weight_bits needs bf16 parameters: parameter 1 is fp32 (parameter 0, bf16, is fine).
+    (dict(master_weight_bits=32), [torch.bfloat16, torch.float32],
+     "parameter 1 of group 2 \\(shape \\[300\\], torch.float32\\): lowbit::optim_step_: parameter 1 has dtype Float; "
+     "a master-weight correction \\(int16_correction\\) needs bfloat16 parameters; no parameter was stepped"),
+    # float64 parameters: no grad_check reads this group's gradients (it neither skips nor clips).
+    (dict(skip_nonfinite=False), [torch.float32, torch.float64],
+     "parameter 1 of group 2 \\(shape \\[300\\], torch.float64\\): lowbit::optim_step_: parameter 1 has dtype "
+     "Double; supported: float32, bfloat16, float16; no parameter was stepped"),
+]
+
+
+def everything(params, opt):
+    """Every parameter and every state tensor (counters included) of every group, lr tensors, skipped steps."""
+    return ([p.detach().clone() for p in params],
+            [{k: v.clone() for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)} if opt.state.get(p)
+             else None for p in params],
+            {k: (v[0].clone(), v[1]) for k, v in opt._lr_tensors.items()}, opt.skipped_steps())
+
+
+def changed(a, b):
+    """What differs between two everything() snapshots: [] when nothing, bit for bit."""
+    (pa, sa, la, ka), (pb, sb, lb, kb) = a, b
+    out = [f"parameter {i}" for i, (x, y) in enumerate(zip(pa, pb)) if not same_bits(x, y)]
+    for i, (x, y) in enumerate(zip(sa, sb)):
+        if (x is None) != (y is None) or (x is not None and x.keys() != y.keys()):
+            out.append(f"state of parameter {i}: keys {x and sorted(x)} vs {y and sorted(y)}")
+        elif x is not None:
+            out += [f"state '{k}' of parameter {i}" for k in x if not same_bits(x[k], y[k])]
+    if la.keys() != lb.keys() or any(not same_bits(la[k][0], lb[k][0]) or la[k][1] != lb[k][1] for k in la):
+        out.append(f"lr tensors {la} vs {lb}")
+    if ka != kb:
+        out.append(f"skipped steps {ka} vs {kb}")
+    return out
+
+
+@pytest.mark.parametrize("options,dtypes,message", BAD_GROUPS, ids=["master-weights-fp32", "float64-unchecked"])
+def test_a_step_refused_for_a_later_group_changes_no_group(options, dtypes, message):
+    def make(bad):
+        """Groups 0 (Q8 and fp32 state) and 1 (Q4), and group 2 to add: with a bad parameter, or as it should be."""
+        torch.manual_seed(0)
+        values = [torch.randn(5000), torch.randn(7), torch.randn(64, 80), torch.randn(300), torch.randn(300)]
+        kinds = [torch.float32] * 3 + [dtypes[0], dtypes[1] if bad else dtypes[0]]
+        params = [torch.nn.Parameter(t.to(d)) for t, d in zip(values, kinds)]
+        opt = O.AdamW([dict(params=params[:2]), dict(params=params[2:3], lr=0.01, state_format="Q4",
+                                                     min_quant_numel=0)])
+        return params, opt, dict(params=params[3:], **options)
+
+    def grads(params, step):
+        g = torch.Generator().manual_seed(step)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+
+    # ---- the first step: no state is made.
+    params, opt, late = make(bad=True)
+    opt.add_param_group(late)
+    grads(params, 0)
+    before = everything(params, opt)
+    with pytest.raises(RuntimeError, match=f"lowbit.optim.AdamW: {message}"):
+        opt.step()
+    assert changed(before, everything(params, opt)) == [] and len(opt.state) == 0
+    # ---- after steps (groups 0 and 1 hold state and reuse their calls), with a new lr for group 0 (its lr tensor).
+    params, opt, late = make(bad=True)
+    reference, ref_opt, ref_late = make(bad=False)
+    for ps, o, group in [(params, opt, late), (reference, ref_opt, ref_late)]:
+        for step in range(2):
+            grads(ps[:3], step)
+            o.step()
+        o.add_param_group(group)
+        o.param_groups[0]["lr"] = 5e-3
+    grads(params, 2)
+    before = everything(params, opt)
+    with pytest.raises(RuntimeError, match=f"lowbit.optim.AdamW: {message}"):
+        opt.step()
+    assert changed(before, everything(params, opt)) == []
+    # ---- the bad parameter repaired, the step writes what it writes where no step was refused.
+    params[4].grad = None
+    params[4].data = params[4].data.to(dtypes[0])
+    for ps, o in [(params, opt), (reference, ref_opt)]:
+        grads(ps, 2)
+        o.step()
+    assert changed(everything(params, opt), everything(reference, ref_opt)) == []
+
+
+def test_a_later_group_refused_as_a_whole_names_its_parameters_in_the_group():
+    """Two parameters of group 1 that share memory: each alone passes, the call refuses them together. They are its
+    parameters 1 and 2, and the 0th and 1st of their call (parameter 0, quantized, is in another call)."""
+    torch.manual_seed(0)
+    base = torch.randn(600)
+    params = [torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.randn(5000)),
+              torch.nn.Parameter(base[:300]), torch.nn.Parameter(base[200:500])]
+    opt = O.AdamW([dict(params=params[:1]), dict(params=params[1:], weight_decay=0.0)])
+    for p in params:
+        p.grad = torch.randn_like(p)
+    before = everything(params, opt)
+    with pytest.raises(RuntimeError, match="lowbit.optim.AdamW: param group 1: lowbit::optim_step_: parameter 2 and "
+                                           "parameter 1 share memory; .*; no parameter was stepped"):
+        opt.step()
+    assert changed(before, everything(params, opt)) == [] and len(opt.state) == 0

@@ -64,6 +64,17 @@ def owned(a: int, b: int, block: int, numel: int) -> Tuple[int, int]:
     return (s0, min(-(-b // block) * block, numel)) if s0 < b else (s0, s0)
 
 
+def state_range(opt, group: Dict, p) -> Tuple[int, int]:
+    """The elements of DTensor parameter p whose state this rank keeps: its shard (dense state), or the blocks that
+    start in it (quantized state; empty where none does)."""
+    ranges, rank, _ = rank_ranges(p)
+    a, b = ranges[rank]
+    slots, block = opt._layout(group, p.numel())
+    if all(s in QUANTIZED_NOT for s in slots):
+        return a, b
+    return owned(a, b, block, p.numel())
+
+
 def agree_on_found_inf(found: torch.Tensor, group) -> None:
     dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
 
@@ -100,7 +111,10 @@ def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
     dist.all_gather(gathered, heads, group=pg)
     for j, x in enumerate(exchanged):
         s0, e0, a, b = x["s0"], x["e0"], x["a"], x["b"]
-        if e0 == s0:
+        if e0 == s0:  # no block starts here: an empty state, stepped (its step count) like every rank's
+            x["ext"] = x["local"][:0]
+            st = opt._shard_state(x["p"], group, gi, x["i"], x["ext"], s0, e0)
+            calls.append((x["i"], x["ext"], x["grad"][:0], st, s0))
             continue
         p_parts, g_parts = [x["local"][s0 - a:]], [x["grad"][s0 - a:]]
         need, k = e0 - b, x["rank"] + 1

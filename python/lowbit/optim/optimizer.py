@@ -1,8 +1,10 @@
 """LowbitOptimizer: a torch.optim.Optimizer whose step is torch.ops.lowbit.optim_step_, laid out and called as the
 C++ optimizers call it (optim/lowbit_optimizer.cpp, optim/step_calls.cpp), so the bits are theirs.
 
-A step: one read of every gradient on its device (grad_check: the non-finite flag, each group's squared norm for
-clipping), then per param group one op call per (device, state layout). Everything that changes per step stays on
+A step: the op calls of every param group, one per (device, state layout), checked by the op before any runs
+(call_checks.py: a step refused for one group changes nothing), one read of every gradient on its device
+(grad_check: the non-finite flag, each group's squared norm for clipping), then the calls, group by group.
+Everything that changes per step stays on
 the device: the step counts (in each state's `counters`), lr (a float64 tensor per group and device, written from
 group["lr"] when that changes: schedulers work), the skip flag and GradScaler's scale. Nothing waits for a GPU.
 """
@@ -12,7 +14,7 @@ from typing import Dict, Iterable, Optional, Set
 
 import torch
 
-from . import dtensor_shards, param_state, state_dict_io, step_args
+from . import call_checks, dtensor_shards, param_state, state_dict_io, step_args
 from .option_checks import check_options
 
 # The C++ optimizers' stochastic-rounding seed ("lowbit", LowbitOptimizer::seed_) and parameter keys
@@ -69,6 +71,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._where = None         # id(param) -> (group, index), for steps of some parameters
         self._epoch = 0            # bumped when state is made or loaded: the cached call plans are then stale
         self._plans = {}           # group -> (epoch, indices stepped, the op calls' lists): steps repeat
+        self._pending = {}         # param -> state made for this step, kept once its group's calls ran
         merged = dict(COMMON_DEFAULTS)
         merged.update({k: v for k, v in options.items() if k in COMMON_DEFAULTS})
         merged.update(defaults)
@@ -110,7 +113,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     # ---- state --------------------------------------------------------------------------------
     def _state_for(self, p: torch.Tensor, group: Dict, gi: int, index: int) -> Dict:
-        st = self.state.get(p)
+        st = self.state.get(p) or self._pending.get(p)
         if st:
             if st["counters"].device != p.device:
                 raise RuntimeError(f"lowbit.optim.{type(self).__name__}: parameter {index} of group {gi} is on "
@@ -118,8 +121,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                                    "parameter back or recreate the optimizer")
             return st
         st = param_state.from_param_state(self._new_state(p, group), self.state_names)
-        self.state[p] = st
-        self._epoch += 1
+        self._pending[p] = st  # kept once its group's calls ran (_commit)
         return st
 
     def _new_state(self, p: torch.Tensor, group: Dict, values=None, whole_numel=None) -> step_args.ParamState:
@@ -140,7 +142,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def _shard_state(self, p, group: Dict, gi: int, index: int, like: torch.Tensor, begin: int, end: int) -> Dict:
         """The state of elements [begin, end) of DTensor parameter p (dtensor_shards.py), laid out as the whole
         parameter's; `like`: a tensor of those elements."""
-        st = self.state.get(p)
+        st = self.state.get(p) or self._pending.get(p)
         if st:
             if st.get("range") != [begin, end]:
                 raise RuntimeError(f"lowbit.optim.{type(self).__name__}: parameter {index} of group {gi} holds state "
@@ -149,8 +151,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         st = param_state.from_param_state(self._new_state(like.reshape(-1), group, whole_numel=p.numel()),
                                           self.state_names)
         st["range"] = [begin, end]
-        self.state[p] = st
-        self._epoch += 1
+        self._pending[p] = st
         return st
 
     def state_bytes(self) -> int:
@@ -229,13 +230,34 @@ class LowbitOptimizer(torch.optim.Optimizer):
     @eager_under_compile
     @torch.no_grad()
     def _step(self, only: Optional[Set[int]]) -> None:
-        ops = torch.ops.lowbit
         groups = self.param_groups
         for gi, group in enumerate(groups):
             self._check_group(gi, group)
         work = self._items(only)
         if not any(work):
             return
+        # ---- GradScaler's flag and scale (set by GradScaler.step for the duration of this step).
+        amp_found = getattr(self, "found_inf", None)
+        amp_scale = getattr(self, "grad_scale", None)
+        if amp_found is not None:
+            amp_found = amp_found.reshape(1).to(torch.float32)
+        # ---- every group's op calls, checked before any runs (call_checks.py): a step refused for one group
+        # changes nothing. Calls reused from the last step were checked when they were built: between two such
+        # steps only the gradients are new, and grad_check below reads those of every group that skips or clips.
+        self._pending = {}
+        try:
+            self._step_calls(work, amp_found, amp_scale)
+        finally:
+            self._pending = {}  # (what a refused step made)
+
+    def _step_calls(self, work, amp_found, amp_scale) -> None:
+        ops = torch.ops.lowbit
+        groups = self.param_groups
+        calls = [self._build_calls(gi, group, items) if items else None for gi, (group, items) in
+                 enumerate(zip(groups, work))]
+        built = [(gi, c[0]) for gi, c in enumerate(calls) if c is not None and c[2]]
+        if built and sum(len(c[0]) for c in calls if c is not None) > 1:
+            call_checks.check_calls(self, built, amp_scale)  # (one call alone refuses before it writes)
         # ---- pre-pass: one read of the gradients per device, for the groups that skip or clip.
         want_sumsq = any(g["max_grad_norm"] > 0 for g in groups)
         per_device, sharded_group = {}, None
@@ -263,12 +285,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 sumsq = sumsq + other[1].to(sumsq.device)
             for d in checks:
                 checks[d] = [found.to(d), sumsq.to(d)]
-        # ---- GradScaler's flag and scale (set by GradScaler.step for the duration of this step).
-        amp_found = getattr(self, "found_inf", None)
-        amp_scale = getattr(self, "grad_scale", None)
-        if amp_found is not None:
-            amp_found = amp_found.reshape(1).to(torch.float32)
-        # ---- skipped steps: counted on the device; on the CPU the skip is decided here, before any state is made.
+        # ---- skipped steps: counted on the device; on the CPU the skip is decided here, before any state is kept.
         found_any = None
         if checks:
             found_any = next(iter(checks.values()))[0]
@@ -283,45 +300,67 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 own_found_cpu = bool(next(iter(checks.values()))[0].item())
             if amp_found is not None and amp_found.device.type == "cpu":
                 amp_found_cpu = bool(amp_found.item())
-        # ---- the calls: per group, one per (device, state layout).
+        # ---- the calls, group by group; a group's new state is kept once its calls ran.
+        ran, kept = [], False
         for gi, group in enumerate(groups):
-            if not work[gi] or amp_found_cpu or (group["skip_nonfinite"] and own_found_cpu):
+            if calls[gi] is None or amp_found_cpu or (group["skip_nonfinite"] and own_found_cpu):
                 continue
-            self._step_group(gi, group, work[gi], checks, amp_found, amp_scale)
+            buckets, finish, _, _ = calls[gi]
+            self._run_calls(gi, group, buckets, checks, amp_found, amp_scale)
+            if finish is not None:
+                finish()
+            ran.append(gi)
+            for _, p, _ in work[gi]:
+                st = self._pending.pop(p, None)
+                if st is not None:
+                    self.state[p] = st
+                    kept = True
+        if kept:
+            self._epoch += 1  # the call lists of every group are stale
+        for gi in ran:  # kept without the gradients, which must not outlive the step
+            buckets, finish, built, indices = calls[gi]
+            if built and finish is None:
+                self._plans[gi] = (self._epoch, indices, {k: (b[0], None) + b[2:] for k, b in buckets.items()})
 
-    def _step_group(self, gi, group, items, checks, amp_found, amp_scale) -> None:
-        ops = torch.ops.lowbit
+    def _build_calls(self, gi, group, items):
+        """The op calls of a group's items: ({(device, slots, block): bucket}, what to run after them (DTensor
+        parameters), whether they were built anew (else reused from the last step), the indices stepped). A bucket:
+        params, grads, state, counters, rng keys, offsets, each one's position in `items`, each one's index in the
+        group. New state goes to self._pending."""
         # What the op steps: (index, tensor it writes, gradient, state, element offset in the whole parameter).
         plain = [item for item in items if not dtensor_shards.is_dtensor(item[1])]
-        finish = None
         indices = tuple(item[0] for item in plain)
         plan = self._plans.get(gi)
         if len(plain) == len(items) and plan is not None and plan[0] == self._epoch and plan[1] == indices:
             # The same parameters as the last step, with the same state: only the gradients are new.
             buckets = {key: (b[0], [plain[k][2] for k in b[6]]) + b[2:] for key, b in plan[2].items()}
-        else:
-            calls = [(i, p, grad, self._state_for(p, group, gi, i), 0, k) for k, (i, p, grad) in enumerate(plain)]
-            if len(plain) < len(items):
-                sharded, finish = dtensor_shards.prepare(self, group, gi,
-                                                         [x for x in items if dtensor_shards.is_dtensor(x[1])])
-                calls += [c + (None,) for c in sharded]
-            buckets = {}
-            for i, p, grad, st, offset, position in calls:
-                key = (p.device, tuple(st["slots"]), st["block_size"])
-                b = buckets.get(key)
-                if b is None:
-                    b = buckets[key] = ([], [], [], [], [], [], [])
-                b[0].append(p)
-                b[1].append(grad)
-                b[2].extend(st[k] for k in param_state.state_keys(key[1], self.state_names))
-                b[3].append(st["counters"])
-                b[4].append(rng_key(gi, i))
-                b[5].append(offset)
-                b[6].append(position)
-            if finish is None:  # kept without the gradients, which must not outlive the step
-                self._plans[gi] = (self._epoch, indices, {k: (b[0], None) + b[2:] for k, b in buckets.items()})
+            return buckets, None, False, indices
+        calls = [(i, p, grad, self._state_for(p, group, gi, i), 0, k) for k, (i, p, grad) in enumerate(plain)]
+        finish = None
+        if len(plain) < len(items):
+            sharded, finish = dtensor_shards.prepare(self, group, gi,
+                                                     [x for x in items if dtensor_shards.is_dtensor(x[1])])
+            calls += [c + (None,) for c in sharded]
+        buckets = {}
+        for i, p, grad, st, offset, position in calls:
+            key = (p.device, tuple(st["slots"]), st["block_size"])
+            b = buckets.get(key)
+            if b is None:
+                b = buckets[key] = ([], [], [], [], [], [], [], [])
+            b[0].append(p)
+            b[1].append(grad)
+            b[2].extend(st[k] for k in param_state.state_keys(key[1], self.state_names))
+            b[3].append(st["counters"])
+            b[4].append(rng_key(gi, i))
+            b[5].append(offset)
+            b[6].append(position)
+            b[7].append(i)
+        return buckets, finish, True, indices
+
+    def _run_calls(self, gi, group, buckets, checks, amp_found, amp_scale) -> None:
+        ops = torch.ops.lowbit
         hyper = self.op_hyper_parameters(group)
-        for (device, slots, block), (params, grads, state, counters, keys, offsets, _) in buckets.items():
+        for (device, slots, block), (params, grads, state, counters, keys, offsets, _, _) in buckets.items():
             found = sumsq = None
             if device in checks:
                 if group["skip_nonfinite"]:
@@ -337,5 +376,3 @@ class LowbitOptimizer(torch.optim.Optimizer):
                             seed=self.seed, stochastic_round=group["bf16_stochastic_round"], found_inf=found,
                             grad_sumsq=sumsq, max_grad_norm=group["max_grad_norm"] if sumsq is not None else 0.0,
                             grad_scale=scale, **hyper)
-        if finish is not None:
-            finish()

@@ -1,7 +1,8 @@
 """state_dict() / load_state_dict() of the optimizer classes.
 
 Saved: torch.optim's layout (state by parameter index, param_groups with every option) with each state as
-param_state.py describes it (codes and scales as they are), plus "lowbit": the format version, the seed and
+param_state.py describes it (codes and scales as they are; a DTensor parameter's as dtensor_state.py makes it, for
+torch.distributed.checkpoint), plus "lowbit" (at the top and in each param group): the format version, the seed and
 the skipped steps. Loaded: such a dict bit for bit, or a torch.optim state dict of the same rule (e.g.
 torch.optim.AdamW's fp32 exp_avg / exp_avg_sq), quantized into this optimizer's state format.
 
@@ -12,7 +13,7 @@ from typing import Dict
 
 import torch
 
-from . import dtensor_shards, param_state
+from . import dtensor_shards, dtensor_state, param_state
 
 FORMAT_VERSION = 1
 # The options that decide how a parameter's state is stored (optim_state_layout's).
@@ -21,6 +22,15 @@ LAYOUT_OPTIONS = ("state_format", "block_size", "min_quant_numel", "fp8_second_m
 
 def save(opt, packed: Dict) -> Dict:
     packed["lowbit"] = {"format_version": FORMAT_VERSION, "seed": opt.seed, "skipped_steps": opt.skipped_steps()}
+    # ... and in every param group too: torch.distributed.checkpoint's get_state_dict keeps only "state" and
+    # "param_groups" (it also keeps the groups' keys that torch.optim does not know).
+    for group in packed["param_groups"]:
+        group["lowbit"] = dict(packed["lowbit"])
+    # torch.optim numbers the parameters of all groups in order; a DTensor parameter's state as DCP reshards it.
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for index, p in enumerate(params):
+        if index in packed["state"] and dtensor_shards.is_dtensor(p):
+            packed["state"][index] = dtensor_state.to_dcp(opt, p, opt.state[p])
     return packed
 
 
@@ -34,6 +44,8 @@ def load(opt, state_dict: Dict) -> None:
     if not isinstance(saved_groups, list) or not isinstance(saved_state, dict):
         _fail(opt, "expected a dict with 'state' and 'param_groups' (an optimizer's state_dict())")
     extra = state_dict.get("lowbit")
+    if extra is None and isinstance(saved_groups, list):  # (get_state_dict drops the top-level entry)
+        extra = next((g["lowbit"] for g in saved_groups if isinstance(g, dict) and "lowbit" in g), None)
     if extra is not None and extra.get("format_version") != FORMAT_VERSION:
         _fail(opt, f"format_version {extra.get('format_version')} is not {FORMAT_VERSION}, the one this version reads")
     if len(saved_groups) != len(opt.param_groups):
@@ -81,23 +93,32 @@ def _import(opt, entry: Dict, p: torch.Tensor, group: Dict, who: str) -> Dict:
 
 
 def _import_lowbit(opt, entry, p, group, who):
-    if dtensor_shards.is_dtensor(p):  # a rank's range of a sharded parameter (dtensor_shards.py)
-        begin, end = entry.get("range", [0, 0])
+    values = entry
+    if dtensor_shards.is_dtensor(p):  # this rank's range of a sharded parameter (dtensor_shards.py, dtensor_state.py)
+        begin, end = dtensor_shards.state_range(opt, group, p)
         like = torch.empty(end - begin, dtype=p.dtype, device=p.to_local().device)
         want = param_state.from_param_state(opt._new_state(like, group, whole_numel=p.numel()), opt.state_names)
         want["range"] = [begin, end]
     else:
         want = param_state.from_param_state(opt._new_state(p, group), opt.state_names)
+        if any(dtensor_shards.is_dtensor(v) for v in entry.values()):
+            _fail(opt, f"{who}: the state dict holds DTensors (a sharded parameter's state) for a parameter that is "
+                       "not one: load it through torch.distributed.checkpoint, which gives each tensor whole")
     if list(entry.get("slots", [])) != want["slots"] or entry.get("block_size") != want["block_size"]:
         _fail(opt, f"{who}: the state dict keeps its state as {entry.get('slots')} in blocks of "
                    f"{entry.get('block_size')}, this optimizer as {want['slots']} in blocks of {want['block_size']} "
                    "(state_format, block_size, min_quant_numel, fp8_second_moment, master_weight_bits)")
+    if dtensor_shards.is_dtensor(p):
+        try:
+            values = dtensor_state.from_dcp(opt, p, entry, want, who)
+        except ValueError as e:
+            _fail(opt, str(e))
     out = {}
     for key, fresh in want.items():
         if not isinstance(fresh, torch.Tensor):
-            out[key] = copy.deepcopy(entry[key])
+            out[key] = copy.deepcopy(values[key])
             continue
-        t = entry.get(key)
+        t = values.get(key)
         if not isinstance(t, torch.Tensor):
             _fail(opt, f"{who}: '{key}' is missing")
         if t.dtype != fresh.dtype or t.shape != fresh.shape:

@@ -72,6 +72,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._epoch = 0            # bumped when state is made or loaded: the cached call plans are then stale
         self._plans = {}           # group -> (epoch, indices stepped, the op calls' lists): steps repeat
         self._pending = {}         # param -> state made for this step, kept once its group's calls ran
+        self._overflow_reported = {}  # param -> its state's overflowed blocks when last reported (counters[1])
+        self._overflow_interval = 0   # set_overflow_check_interval
+        self._cpu_counters = (None, None, None)  # (epoch, the CPU states' counters, their overflows reported)
+        self._steps_called = 0
         merged = dict(COMMON_DEFAULTS)
         merged.update({k: v for k, v in options.items() if k in COMMON_DEFAULTS})
         merged.update(defaults)
@@ -159,6 +163,49 @@ class LowbitOptimizer(torch.optim.Optimizer):
         return sum(t.nbytes for st in self.state.values() for k, t in st.items()
                    if isinstance(t, torch.Tensor) and k != "counters")
 
+    def check_overflow(self) -> None:
+        """Raises if the quantized state of some parameter overflowed to Inf/NaN since the last check, naming the
+        parameter (each overflow is reported once), as the C++ optimizers' check_overflow(). CPU parameters are
+        checked after every step; GPU ones here, and every n steps after set_overflow_check_interval(n) (0, the
+        default: never by itself, so that a step never waits for the GPU)."""
+        self._check_overflow(cpu_only=False)
+
+    def set_overflow_check_interval(self, n: int) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"lowbit.optim.{type(self).__name__}: set_overflow_check_interval: n must be an int "
+                             f">= 0 (0: only check_overflow() checks GPU parameters), got {n!r}")
+        self._overflow_interval = n
+
+    def _check_overflow(self, cpu_only: bool) -> None:
+        if cpu_only:
+            # After a step: the CPU states' overflowed blocks summed in one op (the per-parameter search below
+            # only where the sum moved); the list is kept while no state is made or loaded.
+            if self._cpu_counters[0] != self._epoch:
+                counters = [st["counters"] for st in self.state.values()
+                            if "counters" in st and st["counters"].device.type == "cpu"]
+                self._cpu_counters = (self._epoch, counters, sum(self._overflow_reported.get(p, 0)
+                                      for p, st in self.state.items()
+                                      if "counters" in st and st["counters"].device.type == "cpu"))
+            _, counters, reported = self._cpu_counters
+            if not counters or int(torch.stack(counters)[:, 1].sum()) == reported:
+                return
+            self._cpu_counters = (None, None, None)  # recounted at the next check, after the search below
+        for gi, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                st = self.state.get(p)
+                counters = st.get("counters") if st else None
+                if counters is None or (cpu_only and counters.device.type != "cpu"):
+                    continue
+                steps, blocks = (int(x) for x in counters.tolist())
+                fresh = blocks - self._overflow_reported.get(p, 0)
+                self._overflow_reported[p] = blocks
+                if fresh > 0:
+                    raise RuntimeError(
+                        f"lowbit.optim.{type(self).__name__}: the state of parameter {i} of group {gi} (shape "
+                        f"{list(p.shape)}) overflowed to Inf/NaN in {fresh} block(s) at step {steps}; the parameter "
+                        "is updated but that state is lost. Lower the learning rate, clip gradients (max_grad_norm), "
+                        "or keep this parameter's state in FP32 (a param group with state_format='FP32')")
+
     def skipped_steps(self) -> int:
         """Steps skipped for a non-finite gradient (reading it waits for a GPU)."""
         return self._skipped_loaded + (int(self._skipped.sum()) if self._skipped is not None else 0)
@@ -168,6 +215,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: Dict) -> None:
         state_dict_io.load(self, state_dict)
+        # Overflows the loaded state carries were the saving run's to report.
+        self._overflow_reported = {p: int(st["counters"][1]) for p, st in self.state.items() if "counters" in st}
         self._epoch += 1
         self._lr_tensors.clear()
         self._checked.clear()
@@ -249,6 +298,11 @@ class LowbitOptimizer(torch.optim.Optimizer):
             self._step_calls(work, amp_found, amp_scale)
         finally:
             self._pending = {}  # (what a refused step made)
+        # ---- quantized state that overflowed to Inf/NaN: CPU parameters after every step, GPU ones every
+        # set_overflow_check_interval steps (a read that waits for the device) or in check_overflow().
+        self._steps_called += 1
+        due = self._overflow_interval > 0 and self._steps_called % self._overflow_interval == 0
+        self._check_overflow(cpu_only=not due)
 
     def _step_calls(self, work, amp_found, amp_scale) -> None:
         ops = torch.ops.lowbit

@@ -13,12 +13,11 @@ from torch.distributed.tensor import Shard, distribute_tensor
 import lowbit
 
 
-def sharded(cls_name, options, dtype, values, plain=()):
-    """values as FSDP2-sharded parameters, and `plain` as plain tensors beside them, under one optimizer."""
+def sharded(cls_name, options, dtype, values):
     module = torch.nn.Module()
     module.params = torch.nn.ParameterList([torch.nn.Parameter(t.detach().to(dtype).clone()) for t in values])
     fully_shard(module)
-    params = list(module.params) + [torch.nn.Parameter(t.detach().to(dtype).clone()) for t in plain]
+    params = list(module.params)
     return params, getattr(lowbit.optim, cls_name)(params, **options)
 
 
@@ -33,21 +32,6 @@ def main(rank, world, port, src, dst):
     spec = torch.load(src, weights_only=False)
     results = []
     for cls_name, options, dtype in spec["configs"]:
-        if spec.get("expect_refusal"):  # the first step must be refused: its message, and nothing changed
-            plain = spec.get("plain", [])
-            params, opt = sharded(cls_name, options, dtype, spec["init"], plain)
-            whole = lambda p: p.full_tensor() if hasattr(p, "full_tensor") else p.detach()  # noqa: E731
-            before = [whole(p).clone() for p in params]
-            for p, g in zip(params[len(spec["init"]):], plain):
-                p.grad = g.to(dtype)
-            try:
-                step(params, opt, spec["grads"][0], dtype)
-                error = None
-            except RuntimeError as e:
-                error = str(e)
-            unchanged = all(torch.equal(b, whole(p)) for b, p in zip(before, params)) and not opt.state
-            results.append(dict(error=error, unchanged=unchanged))
-            continue
         params, opt = sharded(cls_name, options, dtype, spec["init"])
         for grads in spec["grads"]:
             step(params, opt, grads, dtype)

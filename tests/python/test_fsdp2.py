@@ -95,25 +95,6 @@ def test_global_norm_clipping_over_ranks_equals_one_process(tmp_path, world):
     expect_ranks_equal_one_process(tmp_path, world, dict(init=init, grads=grads, configs=CLIP_CONFIGS), skipped=0)
 
 
-@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="ranks under the sanitizer run")
-def test_what_dtensor_parameters_cannot_do_is_refused_and_changes_nothing(tmp_path):
-    # LAMB (its trust ratios need whole parameters' norms), and clipping a plain tensor beside DTensors (every rank
-    # would add its squares again): refused at the first step on every rank, nothing stepped.
-    gen = torch.Generator().manual_seed(5)
-    spec = dict(init=[torch.randn(s, generator=gen) for s in SHAPES[:2]],
-                grads=[[torch.randn(s, generator=gen) for s in SHAPES[:2]]], expect_refusal=True,
-                plain=[torch.randn(7, generator=gen)],
-                configs=[("LAMB", dict(state_format="Q8"), F32),
-                         ("AdamW", dict(state_format="Q8", max_grad_norm=1.0), F32)])
-    torch.save(spec, tmp_path / "in.pt")
-    run_ranks(2, "fsdp2_worker.py", tmp_path / "in.pt", tmp_path / "out.pt")
-    lamb, clip = torch.load(tmp_path / "out.pt", weights_only=False)
-    assert lamb["error"] and "DTensor parameters (group 0) cannot use LAMB yet" in lamb["error"], lamb["error"]
-    assert clip["error"] and ("max_grad_norm with DTensor parameters (FSDP2) needs every clipped parameter to be a "
-                              "DTensor (group 0 holds a plain tensor") in clip["error"], clip["error"]
-    assert lamb["unchanged"] and clip["unchanged"]
-
-
 def expect_ranks_equal_one_process(tmp_path, world, spec, skipped):
     """fsdp2_worker.py on `world` Gloo ranks against single_process(spec): parameters and every state, bit for bit."""
     torch.save(spec, tmp_path / "in.pt")

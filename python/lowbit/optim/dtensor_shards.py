@@ -12,9 +12,8 @@ element offset, and quantization blocks are the whole parameter's (multiples of 
   to the next ranks' shards (their "heads", [a, s0)): one all_gather brings every rank's head (parameter and
   gradient) to the owners before the step, and one more takes the updated values back after it.
 
-The non-finite skip is agreed over the mesh (a max of the flags, exact), and global-norm clipping's squared norms
-(a sum over the ranks' disjoint shards: one process's bits where the sums are exact, otherwise the same on every
-rank for a given world size). LAMB, whose trust ratios need each whole parameter's norms, is refused.
+The non-finite skip is agreed over the mesh (a max of the flags, exact). Global-norm clipping and LAMB's norms
+would sum over ranks in another order than one process does, so they are refused for DTensor parameters.
 """
 import math
 from typing import Dict, List, Tuple
@@ -80,17 +79,11 @@ def agree_on_found_inf(found: torch.Tensor, group) -> None:
     dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
 
 
-def agree_on_sumsq(sumsq: torch.Tensor, group) -> None:
-    """Each param group's squared gradient norm over the mesh: the ranks' local shards are disjoint, so their sums
-    add up to the whole's (in another order than one process's: equal bits where the sums are exact)."""
-    dist.all_reduce(sumsq, op=dist.ReduceOp.SUM, group=group)
-
-
 def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
     """The op's items (index, param, grad, state, offset) for DTensor parameters, and what to run after the op."""
-    if opt.rule == "LAMB":
-        raise RuntimeError(f"lowbit.optim.{type(opt).__name__}: DTensor parameters (group {gi}) cannot use LAMB "
-                           "yet: its trust ratios need each whole parameter's norms")
+    if group["max_grad_norm"] > 0 or opt.rule == "LAMB":
+        raise RuntimeError(f"lowbit.optim.{type(opt).__name__}: DTensor parameters (group {gi}) cannot use "
+                           "max_grad_norm or LAMB: their norms over ranks would not be one process's bits")
     calls, exchanged = [], []
     for i, p, grad in items:
         ranges, rank, pg = rank_ranges(p)

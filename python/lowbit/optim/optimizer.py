@@ -206,11 +206,6 @@ class LowbitOptimizer(torch.optim.Optimizer):
                         "is updated but that state is lost. Lower the learning rate, clip gradients (max_grad_norm), "
                         "or keep this parameter's state in FP32 (a param group with state_format='FP32')")
 
-    def _refuse_mixed_clipping(self, gi: int) -> None:
-        raise RuntimeError(f"lowbit.optim.{type(self).__name__}: max_grad_norm with DTensor parameters (FSDP2) needs "
-                           f"every clipped parameter to be a DTensor (group {gi} holds a plain tensor, whose squares "
-                           "every rank would add again); no parameter was stepped")
-
     def skipped_steps(self) -> int:
         """Steps skipped for a non-finite gradient (reading it waits for a GPU)."""
         return self._skipped_loaded + (int(self._skipped.sum()) if self._skipped is not None else 0)
@@ -331,16 +326,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 grads, ids, device = per_device.get(index) or per_device.setdefault(index, ([], [], grad.device))
                 grads.append(grad)
                 ids.append(gi)
-        if want_sumsq and sharded_group is not None and any(
-                g["max_grad_norm"] > 0 and not dtensor_shards.is_dtensor(grad) for g, items in zip(groups, work)
-                for _, _, grad in items):
-            self._refuse_mixed_clipping(next(gi for gi, g in enumerate(groups) if g["max_grad_norm"] > 0))
         checks = {d: list(ops.grad_check(g, ids, len(groups), want_sumsq)) for g, ids, d in per_device.values()}
         if sharded_group is not None:  # DTensor parameters: skip on every rank where any rank saw Inf / NaN
-            for found, sumsq in checks.values():
+            for found, _ in checks.values():
                 dtensor_shards.agree_on_found_inf(found, sharded_group)
-                if want_sumsq:  # ... and clip by the norm over every rank's shard
-                    dtensor_shards.agree_on_sumsq(sumsq, sharded_group)
         if len(checks) > 1:
             # Several devices: the skip and the norms cover all of them (as the C++ optimizers do).
             first = next(iter(checks.values()))

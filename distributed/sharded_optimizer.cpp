@@ -48,7 +48,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   TORCH_CHECK(comm_, kWho, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
               options_.bucket_bytes);
-  const char* grad_wire_option = fully_sharded() ? "FullyShardedOptions::gradient_wire" : "ShardedOptions::gradient_wire";
+  const char* grad_wire_option = gradient_wire_option();
   if (options_.gradient_wire) {
     check_wire_compression(*options_.gradient_wire, grad_wire_option);
     TORCH_CHECK(!options_.zero1, kWho, ": ShardedOptions::gradient_wire compresses the reduce-scatter; with zero1 "
@@ -250,9 +250,7 @@ void ShardedOptimizer::check_ranks_agree() {
       {"ShardedOptions::release_gradients", options_.release_gradients},
       {"ShardedOptions::broadcast_parameters", options_.broadcast_parameters},
   };
-  for (const auto& [what, w] : {std::make_pair(fully_sharded() ? "FullyShardedOptions::gradient_wire"
-                                                                : "ShardedOptions::gradient_wire",
-                                               &options_.gradient_wire),
+  for (const auto& [what, w] : {std::make_pair(gradient_wire_option(), &options_.gradient_wire),
                                 std::make_pair("ShardedOptions::update_wire", &options_.update_wire)}) {
     const WireCompression c = w->value_or(WireCompression{});
     const std::string name = what;

@@ -317,6 +317,10 @@ class ShardedOptimizer {
   Precision precision_;
   at::Tensor backward_found_;  // step_in_backward: float32 [1], a bucket of this step was skipped
   bool fully_sharded() const { return !units_.empty(); }
+  // The gradient wire's option as the user set it, for errors.
+  const char* gradient_wire_option() const {
+    return fully_sharded() ? "FullyShardedOptions::gradient_wire" : "ShardedOptions::gradient_wire";
+  }
 };
 
 }  // namespace distributed

@@ -5,6 +5,7 @@
 #include "tensors/qtensor.h"
 #include "tensors/quant_format.h"
 #include "optim/gradient_release.h"
+#include "optim/host_offload.h"
 #include "optim/optimizers.h"
 #include "qat/qat.h"
 // distributed/: with MPI compiled in (lowbit_add_distributed in cmake/LowbitDistributed.cmake).

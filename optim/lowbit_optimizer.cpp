@@ -93,6 +93,26 @@ void LowbitOptimizer::override_state_format(const at::Tensor& param, StateFormat
   overrides_[param.unsafeGetTensorImpl()] = format;
 }
 
+void LowbitOptimizer::replace_parameter(const at::Tensor& from, const at::Tensor& to) {
+  TORCH_CHECK(has_param(from), name(), ": replace_parameter: the tensor to replace is not a parameter of this optimizer");
+  TORCH_CHECK(!has_param(to), name(), ": replace_parameter: the replacement is a parameter of this optimizer already");
+  TORCH_CHECK(to.sizes() == from.sizes() && to.scalar_type() == from.scalar_type(), name(),
+              ": replace_parameter: the replacement has shape ", to.sizes(), " and dtype ", to.scalar_type(),
+              "; the parameter has ", from.sizes(), " and ", from.scalar_type());
+  TORCH_CHECK(states_.find(from.unsafeGetTensorImpl()) == states_.end(), name(),
+              ": replace_parameter: the parameter holds optimizer state already; replace it before its first step");
+  for (auto& group : param_groups_)
+    for (at::Tensor& p : group.params())
+      if (p.is_same(from)) p = to;
+  auto it = overrides_.find(from.unsafeGetTensorImpl());
+  if (it != overrides_.end()) {
+    overrides_[to.unsafeGetTensorImpl()] = it->second;
+    overrides_.erase(it);
+  }
+  params_checked_ = 0;  // look for repeats again
+  state_changed();
+}
+
 const ParamState* LowbitOptimizer::state_of(const at::Tensor& param) const {
   auto it = states_.find(param.unsafeGetTensorImpl());
   return it == states_.end() ? nullptr : &it->second;
@@ -120,7 +140,8 @@ const StateSlot* correction_of(const ParamState* st) {
 at::Tensor LowbitOptimizer::export_master_fp32(const at::Tensor& param) const {
   const StateSlot* c = correction_of(state_of(param));
   if (!c) return param.detach().to(at::kFloat);
-  return ops::master_values(param.detach().contiguous(), c->dense);
+  // The correction is stored flat: the values pair up element by element, shaped like the parameter.
+  return ops::master_values(param.detach().reshape(-1), c->dense.reshape(-1)).view(param.sizes());
 }
 
 void LowbitOptimizer::load_master_fp32(const at::Tensor& param, const at::Tensor& values) {

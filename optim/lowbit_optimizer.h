@@ -121,6 +121,11 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // set before the parameter's first step.
   void override_state_format(const at::Tensor& param, StateFormat format);
 
+  // Puts `to` in place of the parameter `from` in its group, with `from`'s state format override.
+  // `to` must have `from`'s shape and dtype and be no parameter yet; `from` must hold no state yet.
+  // What HostOffload (host_offload.h) uses to step host copies of device parameters.
+  void replace_parameter(const at::Tensor& from, const at::Tensor& to);
+
   // The state of a parameter (nullptr before its first step).
   const ParamState* state_of(const at::Tensor& param) const;
   // The parameter's state tensors expanded to fp32, shaped like it, by slot (undefined for unused

@@ -1,0 +1,323 @@
+// HostOffload (host_offload.h): the hooks copy gradients to the host, one host thread steps them and
+// copies the weights back. Streams and events are c10's device-generic ones (CUDA or HIP alike).
+#include "host_offload.h"
+
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "grad_hooks.h"
+
+namespace lowbit {
+namespace optim {
+
+namespace {
+
+struct OffloadedParam {
+  at::Tensor device;  // the model's parameter
+  at::Tensor host;    // its copy, a parameter of the optimizer
+  int64_t version = 0;  // the device parameter's version when host and device last agreed
+  bool released = false;  // its gradient went to the host since the last step()
+  std::string name;
+};
+
+// The two copy streams of one accelerator: gradients (and pulled weights) to the host, weights back.
+struct CopyStreams {
+  at::Device device;
+  c10::Stream to_host, to_device;
+};
+
+struct Task {
+  size_t param = 0;
+  size_t staging = 0;
+  at::Tensor device_grad;           // kept alive until its copy is done
+  std::optional<c10::Event> copied;  // on the to-host stream; none for parameters on the CPU
+};
+
+int64_t version_of(const at::Tensor& t) { return static_cast<int64_t>(t._version()); }
+
+}  // namespace
+
+struct HostOffload::Shared {
+  LowbitOptimizer* opt = nullptr;
+  std::vector<OffloadedParam> params;
+  std::unordered_map<c10::TensorImpl*, size_t> index;  // device parameter -> params[]
+  std::vector<CopyStreams> streams;
+  std::vector<at::Tensor> staging;  // bytes, each as large as the largest gradient
+  std::vector<size_t> free_staging;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> queue;
+  int64_t pending = 0;  // tasks queued or being run
+  int64_t in_flight = 0, peak_in_flight = 0;
+  int64_t released = 0;
+  bool accumulating = false;
+  bool stop = false;
+  std::exception_ptr error;
+  std::thread worker;
+
+  const CopyStreams& streams_of(const at::Device& d) const {
+    for (const auto& s : streams)
+      if (s.device == d) return s;
+    TORCH_INTERNAL_ASSERT(false, "HostOffload: no copy streams for ", d);
+  }
+
+  at::Tensor staging_view(size_t s, const at::Tensor& like) const {
+    const int64_t bytes = like.numel() * static_cast<int64_t>(like.element_size());
+    return staging[s].narrow(0, 0, bytes).view(like.scalar_type()).view(like.sizes());
+  }
+
+  // The hook: the gradient of params[k] is final.
+  void release(size_t k, const at::Tensor& param);
+  void run();  // the host thread
+  void wait_idle(std::unique_lock<std::mutex>& lock) { cv.wait(lock, [&] { return pending == 0; }); }
+};
+
+void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
+  if (accumulating || !param.grad().defined()) return;
+  OffloadedParam& p = params[k];
+  TORCH_CHECK(!opt->clips_gradients(), "HostOffload: a param group has max_grad_norm > 0 (set after the offload "
+              "was made); global-norm clipping needs every gradient at once. Set max_grad_norm to 0");
+  TORCH_CHECK(!p.released, "HostOffload: ", p.name, " got a second gradient before step(); call step() after "
+              "each backward() (or set_accumulating(true) for the micro-batches before the last)");
+  const at::Tensor grad = param.grad();
+  TORCH_CHECK(grad.scalar_type() == p.host.scalar_type() && grad.sizes() == p.host.sizes(), "HostOffload: the gradient "
+              "of ", p.name, " has dtype ", grad.scalar_type(), " and shape ", grad.sizes(), "; its parameter has ",
+              p.host.scalar_type(), " and ", p.host.sizes());
+  size_t s;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !free_staging.empty(); });
+    s = free_staging.back();
+    free_staging.pop_back();
+  }
+  const at::Tensor to = staging_view(s, grad);
+  const bool weights_changed = version_of(p.device) != p.version;
+  Task task;
+  task.param = k;
+  task.staging = s;
+  torch::NoGradGuard no_grad;
+  if (p.device.is_cpu()) {
+    if (weights_changed) p.host.copy_(p.device.detach());
+    to.copy_(grad);
+  } else {
+    const CopyStreams& cs = streams_of(p.device.device());
+    c10::impl::VirtualGuardImpl impl(p.device.device().type());
+    c10::Event ready(p.device.device().type());
+    ready.record(impl.getStream(p.device.device()));  // the gradient is computed on the current stream
+    ready.block(cs.to_host);
+    {
+      c10::StreamGuard on_copy_stream(cs.to_host);
+      if (weights_changed) p.host.copy_(p.device.detach(), /*non_blocking=*/true);
+      to.copy_(grad, /*non_blocking=*/true);
+    }
+    task.copied.emplace(p.device.device().type());
+    task.copied->record(cs.to_host);
+    task.device_grad = grad;
+  }
+  if (weights_changed) p.version = version_of(p.device);
+  p.released = true;
+  param.mutable_grad().reset();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (task.device_grad.defined()) peak_in_flight = std::max(peak_in_flight, ++in_flight);
+    queue.push_back(std::move(task));
+    ++pending;
+  }
+  cv.notify_all();
+}
+
+void HostOffload::Shared::run() {
+  torch::NoGradGuard no_grad;
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stop || !queue.empty(); });
+      if (queue.empty()) return;
+      task = std::move(queue.front());
+      queue.pop_front();
+    }
+    OffloadedParam& p = params[task.param];
+    const bool on_device = task.device_grad.defined();
+    bool counted = false;
+    try {
+      if (task.copied) task.copied->synchronize();
+      bool step;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (on_device) --in_flight;
+        counted = true;
+        step = !error;
+      }
+      task.device_grad.reset();
+      if (step) {
+        p.host.mutable_grad() = staging_view(task.staging, p.host);
+        opt->step_parameters({p.host});
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      if (on_device && !counted) --in_flight;
+    }
+    task.device_grad.reset();
+    p.host.mutable_grad().reset();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      free_staging.push_back(task.staging);
+    }
+    cv.notify_all();
+    try {
+      // The weights back (unchanged ones too: a skipped or refused step leaves them as they were).
+      if (p.device.is_cpu()) {
+        p.device.detach().copy_(p.host);
+      } else {
+        c10::StreamGuard on_copy_stream(streams_of(p.device.device()).to_device);
+        p.device.detach().copy_(p.host, /*non_blocking=*/true);
+      }
+      p.version = version_of(p.device);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++released;
+      --pending;
+    }
+    cv.notify_all();
+  }
+}
+
+HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : shared_(std::make_shared<Shared>()) {
+  Shared& sh = *shared_;
+  sh.opt = &opt;
+  TORCH_CHECK(options.staging_buffers() >= 1, "HostOffload: staging_buffers must be at least 1, got ",
+              options.staging_buffers());
+  TORCH_CHECK(!opt.clips_gradients(), "HostOffload: a param group has max_grad_norm > 0; global-norm clipping needs "
+              "every gradient at once, which the offload copies to the host as it goes. Set max_grad_norm to 0");
+  int64_t largest = 0;
+  bool pinned = false;
+  for (size_t gi = 0; gi < opt.param_groups().size(); ++gi) {
+    const auto& ps = opt.param_groups()[gi].params();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::string name = c10::str("parameter ", i, " of group ", gi, " (shape ", ps[i].sizes(), ")");
+      TORCH_CHECK(opt.state_of(ps[i]) == nullptr, "HostOffload: ", name, " holds optimizer state already; make the "
+                  "offload before the first step or load");
+      TORCH_CHECK(ps[i].layout() == at::kStrided, "HostOffload: ", name, " is not a dense tensor");
+      OffloadedParam p;
+      p.device = ps[i];
+      p.name = name;
+      sh.params.push_back(std::move(p));
+    }
+  }
+  for (OffloadedParam& p : sh.params) {
+    const at::Device d = p.device.device();
+    pinned |= !d.is_cpu();
+    p.host = at::empty(p.device.sizes(), p.device.options().device(at::kCPU).pinned_memory(!d.is_cpu()));
+    p.host.copy_(p.device.detach());
+    p.host.set_requires_grad(true);
+    p.version = version_of(p.device);
+    largest = std::max(largest, p.device.numel() * static_cast<int64_t>(p.device.element_size()));
+    if (!d.is_cpu() && std::none_of(sh.streams.begin(), sh.streams.end(), [&](const CopyStreams& s) { return s.device == d; })) {
+      c10::impl::VirtualGuardImpl impl(d.type());
+      sh.streams.push_back({d, impl.getStreamFromGlobalPool(d), impl.getStreamFromGlobalPool(d)});
+    }
+  }
+  for (int64_t s = 0; s < options.staging_buffers(); ++s) {
+    sh.staging.push_back(at::empty({largest}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)));
+    sh.free_staging.push_back(static_cast<size_t>(s));
+  }
+  std::vector<at::Tensor> devices;
+  for (size_t k = 0; k < sh.params.size(); ++k) {
+    sh.index[sh.params[k].device.unsafeGetTensorImpl()] = k;
+    devices.push_back(sh.params[k].device);
+  }
+  hooks_ = std::make_unique<GradHooks>("HostOffload", std::move(devices),
+                                       [&sh](size_t k) { return sh.params[k].name; },
+                                       [shared = shared_](size_t k, const at::Tensor& param) { shared->release(k, param); });
+  // Only once every check passed: the optimizer's groups now hold the host copies.
+  for (const OffloadedParam& p : sh.params) opt.replace_parameter(p.device, p.host);
+  sh.worker = std::thread([shared = shared_] { shared->run(); });
+}
+
+HostOffload::~HostOffload() {
+  hooks_.reset();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->stop = true;
+  }
+  shared_->cv.notify_all();
+  if (shared_->worker.joinable()) shared_->worker.join();
+}
+
+void HostOffload::step() {
+  Shared& sh = *shared_;
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    sh.wait_idle(lock);
+    std::swap(error, sh.error);
+  }
+  for (const CopyStreams& cs : sh.streams) {
+    c10::impl::VirtualGuardImpl impl(cs.device.type());
+    c10::Event back(cs.device.type());
+    back.record(cs.to_device);
+    back.block(impl.getStream(cs.device));
+  }
+  for (OffloadedParam& p : sh.params) p.released = false;
+  if (error) std::rethrow_exception(error);
+}
+
+void HostOffload::set_accumulating(bool on) { shared_->accumulating = on; }
+bool HostOffload::accumulating() const { return shared_->accumulating; }
+
+int64_t HostOffload::released() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->released;
+}
+
+const at::Tensor& HostOffload::host_param(const at::Tensor& device_param) const {
+  auto it = shared_->index.find(device_param.unsafeGetTensorImpl());
+  TORCH_CHECK(it != shared_->index.end(), "HostOffload: host_param: the tensor is not a parameter of the offload");
+  return shared_->params[it->second].host;
+}
+
+void HostOffload::pull_weights() {
+  Shared& sh = *shared_;
+  {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    sh.wait_idle(lock);
+  }
+  torch::NoGradGuard no_grad;
+  for (OffloadedParam& p : sh.params) {
+    p.host.copy_(p.device.detach());  // blocking: the device's current stream has written them
+    p.version = version_of(p.device);
+  }
+}
+
+int64_t HostOffload::host_bytes() const {
+  int64_t bytes = 0;
+  for (const OffloadedParam& p : shared_->params) bytes += p.host.numel() * static_cast<int64_t>(p.host.element_size());
+  for (const at::Tensor& s : shared_->staging) bytes += s.numel();
+  return bytes;
+}
+
+int64_t HostOffload::peak_gradients_in_flight() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->peak_in_flight;
+}
+
+}  // namespace optim
+}  // namespace lowbit

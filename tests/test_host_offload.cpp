@@ -1,0 +1,263 @@
+// Host offload (optim/host_offload.h): each parameter's gradient goes to a host copy and is stepped
+// there by a host thread during backward(); the weights come back. Here the "device" is the CPU
+// (the CUDA run is in test_optim_cuda.cpp): the hooks, the host thread, the staging buffers, the
+// version check and the optimizer's host copies are the same code. Every result is compared bit for
+// bit with the optimizer stepping the model's own parameters.
+#include <sstream>
+
+#include "rule_cases.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace lowbit_test;
+namespace lo = lowbit::optim;
+
+// A shared (tied) weight used twice, so one gradient has two contributions summed before its hook.
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 96));
+    fc2 = register_module("fc2", torch::nn::Linear(96, 96));
+    out = register_module("out", torch::nn::Linear(96, 10));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = torch::tanh(fc1(x));
+    x = torch::tanh(fc2(x));
+    x = torch::tanh(fc2(x));
+    return out(x);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, out{nullptr};
+};
+
+struct Model {
+  std::shared_ptr<Net> net;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<lo::LowbitOptimizer> opt;
+};
+
+Model make(const RuleCase& rc, StateFormat f, at::ScalarType dtype = at::kFloat, int64_t master_bits = 0) {
+  torch::manual_seed(21);
+  Model m;
+  m.net = std::make_shared<Net>();
+  m.net->to(dtype);
+  m.params = m.net->parameters();
+  m.opt = rc.make(m.params, f, dtype == at::kBFloat16 && master_bits == 0);  // SR or a correction
+  if (master_bits) set_master_bits(*m.opt, master_bits);
+  return m;
+}
+
+at::Tensor loss_of(Net& net, int64_t batch) {
+  torch::manual_seed(1000 + batch);
+  const at::Tensor x = torch::randn({32, 64}), y = torch::randint(10, {32});
+  return torch::nn::functional::cross_entropy(net.forward(x.to(net.fc1->weight.scalar_type())).to(at::kFloat), y);
+}
+
+// `b` is offloaded through `off`; `a` steps its own parameters.
+void expect_same(const Model& a, const Model& b, const lo::HostOffload& off) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    ASSERT_TRUE(bitwise_equal(a.params[i].detach(), b.params[i].detach())) << "parameter " << i;
+    const at::Tensor& host = off.host_param(b.params[i]);
+    ASSERT_TRUE(bitwise_equal(host.detach(), b.params[i].detach())) << "host copy of parameter " << i;
+    const auto sa = a.opt->export_state_fp32(a.params[i]), sb = b.opt->export_state_fp32(host);
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t k = 0; k < sa.size(); ++k)
+      if (sa[k].defined()) ASSERT_TRUE(bitwise_equal(sa[k], sb[k])) << "parameter " << i << " slot " << k;
+    ASSERT_TRUE(bitwise_equal(a.opt->export_master_fp32(a.params[i]), b.opt->export_master_fp32(host)))
+        << "master weights of parameter " << i;
+  }
+}
+
+void train(Model& a, Model& b, lo::HostOffload& off, int64_t steps, int64_t first_batch = 0) {
+  for (int64_t s = first_batch; s < first_batch + steps; ++s) {
+    a.opt->zero_grad();
+    loss_of(*a.net, s).backward();
+    a.opt->step();
+    loss_of(*b.net, s).backward();
+    for (size_t i = 0; i < b.params.size(); ++i) ASSERT_FALSE(b.params[i].grad().defined()) << "gradient " << i << " kept";
+    off.step();
+  }
+}
+
+TEST(HostOffload, EqualsTheOptimizerOnTheModelForEveryRuleAndFormat) {
+  for (const RuleCase& rc : rule_cases()) {
+    for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
+      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
+      Model a = make(rc, f), b = make(rc, f);
+      lo::HostOffload off(*b.opt);
+      train(a, b, off, 4);
+      EXPECT_EQ(off.released(), static_cast<int64_t>(4 * b.params.size()));
+      expect_same(a, b, off);
+    }
+  }
+}
+
+TEST(HostOffload, Bf16WeightsWithMasterCorrectionAndStochasticRounding) {
+  for (const RuleCase& rc : {rule_cases()[1], rule_cases()[3], rule_cases()[7]}) {  // AdamW, Lion, LAMB
+    SCOPED_TRACE(rc.name);
+    Model a = make(rc, StateFormat::Q8, at::kBFloat16, 24), b = make(rc, StateFormat::Q8, at::kBFloat16, 24);
+    lo::HostOffload off(*b.opt, lo::HostOffloadOptions().staging_buffers(1));  // every hook waits for the last step
+    train(a, b, off, 3);
+    expect_same(a, b, off);
+    Model c = make(rc, StateFormat::Q4, at::kBFloat16), d = make(rc, StateFormat::Q4, at::kBFloat16);
+    lo::HostOffload off_sr(*d.opt);
+    train(c, d, off_sr, 3);
+    expect_same(c, d, off_sr);
+  }
+}
+
+TEST(HostOffload, AccumulatesMicroBatchesAndReleasesOnTheLast) {
+  const RuleCase rc = rule_cases()[1];
+  Model a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
+  lo::HostOffload off(*b.opt);
+  for (int64_t s = 0; s < 3; ++s) {
+    a.opt->zero_grad();
+    for (int64_t m = 0; m < 3; ++m) loss_of(*a.net, 10 * s + m).backward();
+    a.opt->step();
+    for (int64_t m = 0; m < 3; ++m) {
+      off.set_accumulating(m < 2);
+      loss_of(*b.net, 10 * s + m).backward();
+      ASSERT_EQ(b.params[0].grad().defined(), m < 2);
+    }
+    off.step();
+  }
+  expect_same(a, b, off);
+}
+
+// Per parameter, as gradient release: a non-finite gradient leaves that parameter and its state as
+// they were and counts one skip; the others step.
+TEST(HostOffload, NonFiniteGradientSkipsOnlyThatParameterAsGradientReleaseDoes) {
+  const RuleCase rc = rule_cases()[0];
+  Model a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
+  lo::GradientRelease release(*a.opt);
+  lo::HostOffload off(*b.opt);
+  for (Model* m : {&a, &b})  // every second gradient of fc1's weight made infinite
+    m->net->fc1->weight.register_hook([calls = std::make_shared<int>(0)](at::Tensor g) {
+      return ++*calls % 2 == 0 ? g * std::numeric_limits<float>::infinity() : g;
+    });
+  for (int64_t s = 0; s < 4; ++s) {
+    loss_of(*a.net, s).backward();
+    loss_of(*b.net, s).backward();
+    off.step();
+  }
+  expect_same(a, b, off);
+  EXPECT_EQ(b.opt->skipped_steps(), 2);
+}
+
+TEST(HostOffload, CheckpointsMoveBetweenOffloadedAndPlainOptimizers) {
+  const RuleCase rc = rule_cases()[1];
+  Model a = make(rc, StateFormat::Q4), b = make(rc, StateFormat::Q4);
+  auto off = std::make_unique<lo::HostOffload>(*b.opt);
+  train(a, b, *off, 2);
+  // The offloaded optimizer's checkpoint into a fresh plain one (and the weights with it), then both go on.
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive out;
+    b.opt->save(out);
+    out.save_to(saved);
+  }
+  Model c = make(rc, StateFormat::Q4);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < c.params.size(); ++i) c.params[i].copy_(b.params[i]);
+    torch::serialize::InputArchive in;
+    in.load_from(saved);
+    c.opt->load(in);
+  }
+  // A plain checkpoint into a fresh offloaded optimizer, whose model gets its weights after the
+  // offload was made (noticed by their version counter).
+  std::stringstream plain;
+  {
+    torch::serialize::OutputArchive out;
+    a.opt->save(out);
+    out.save_to(plain);
+  }
+  Model d = make(rc, StateFormat::Q4);
+  lo::HostOffload off_d(*d.opt);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < d.params.size(); ++i) d.params[i].copy_(a.params[i]);
+    torch::serialize::InputArchive in;
+    in.load_from(plain);
+    d.opt->load(in);
+  }
+  train(a, b, *off, 2, 2);
+  train(c, d, off_d, 2, 2);
+  expect_same(a, b, *off);
+  expect_same(c, d, off_d);
+  for (size_t i = 0; i < a.params.size(); ++i) ASSERT_TRUE(bitwise_equal(a.params[i].detach(), c.params[i].detach()));
+}
+
+TEST(HostOffload, WeightsChangedOnTheDeviceArePulledBeforeTheNextStep) {
+  const RuleCase rc = rule_cases()[1];
+  Model a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
+  lo::HostOffload off(*b.opt);
+  train(a, b, off, 2);
+  {
+    torch::NoGradGuard no_grad;
+    a.params[2].mul_(0.5);
+    b.params[2].mul_(0.5);  // the model's weight edited in place; its host copy is now stale
+  }
+  train(a, b, off, 2, 2);
+  expect_same(a, b, off);
+  {
+    torch::NoGradGuard no_grad;
+    a.params[0].add_(1.0);
+    b.params[0].add_(1.0);
+  }
+  off.pull_weights();
+  EXPECT_TRUE(bitwise_equal(off.host_param(b.params[0]).detach(), b.params[0].detach()));
+}
+
+TEST(HostOffload, RefusesClippingStateAlreadyHeldAndASecondGradientBeforeStep) {
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  auto params = net->parameters();
+  const auto expect_error = [](const std::function<void()>& f, const std::string& says) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected an error saying " << says;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  lo::AdamW clipped(params, lo::AdamWOptions().max_grad_norm(1.0));
+  expect_error([&] { lo::HostOffload off(clipped); }, "max_grad_norm");
+  lo::AdamW opt(params, lo::AdamWOptions());
+  expect_error([&] { lo::HostOffload off(opt, lo::HostOffloadOptions().staging_buffers(0)); }, "staging_buffers");
+  loss_of(*net, 0).backward();
+  opt.step();
+  expect_error([&] { lo::HostOffload off(opt); }, "holds optimizer state already");
+  // The refused offloads changed nothing: the optimizer still steps the model's own parameters.
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_NE(opt.state_of(params[i]), nullptr) << i;
+
+  lo::AdamW fresh(params, lo::AdamWOptions()), other(params, lo::AdamWOptions());
+  lo::HostOffload off(fresh);
+  // A second offload of the same model: its hooks are taken.
+  expect_error([&] { lo::HostOffload second(other); }, "already has a post-accumulate-grad hook");
+  loss_of(*net, 1).backward();
+  expect_error([&] { loss_of(*net, 2).backward(); }, "got a second gradient before step()");
+}
+
+TEST(HostOffload, AnErrorOfAHostStepComesOutOfStep) {
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  auto params = net->parameters();
+  lo::AdamW opt(params, lo::AdamWOptions().state_format(StateFormat::Q8));
+  lo::HostOffload off(opt);
+  loss_of(*net, 0).backward();
+  off.step();
+  // A group option that only the step checks: the next host step refuses it; step() says so.
+  static_cast<lo::AdamWOptions&>(opt.param_groups()[0].options()).betas({1.5, 0.999});
+  loss_of(*net, 1).backward();
+  try {
+    off.step();
+    FAIL() << "the host step's error was lost";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("beta"), std::string::npos) << e.what();
+  }
+  static_cast<lo::AdamWOptions&>(opt.param_groups()[0].options()).betas({0.9, 0.999});
+  loss_of(*net, 2).backward();
+  off.step();  // recovered
+}
+
+}  // namespace

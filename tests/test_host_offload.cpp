@@ -1,8 +1,9 @@
 // Host offload (optim/host_offload.h): each parameter's gradient goes to a host copy and is stepped
-// there by a host thread during backward(); the weights come back. Here the "device" is the CPU
-// (the CUDA run is in test_optim_cuda.cpp): the hooks, the host thread, the staging buffers, the
-// version check and the optimizer's host copies are the same code. Every result is compared bit for
-// bit with the optimizer stepping the model's own parameters.
+// there by a host thread during backward(); the weights come back. Most tests here use the CPU as
+// the "device" (the hooks, the host thread, the staging buffers, the version check and the host
+// copies are the same code); the last runs on a GPU where one is visible (the copy streams, pinned
+// memory, events). Every result is compared bit for bit with the optimizer stepping the model's own
+// parameters (on a GPU: the CUDA step against the CPU's, the same bits by design).
 #include <sstream>
 
 #include "rule_cases.h"
@@ -35,11 +36,12 @@ struct Model {
   std::unique_ptr<lo::LowbitOptimizer> opt;
 };
 
-Model make(const RuleCase& rc, StateFormat f, at::ScalarType dtype = at::kFloat, int64_t master_bits = 0) {
+Model make(const RuleCase& rc, StateFormat f, at::ScalarType dtype = at::kFloat, int64_t master_bits = 0,
+           at::Device device = at::kCPU) {
   torch::manual_seed(21);
   Model m;
   m.net = std::make_shared<Net>();
-  m.net->to(dtype);
+  m.net->to(device, dtype);
   m.params = m.net->parameters();
   m.opt = rc.make(m.params, f, dtype == at::kBFloat16 && master_bits == 0);  // SR or a correction
   if (master_bits) set_master_bits(*m.opt, master_bits);
@@ -49,7 +51,9 @@ Model make(const RuleCase& rc, StateFormat f, at::ScalarType dtype = at::kFloat,
 at::Tensor loss_of(Net& net, int64_t batch) {
   torch::manual_seed(1000 + batch);
   const at::Tensor x = torch::randn({32, 64}), y = torch::randint(10, {32});
-  return torch::nn::functional::cross_entropy(net.forward(x.to(net.fc1->weight.scalar_type())).to(at::kFloat), y);
+  const at::TensorOptions like = net.fc1->weight.options();
+  return torch::nn::functional::cross_entropy(net.forward(x.to(like.device(), like.dtype())).to(at::kFloat),
+                                              y.to(like.device()));
 }
 
 // `b` is offloaded through `off`; `a` steps its own parameters.
@@ -258,6 +262,26 @@ TEST(HostOffload, AnErrorOfAHostStepComesOutOfStep) {
   static_cast<lo::AdamWOptions&>(opt.param_groups()[0].options()).betas({0.9, 0.999});
   loss_of(*net, 2).backward();
   off.step();  // recovered
+}
+
+TEST(HostOffload, OnAGpuEqualsTheGpuStepAndHoldsOnlyTheGradientsInFlight) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  for (const RuleCase& rc : {rule_cases()[1], rule_cases()[7]}) {  // AdamW, LAMB
+    for (int64_t bits : {0, 24}) {
+      SCOPED_TRACE(std::string(rc.name) + (bits ? " bf16 + 24-bit master, Q8" : " fp32, Q4"));
+      const at::ScalarType dtype = bits ? at::kBFloat16 : at::kFloat;
+      const StateFormat f = bits ? StateFormat::Q8 : StateFormat::Q4;
+      Model a = make(rc, f, dtype, bits, cuda), b = make(rc, f, dtype, bits, cuda);
+      lo::HostOffload off(*b.opt, lo::HostOffloadOptions().staging_buffers(2));
+      for (const auto& p : b.params) ASSERT_TRUE(off.host_param(p).is_pinned());
+      train(a, b, off, 3);
+      EXPECT_LE(off.peak_gradients_in_flight(), 2);
+      EXPECT_GE(off.peak_gradients_in_flight(), 1);
+      expect_same(a, b, off);
+      for (const auto& p : b.params) EXPECT_EQ(b.opt->state_of(p), nullptr) << "state on the device";
+    }
+  }
 }
 
 }  // namespace

@@ -66,6 +66,8 @@ std::string usage() {
          "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
          "            --state-format FP32|BF16|Q8|Q4|FP8|C8 --fp8-second-moment E4M3|E5M2 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
+         "            --offload (optimizer state on the host: each gradient is copied there in backward and\n"
+         "            stepped by the CPU, the weights copied back; needs --clip 0)\n"
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
@@ -77,6 +79,7 @@ std::string usage() {
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
          "  checks    --check-decreases --check-resume --check-recompute --check-release\n"
+         "            --check-offload\n"
          "            --compare CSV --tolerance X (rank 0: the loss curve against another run's, within X)\n"
          "  QAT       --qat-steps N --qat-lr X --qat-group N --qat-bits N (after training: int8 per-token\n"
          "            activations + int4 (--qat-bits) per-group weights, PTQ vs QAT fine-tuning vs fp32 fine-tuning of N steps)\n"
@@ -139,6 +142,7 @@ Flags parse_flags(int argc, char** argv) {
       if (f.master_weight_bits != 0 && f.master_weight_bits != 24 && f.master_weight_bits != 32) bad(a, "'" + v + "'", "0, 24 or 32");
     } else if (a == "--stochastic-round") f.stochastic_round = true;
     else if (a == "--gradient-release") f.gradient_release = true;
+    else if (a == "--offload") f.offload = true;
     else if (a == "--no-step-graphs") f.step_graphs = false;
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
@@ -177,6 +181,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--check-resume") f.check_resume = true;
     else if (a == "--check-recompute") f.check_recompute = true;
     else if (a == "--check-release") f.check_release = true;
+    else if (a == "--check-offload") f.check_offload = true;
     else if (a == "--qat-steps") f.qat_steps = to_int(a, next(), 0, kMax);
     else if (a == "--qat-group") f.qat_group = to_int(a, next(), 1, 1 << 20);
     else if (a == "--qat-bits") f.qat_bits = to_int(a, next(), 2, 8);
@@ -205,6 +210,10 @@ Flags parse_flags(int argc, char** argv) {
   if (f.gradient_release && f.clip > 0)
     throw std::invalid_argument("--gradient-release steps each parameter before the others have gradients, so "
                                 "global-norm clipping (--clip " + std::to_string(f.clip) + ") cannot work: pass --clip 0");
+  if (f.offload && (f.optimizer == "torch-adamw" || f.clip > 0 || f.gradient_release || f.sharded || f.qat_steps))
+    throw std::invalid_argument("--offload steps a lowbit optimizer's state on the host from each gradient's hook: it "
+                                "needs --clip 0 and a lowbit optimizer, and goes without --gradient-release (it "
+                                "releases the gradients itself), --sharded / --fully-sharded and --qat-steps");
   if (!f.sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--wire-gradients / --wire-updates compress the collectives of --sharded; add it");
   if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))

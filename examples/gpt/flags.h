@@ -30,6 +30,7 @@ struct Flags {
   lowbit::QuantFormat fp8_second_moment = lowbit::QuantFormat::FP8E4M3;  // FP8 state's second moments
   bool stochastic_round = false;
   bool gradient_release = false;    // lowbit::optim::GradientRelease: step in backward, free each gradient
+  bool offload = false;             // lowbit::optim::HostOffload: state on the host, stepped by the CPU in backward
   bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)
   uint64_t seed = 1;
   std::string device = "cpu";
@@ -57,7 +58,8 @@ struct Flags {
   std::string save_moments;         // after training: the optimizer's moments in fp32 (bench_state_error)
   int64_t stop_after = 0;           // stop (and --save) after this step, schedule unchanged
   // ---- checks (what CTest runs)
-  bool check_decreases = false, check_resume = false, check_recompute = false, check_release = false;
+  bool check_decreases = false, check_resume = false, check_recompute = false, check_release = false,
+       check_offload = false;
   // ---- QAT study (qat_study.h): after training, PTQ vs QAT fine-tuning vs fp32 fine-tuning
   int64_t qat_steps = 0, qat_group = 32, qat_bits = 4;  // weights: int<qat_bits> per group of qat_group
   double qat_lr = 0;                // 0: --lr x --min-lr-ratio (where the schedule ended)

@@ -73,6 +73,16 @@ int check_release(const gpt::Flags& f, const gpt::Corpus& c) {
   return check_same_bits("release", "step after backward", "released", plain, released, c);
 }
 
+// Host offload steps each parameter on the CPU from its gradient's hook, to the bits opt.step() on
+// the model's device gives: the same losses and parameters with and without it (no clipping).
+int check_offload(const gpt::Flags& f, const gpt::Corpus& c) {
+  gpt::Flags plain = f, offloaded = f;
+  plain.offload = false, offloaded.offload = true;
+  plain.clip = offloaded.clip = 0;
+  plain.out = f.out + "_plain", offloaded.out = f.out + "_offloaded";
+  return check_same_bits("offload", "step on the model's device", "offloaded", plain, offloaded, c);
+}
+
 // The tiny CI run: validation loss well below its start, and the last training losses below the first.
 int check_decreases(const gpt::Flags& f, const gpt::Corpus& c) {
   const gpt::RunResult r = gpt::train(f, c, true);
@@ -123,6 +133,7 @@ int main(int argc, char** argv) {
     if (f.check_decreases) return check_decreases(f, c);
     if (f.check_recompute) return check_recompute(f, c);
     if (f.check_release) return check_release(f, c);
+    if (f.check_offload) return check_offload(f, c);
     gpt::train(f, c);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "gpt: %s\n", e.what_without_backtrace());

@@ -40,19 +40,29 @@ void write_moments(const std::string& path, const lo::LowbitOptimizer& opt, cons
 
 class Lowbit : public TrainOptimizer {
  public:
-  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release)
+  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release, bool offload)
       : opt_(std::move(opt)), what_(std::move(what)) {
     if (release) release_ = std::make_unique<lo::GradientRelease>(*opt_);
+    if (offload) offload_ = std::make_unique<lo::HostOffload>(*opt_);
   }
   void step() override {
-    if (!release_) opt_->step();  // with release, backward() has stepped every parameter already
+    if (offload_) offload_->step();  // waits for the host's steps of what backward() released
+    else if (!release_) opt_->step();  // with release, backward() has stepped every parameter already
   }
   void zero_grad() override { opt_->zero_grad(); }
   void set_lr(double lr) override {
     for (auto& g : opt_->param_groups()) g.options().set_lr(lr);
   }
-  int64_t state_bytes() const override { return opt_->state_bytes(); }
-  std::string memory_report() const override { return opt_->memory_report().to_string(); }
+  int64_t state_bytes() const override { return offload_ ? 0 : opt_->state_bytes(); }
+  int64_t host_bytes() const override { return offload_ ? opt_->state_bytes() + offload_->host_bytes() : 0; }
+  std::string memory_report() const override {
+    std::string s = opt_->memory_report().to_string();
+    if (offload_)
+      s += "host offload: all of the above on the host, beside the weights' host copies and staging buffers of " +
+           std::to_string(offload_->host_bytes()) + " B; device gradients in flight at most " +
+           std::to_string(offload_->peak_gradients_in_flight()) + "\n";
+    return s;
+  }
   int64_t step_graph_replays() const override { return opt_->step_graph_replays(); }
   void save(const std::string& path) override { torch::save(*opt_, path); }
   void load(const std::string& path) override { lo::load_checkpoint(*opt_, path); }
@@ -69,13 +79,17 @@ class Lowbit : public TrainOptimizer {
     } else {
       TORCH_CHECK(false, "--save-moments needs --optimizer adamw or adam");
     }
-    write_moments(path, *opt_, params, step, b1, b2, eps);
+    if (!offload_) return write_moments(path, *opt_, params, step, b1, b2, eps);
+    std::vector<at::Tensor> host;  // the optimizer's parameters: the host copies
+    for (const at::Tensor& p : params) host.push_back(offload_->host_param(p));
+    write_moments(path, *opt_, host, step, b1, b2, eps);
   }
 
  private:
   std::unique_ptr<lo::LowbitOptimizer> opt_;
   std::string what_;
   std::unique_ptr<lo::GradientRelease> release_;  // declared after opt_: removed (its hooks) first
+  std::unique_ptr<lo::HostOffload> offload_;      // likewise
 };
 
 template <typename Opt, typename Options>
@@ -93,11 +107,12 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   if (f.stochastic_round) s << ", bf16 stochastic rounding";
   if (f.master_weight_bits) s << ", " << f.master_weight_bits << "-bit master weights";
   if (f.gradient_release) s << ", gradient release";
+  if (f.offload) s << ", state offloaded to the host";
   auto opt = std::make_unique<Opt>(params, o);
   opt->set_step_graphs(f.step_graphs);
   if (!f.step_graphs) s << ", no step graphs";
   if (f.sharded) return make_sharded(f, std::move(opt), s.str(), model);
-  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release);
+  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release, f.offload);
 }
 
 // ---- ATen's fused AdamW ---------------------------------------------------------------------------

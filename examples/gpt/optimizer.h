@@ -17,7 +17,9 @@ class TrainOptimizer {
   virtual void step() = 0;  // clips to --clip (global L2 norm over every parameter) first
   virtual void zero_grad() = 0;
   virtual void set_lr(double lr) = 0;
-  virtual int64_t state_bytes() const = 0;
+  virtual int64_t state_bytes() const = 0;  // on the device
+  // Host memory the optimizer holds (--offload: state, corrections, the weights' copies, staging).
+  virtual int64_t host_bytes() const { return 0; }
   // The parts of the device's peak this optimizer knows of: parameters and gradients as the model
   // holds them (`params`; --fully-sharded: this rank's shards plus the high-water marks of gathered
   // units, gradient buffers and gradient shards, as memory_report() shows them).

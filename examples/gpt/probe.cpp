@@ -25,6 +25,7 @@ struct Trial {
   bool ok = false;
   std::string why;
   int64_t peak_allocated = 0, peak_reserved = 0, weights = 0, grads = 0, state = 0;
+  int64_t host = 0;  // --offload: the optimizer's host memory (state, corrections, weight copies, staging)
   // The last step alone: allocated at its start (weights, state, corrections; gradients were set to
   // none), its peak, and the gradients it held at most: every parameter's without release, the
   // largest parameter's with it (each gradient is stepped and freed as soon as autograd has summed
@@ -89,8 +90,10 @@ Trial run_trial(const Flags& f, int64_t layers, at::Device dev, const std::strin
       if (p.grad().defined()) t.grads += static_cast<int64_t>(p.grad().nbytes());
       largest = std::max<int64_t>(largest, static_cast<int64_t>(p.numel()) * p.element_size());
     }
-    t.grads_held = f.gradient_release ? largest : t.grads;
+    // Released gradients: the largest parameter's at a time; offloaded: as many as the staging buffers (4).
+    t.grads_held = f.gradient_release ? largest : f.offload ? 4 * largest : t.grads;
     t.state = opt->state_bytes();
+    t.host = opt->host_bytes();
     t.ok = true;
     if (!save_path.empty()) {
       synchronize(dev);
@@ -198,6 +201,9 @@ int run_probe(const Flags& f) {
     std::printf("  weights %s, gradients %s, optimizer state %s\n", gib(best->weights).c_str(), gib(best->grads).c_str(),
                 gib(best->state).c_str());
   }
+  if (best->host)
+    std::printf("  offloaded to the host: %s (%.2f B/param); host peak resident set %s\n", gib(best->host).c_str(),
+                double(best->host) / double(best->params), gib(host_peak_rss()).c_str());
   std::printf("trials: %s.csv\n", f.out.c_str());
   if (!f.probe_save.empty()) {
     const Trial s = run_trial(f, good, dev, f.probe_save);

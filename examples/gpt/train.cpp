@@ -343,6 +343,12 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     const std::string report = opt->memory_report();
     if (!report.empty()) std::printf("optimizer memory report:\n%s", report.c_str());
     std::printf("%s\n", memory_breakdown(dev, opt->weight_bytes(params), opt->gradient_bytes(params), opt->state_bytes()).c_str());
+    if (const int64_t host = opt->host_bytes()) {
+      int64_t n = 0;
+      for (const at::Tensor& p : params) n += p.numel();
+      std::printf("host memory of the offloaded optimizer: %s (%.3f B/param); host peak resident set %s\n",
+                  gib(host).c_str(), double(host) / double(std::max<int64_t>(1, n)), gib(host_peak_rss()).c_str());
+    }
     std::printf("steps %lld..%lld in %.1f s; parameter digest %016llx\n", (long long)start + 1, (long long)r.last_step,
                 r.seconds, (unsigned long long)r.digest);
     if (const int64_t replays = opt->step_graph_replays())

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -46,6 +47,10 @@ struct Task {
 
 int64_t version_of(const at::Tensor& t) { return static_cast<int64_t>(t._version()); }
 
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
 }  // namespace
 
 struct HostOffload::Shared {
@@ -65,6 +70,7 @@ struct HostOffload::Shared {
   bool accumulating = false;
   bool stop = false;
   std::exception_ptr error;
+  HostOffloadStats stats;  // under mu
   std::thread worker;
 
   const CopyStreams& streams_of(const at::Device& d) const {
@@ -97,10 +103,13 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
               p.host.scalar_type(), " and ", p.host.sizes());
   size_t s;
   {
+    const Clock::time_point t0 = Clock::now();
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return !free_staging.empty(); });
     s = free_staging.back();
     free_staging.pop_back();
+    stats.stall_s += seconds_since(t0);
+    stats.bytes_to_host += bytes_of(grad) + (version_of(p.device) != p.version ? bytes_of(p.host) : 0);
   }
   const at::Tensor to = staging_view(s, grad);
   const bool weights_changed = version_of(p.device) != p.version;
@@ -153,18 +162,24 @@ void HostOffload::Shared::run() {
     const bool on_device = task.device_grad.defined();
     bool counted = false;
     try {
+      const Clock::time_point t0 = Clock::now();
       if (task.copied) task.copied->synchronize();
       bool step;
       {
         std::lock_guard<std::mutex> lock(mu);
+        stats.copy_wait_s += seconds_since(t0);
         if (on_device) --in_flight;
         counted = true;
         step = !error;
       }
       task.device_grad.reset();
       if (step) {
+        const Clock::time_point t1 = Clock::now();
         p.host.mutable_grad() = staging_view(task.staging, p.host);
         opt->step_parameters({p.host});
+        std::lock_guard<std::mutex> lock(mu);
+        stats.host_step_s += seconds_since(t1);
+        ++stats.host_steps;
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
@@ -193,6 +208,7 @@ void HostOffload::Shared::run() {
     }
     {
       std::lock_guard<std::mutex> lock(mu);
+      stats.bytes_to_device += bytes_of(p.host);
       ++released;
       --pending;
     }
@@ -266,9 +282,12 @@ void HostOffload::step() {
   Shared& sh = *shared_;
   std::exception_ptr error;
   {
+    const Clock::time_point t0 = Clock::now();
     std::unique_lock<std::mutex> lock(sh.mu);
     sh.wait_idle(lock);
     std::swap(error, sh.error);
+    sh.stats.step_wait_s += seconds_since(t0);
+    ++sh.stats.steps;
   }
   for (const CopyStreams& cs : sh.streams) {
     c10::impl::VirtualGuardImpl impl(cs.device.type());
@@ -317,6 +336,16 @@ int64_t HostOffload::host_bytes() const {
 int64_t HostOffload::peak_gradients_in_flight() const {
   std::lock_guard<std::mutex> lock(shared_->mu);
   return shared_->peak_in_flight;
+}
+
+HostOffloadStats HostOffload::stats() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->stats;
+}
+
+void HostOffload::reset_stats() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->stats = HostOffloadStats();
 }
 
 }  // namespace optim

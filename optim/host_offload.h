@@ -20,6 +20,19 @@ struct HostOffloadOptions {
   TORCH_ARG(int64_t, staging_buffers) = 4;
 };
 
+// Where an offloaded step's time goes, summed since construction (or reset_stats()); seconds of wall
+// time on the thread named.
+struct HostOffloadStats {
+  int64_t steps = 0;            // step() calls
+  int64_t host_steps = 0;       // parameters stepped on the host
+  double host_step_s = 0;       // the host thread in the optimizer's CPU steps
+  double copy_wait_s = 0;       // the host thread waiting for a gradient's copy to the host
+  double stall_s = 0;           // hooks (so backward) waiting for a free staging buffer
+  double step_wait_s = 0;       // step() waiting for the host thread: the part not under backward
+  int64_t bytes_to_host = 0;    // gradients (and weights pulled after a change on the device)
+  int64_t bytes_to_device = 0;  // weights back
+};
+
 // Moves `opt` to the host: every parameter of its groups is replaced there by a host copy (pinned
 // when the parameter lives on an accelerator; same dtype and shape), so its state and corrections are
 // created, stepped, saved and loaded on the host. The model keeps its parameters on the device.
@@ -73,6 +86,8 @@ class HostOffload {
   int64_t host_bytes() const;
   // Most device gradients held at once since construction (released by the hooks, not yet copied).
   int64_t peak_gradients_in_flight() const;
+  HostOffloadStats stats() const;
+  void reset_stats();
 
   struct Shared;  // what the hooks and the host thread share
 

@@ -91,6 +91,14 @@ TEST(HostOffload, EqualsTheOptimizerOnTheModelForEveryRuleAndFormat) {
       train(a, b, off, 4);
       EXPECT_EQ(off.released(), static_cast<int64_t>(4 * b.params.size()));
       expect_same(a, b, off);
+      int64_t bytes = 0;
+      for (const auto& p : b.params) bytes += p.numel() * 4;
+      const lo::HostOffloadStats st = off.stats();
+      EXPECT_EQ(st.steps, 4);
+      EXPECT_EQ(st.host_steps, off.released());
+      EXPECT_EQ(st.bytes_to_host, 4 * bytes);
+      EXPECT_EQ(st.bytes_to_device, 4 * bytes);
+      EXPECT_GT(st.host_step_s, 0.0);
     }
   }
 }

@@ -2,9 +2,11 @@
 // copies the weights back. Streams and events are c10's device-generic ones (CUDA or HIP alike).
 #include "host_offload.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/llvmMathExtras.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
@@ -47,6 +49,41 @@ struct Task {
 
 int64_t version_of(const at::Tensor& t) { return static_cast<int64_t>(t._version()); }
 
+// Host memory for the weights' copies and the staging buffers, carved out of large slabs: the pinned
+// allocator rounds every allocation up to a power of two, which for tensors one by one would cost up
+// to half the host memory again (a 96 MiB tensor takes 128).
+class HostArena {
+ public:
+  // `total`: the bytes it will be asked for; a small total gets one slab of its own size.
+  HostArena(bool pinned, int64_t total)
+      : slab_(std::min<int64_t>(int64_t(1) << 30, static_cast<int64_t>(c10::llvm::PowerOf2Ceil(
+                                                     static_cast<uint64_t>(std::max<int64_t>(total, kAlign)))))),
+        pinned_(pinned) {}
+  at::Tensor take(at::IntArrayRef sizes, at::ScalarType dtype) {
+    const int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (slabs_.empty() || used_ + need > slabs_.back().numel()) {
+      slabs_.push_back(at::empty({std::max(slab_, need)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned_)));
+      used_ = 0;
+    }
+    at::Tensor t = slabs_.back().narrow(0, used_, bytes).view(dtype).view(sizes);
+    used_ += need;
+    return t;
+  }
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const at::Tensor& s : slabs_) n += s.numel();
+    return n;
+  }
+
+ private:
+  static constexpr int64_t kAlign = 64;
+  int64_t slab_;
+  bool pinned_;
+  std::vector<at::Tensor> slabs_;
+  int64_t used_ = 0;
+};
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -58,6 +95,7 @@ struct HostOffload::Shared {
   std::vector<OffloadedParam> params;
   std::unordered_map<c10::TensorImpl*, size_t> index;  // device parameter -> params[]
   std::vector<CopyStreams> streams;
+  std::unique_ptr<HostArena> arena;  // holds the host copies and the staging buffers
   std::vector<at::Tensor> staging;  // bytes, each as large as the largest gradient
   std::vector<size_t> free_staging;
 
@@ -238,21 +276,27 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
       sh.params.push_back(std::move(p));
     }
   }
+  int64_t total = 0;
+  for (const OffloadedParam& p : sh.params) {
+    pinned |= !p.device.is_cpu();
+    const int64_t bytes = p.device.numel() * static_cast<int64_t>(p.device.element_size());
+    largest = std::max(largest, bytes);
+    total += bytes + 64;
+  }
+  sh.arena = std::make_unique<HostArena>(pinned, total + options.staging_buffers() * (largest + 64));
   for (OffloadedParam& p : sh.params) {
     const at::Device d = p.device.device();
-    pinned |= !d.is_cpu();
-    p.host = at::empty(p.device.sizes(), p.device.options().device(at::kCPU).pinned_memory(!d.is_cpu()));
+    p.host = sh.arena->take(p.device.sizes(), p.device.scalar_type());
     p.host.copy_(p.device.detach());
     p.host.set_requires_grad(true);
     p.version = version_of(p.device);
-    largest = std::max(largest, p.device.numel() * static_cast<int64_t>(p.device.element_size()));
     if (!d.is_cpu() && std::none_of(sh.streams.begin(), sh.streams.end(), [&](const CopyStreams& s) { return s.device == d; })) {
       c10::impl::VirtualGuardImpl impl(d.type());
       sh.streams.push_back({d, impl.getStreamFromGlobalPool(d), impl.getStreamFromGlobalPool(d)});
     }
   }
   for (int64_t s = 0; s < options.staging_buffers(); ++s) {
-    sh.staging.push_back(at::empty({largest}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)));
+    sh.staging.push_back(sh.arena->take({largest}, at::kByte));
     sh.free_staging.push_back(static_cast<size_t>(s));
   }
   std::vector<at::Tensor> devices;
@@ -265,7 +309,12 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
                                        [shared = shared_](size_t k, const at::Tensor& param) { shared->release(k, param); });
   // Only once every check passed: the optimizer's groups now hold the host copies.
   for (const OffloadedParam& p : sh.params) opt.replace_parameter(p.device, p.host);
-  sh.worker = std::thread([shared = shared_] { shared->run(); });
+  // The host thread steps with as many threads as the thread that made the offload (OpenMP's count is
+  // per thread; a new one would start from the process default).
+  sh.worker = std::thread([shared = shared_, threads = at::get_num_threads()] {
+    at::set_num_threads(threads);
+    shared->run();
+  });
 }
 
 HostOffload::~HostOffload() {
@@ -326,12 +375,7 @@ void HostOffload::pull_weights() {
   }
 }
 
-int64_t HostOffload::host_bytes() const {
-  int64_t bytes = 0;
-  for (const OffloadedParam& p : shared_->params) bytes += p.host.numel() * static_cast<int64_t>(p.host.element_size());
-  for (const at::Tensor& s : shared_->staging) bytes += s.numel();
-  return bytes;
-}
+int64_t HostOffload::host_bytes() const { return shared_->arena->bytes(); }
 
 int64_t HostOffload::peak_gradients_in_flight() const {
   std::lock_guard<std::mutex> lock(shared_->mu);

@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
   opt.set_step_graphs(false);
   row("opt.step(), step graphs off", host_us([&] { opt.step(); }, dev, inner));
   opt.set_step_graphs(true);
+  // Gradient release and host offload step one parameter at a time (LowbitOptimizer::step_parameters).
+  row("step_parameters, each tensor alone", host_us([&] {
+        for (const at::Tensor& p : params) opt.step_parameters({p});
+      }, dev, 1));
   row("grad_check op (pre-pass)", host_us([&] { lowbit::ops::grad_check(a.grads, groups, 1, false); }, dev, inner));
   row("check_step_call (argument checks)",
       host_us([&] { lowbit::ops::check_step_call(a, "lowbit::optim_step_"); }, dev, inner));

@@ -194,19 +194,52 @@ void LowbitOptimizer::set_overflow_check_interval(int64_t n) {
 void LowbitOptimizer::check_overflow() { check_overflow_on(false); }
 
 // A state that overflowed cannot be stored (its blocks decode to NaN): say so rather than go on.
-void LowbitOptimizer::check_overflow_on(bool cpu_only) const {
-  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
-    const auto& params = param_groups_[gi].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto it = states_.find(params[i].unsafeGetTensorImpl());
-      if (it == states_.end() || (cpu_only && !it->second.counters.is_cpu())) continue;
-      const Overflow fresh = fresh_overflow(it->second);
-      TORCH_CHECK(fresh.blocks == 0, name(), ": the state of parameter ", i, " of group ", gi, " (shape ", params[i].sizes(),
-                  ") overflowed to Inf/NaN in ", fresh.blocks, " block(s) at step ", fresh.step,
-                  "; the parameter is updated but that state is lost. Lower the learning rate, clip gradients "
-                  "(max_grad_norm), or keep this parameter's state in FP32 (override_state_format)");
-    }
+void LowbitOptimizer::check_overflow_on(bool cpu_only, const std::vector<Position>* where) const {
+  const auto check = [&](size_t gi, size_t i) {
+    const at::Tensor& p = param_groups_[gi].params()[i];
+    auto it = states_.find(p.unsafeGetTensorImpl());
+    if (it == states_.end() || (cpu_only && !it->second.counters.is_cpu())) return;
+    const Overflow fresh = fresh_overflow(it->second);
+    TORCH_CHECK(fresh.blocks == 0, name(), ": the state of parameter ", i, " of group ", gi, " (shape ", p.sizes(),
+                ") overflowed to Inf/NaN in ", fresh.blocks, " block(s) at step ", fresh.step,
+                "; the parameter is updated but that state is lost. Lower the learning rate, clip gradients "
+                "(max_grad_norm), or keep this parameter's state in FP32 (override_state_format)");
+  };
+  if (where) {
+    for (const Position& x : *where) check(x.first, x.second);
+    return;
   }
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi)
+    for (size_t i = 0; i < param_groups_[gi].params().size(); ++i) check(gi, i);
+}
+
+std::vector<LowbitOptimizer::Position> LowbitOptimizer::positions(const std::unordered_set<c10::TensorImpl*>* only) {
+  std::vector<Position> out;
+  if (!only) {
+    for (size_t gi = 0; gi < param_groups_.size(); ++gi)
+      for (size_t i = 0; i < param_groups_[gi].params().size(); ++i) out.emplace_back(gi, i);
+    return out;
+  }
+  const auto valid = [this](c10::TensorImpl* t, const Position& x) {
+    return x.first < param_groups_.size() && x.second < param_groups_[x.first].params().size() &&
+           param_groups_[x.first].params()[x.second].unsafeGetTensorImpl() == t;
+  };
+  bool rebuilt = false;
+  for (c10::TensorImpl* t : *only) {
+    auto it = position_index_.find(t);
+    if ((it == position_index_.end() || !valid(t, it->second)) && !rebuilt) {
+      // The groups changed since the index was built (or it never was): build it again, once per call.
+      position_index_.clear();
+      for (size_t gi = 0; gi < param_groups_.size(); ++gi)
+        for (size_t i = 0; i < param_groups_[gi].params().size(); ++i)
+          position_index_[param_groups_[gi].params()[i].unsafeGetTensorImpl()] = Position(gi, i);
+      rebuilt = true;
+      it = position_index_.find(t);
+    }
+    if (it != position_index_.end() && valid(t, it->second)) out.push_back(it->second);  // else: not a parameter
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void LowbitOptimizer::check_grad(const at::Tensor& p, const at::Tensor& g, int64_t group, int64_t index) const {
@@ -322,13 +355,6 @@ void LowbitOptimizer::step_parameters(const std::vector<at::Tensor>& params) {
   step_only(&only);
 }
 
-namespace {
-// Whether a step of only these parameters (null: every one) leaves p out.
-bool left_out(const std::unordered_set<c10::TensorImpl*>* only, const at::Tensor& p) {
-  return only && only->count(p.unsafeGetTensorImpl()) == 0;
-}
-}  // namespace
-
 // A device's gradients, for the pre-pass (the skip decision and the norms for clipping).
 struct LowbitOptimizer::DeviceGrads {
   at::Device device;
@@ -402,24 +428,26 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     }
   }
   // ---- check: every parameter with a gradient, grouped by device for the pre-pass.
+  const std::vector<Position> where = positions(only);
   std::vector<DeviceGrads> devices;
   bool want_sumsq = false, any_grad = false;
+  std::vector<bool> prepass(param_groups_.size());
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const CommonOptions c = common(param_groups_[gi].options());
     want_sumsq |= c.max_grad_norm > 0;
-    const bool prepass = c.skip_nonfinite || c.max_grad_norm > 0;
-    const auto& params = param_groups_[gi].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor& g = params[i].grad();
-      if (!g.defined() || left_out(only, params[i])) continue;
-      check_grad(params[i], g, gi, i);
-      any_grad = true;
-      if (!prepass) continue;
-      auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == g.device(); });
-      if (d == devices.end()) d = devices.insert(devices.end(), DeviceGrads{g.device(), {}, {}, {}, {}});
-      d->grads.push_back(g);
-      d->groups.push_back(static_cast<int64_t>(gi));
-    }
+    prepass[gi] = c.skip_nonfinite || c.max_grad_norm > 0;
+  }
+  for (const auto& [gi, i] : where) {
+    const at::Tensor& p = param_groups_[gi].params()[i];
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    check_grad(p, g, gi, i);
+    any_grad = true;
+    if (!prepass[gi]) continue;
+    auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == g.device(); });
+    if (d == devices.end()) d = devices.insert(devices.end(), DeviceGrads{g.device(), {}, {}, {}, {}});
+    d->grads.push_back(g);
+    d->groups.push_back(static_cast<int64_t>(gi));
   }
   if (!any_grad) return;
   ++steps_called_;
@@ -430,7 +458,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   if (graphs && inputs.recordable && step_graph_->repeats(inputs)) {
     refresh_lr();  // lr is written outside the recording: the replays read whatever it is then
     try {
-      recording = ops::record(*inputs.device, [&] { enqueue_step(devices, want_sumsq, only, &stepped_cpu); });
+      recording = ops::record(*inputs.device, [&] { enqueue_step(devices, want_sumsq, where, &stepped_cpu); });
     } catch (const std::exception& e) {
       TORCH_WARN("lowbit: ", name(), ": recording a step as a CUDA graph failed, so steps run as they come: ", e.what());
       step_graph_->give_up();
@@ -440,18 +468,19 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     recording->replay();
     step_graph_->keep(std::move(recording), std::move(inputs));
   } else {
-    enqueue_step(devices, want_sumsq, only, &stepped_cpu);
+    enqueue_step(devices, want_sumsq, where, &stepped_cpu);
     if (graphs) step_graph_->remember(std::move(inputs));
   }
 
   // ---- overflow: free to read on the CPU; GPU counters only every n steps if asked. A step of
   // GPU parameters alone skips the pass (over thousands of tensors it is a cache miss or two each).
   const bool interval_due = overflow_check_interval_ > 0 && steps_called_ % overflow_check_interval_ == 0;
-  if (interval_due || stepped_cpu) check_overflow_on(!interval_due);
+  if (interval_due) check_overflow_on(false);
+  else if (stepped_cpu) check_overflow_on(true, &where);
 }
 
-void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq,
-                                   const std::unordered_set<c10::TensorImpl*>* only, bool* stepped_cpu) {
+void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq, const std::vector<Position>& where,
+                                   bool* stepped_cpu) {
   // ---- pre-pass: one read of every gradient, on its device: is anything non-finite (then the
   // step is skipped for every group that skips), and each group's squared norm for clipping.
   const int64_t ngroups = static_cast<int64_t>(param_groups_.size());
@@ -473,8 +502,12 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
   // On the CPU the skip is decided here: skipped groups' state is not even created.
   const bool cpu_found = !devices.empty() && count_skipped(skipped_, devices[0].found_inf);
 
-  // ---- the calls: per group, one per (device, state layout).
+  // ---- the calls: per group, one per (device, state layout); `where` is in group order.
+  size_t next = 0;
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    const size_t first = next;
+    while (next < where.size() && where[next].first == gi) ++next;
+    if (first == next) continue;  // no parameter of this group in the step
     auto& group = param_groups_[gi];
     const auto& options = group.options();
     GroupStep gs = group_step(gi);
@@ -486,11 +519,12 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
       TORCH_INTERNAL_ASSERT(d != devices.end(), "no gradient pre-pass on ", device);
       return GradChecks{d->found_inf, d->sumsq.defined() ? d->sumsq.narrow(0, static_cast<int64_t>(gi), 1) : at::Tensor()};
     };
-    StepCalls calls(std::move(gs), group.params().size());
-    for (size_t i = 0; i < group.params().size(); ++i) {
+    StepCalls calls(std::move(gs), next - first);
+    for (size_t k = first; k < next; ++k) {
+      const size_t i = where[k].second;
       at::Tensor& p = group.params()[i];
       const at::Tensor& grad = p.grad();  // once: each grad() asks autograd whether p is a leaf
-      if (!grad.defined() || left_out(only, p)) continue;
+      if (!grad.defined()) continue;
       ParamState& st = ensure_state(p, options, gi, i);
       *stepped_cpu |= p.is_cpu();
       calls.add(p, grad, st, 0, param_rng_key(gi, i));

@@ -191,14 +191,20 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // The group's learning rate as a float64 [1] tensor on `device`, rewritten when the host value
   // changed (a scheduler's set_lr): the op reads lr there.
   at::Tensor lr_tensor(size_t group, at::Device device);
-  void check_overflow_on(bool cpu_only) const;
+  // (group, index) of a parameter in param_groups_.
+  using Position = std::pair<size_t, size_t>;
+  // The overflow check of the parameters at `where` (null: every parameter).
+  void check_overflow_on(bool cpu_only, const std::vector<Position>* where = nullptr) const;
+  // The positions a step covers, in group order: every parameter's (only null), or those of `only`
+  // (found through position_index_, so that a step of a few parameters costs no pass over all).
+  std::vector<Position> positions(const std::unordered_set<c10::TensorImpl*>* only);
   // What this step sees of its inputs (step_graph.h), for a step of every parameter.
   StepInputs step_inputs() const;
   // The pre-pass and the step ops of one step (run as it comes, or recorded): the gradients' checks
   // are done; `devices` holds the devices' gradients, `stepped_cpu` is set where a CPU parameter steps.
   struct DeviceGrads;
-  void enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq,
-                    const std::unordered_set<c10::TensorImpl*>* only, bool* stepped_cpu);
+  void enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq, const std::vector<Position>& where,
+                    bool* stepped_cpu);
   // The state changed (created, loaded, replaced): a recorded step that points to it is dropped.
   void state_changed();
 
@@ -217,6 +223,7 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   int64_t state_epoch_ = 0;  // bumped by state_changed()
   size_t params_checked_ = 0;  // how many parameters the groups held when check_groups last looked for repeats
   std::unique_ptr<StepGraph> step_graph_;
+  std::unordered_map<c10::TensorImpl*, Position> position_index_;  // rebuilt when found stale
   uint64_t seed_ = 0x6C6F77626974ull;  // "lowbit": stochastic rounding seed, saved in checkpoints
 };
 

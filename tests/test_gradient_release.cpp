@@ -168,4 +168,47 @@ TEST(GradientRelease, RemovingTheReleaseRestoresPlainBackward) {
   for (const auto& p : params) EXPECT_TRUE(p.grad().defined());
 }
 
+// step_parameters finds its parameters through an index of positions; groups that change between
+// calls (a group added, a parameter replaced) must be found again, and a step of a few parameters
+// gives each the bits a whole step gives it.
+TEST(GradientRelease, StepParametersFollowsGroupsThatChange) {
+  torch::manual_seed(3);
+  const auto fresh = [] { return std::vector<at::Tensor>{torch::randn({7, 5}).requires_grad_(), torch::randn({33}).requires_grad_(),
+                                                         torch::randn({4, 4}).requires_grad_()}; };
+  std::vector<at::Tensor> a = fresh(), b = {a[0].detach().clone().requires_grad_(), a[1].detach().clone().requires_grad_(),
+                                            a[2].detach().clone().requires_grad_()};
+  const auto give_grads = [](std::vector<at::Tensor>& ps, int64_t s) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      torch::manual_seed(100 * s + static_cast<int64_t>(i));
+      ps[i].mutable_grad() = torch::randn(ps[i].sizes());
+    }
+  };
+  lo::AdamW whole(std::vector<at::Tensor>{a[0], a[1]}, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  lo::AdamW parts(std::vector<at::Tensor>{b[0], b[1]}, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  for (int64_t s = 0; s < 4; ++s) {
+    if (s == 2) {  // a group added between steps: its parameter must be found
+      whole.add_param_group(torch::optim::OptimizerParamGroup({a[2]}));
+      parts.add_param_group(torch::optim::OptimizerParamGroup({b[2]}));
+    }
+    give_grads(a, s);
+    give_grads(b, s);
+    if (s < 2) { a[2].mutable_grad().reset(); b[2].mutable_grad().reset(); }
+    whole.step();
+    for (size_t i = b.size(); i-- > 0;) parts.step_parameters({b[i]});  // last first: the order does not matter
+    parts.step_parameters({torch::randn({3}).requires_grad_()});  // not a parameter: nothing
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(bitwise_equal(a[i].detach(), b[i].detach())) << "step " << s << " parameter " << i;
+  }
+  // A parameter swapped for another tensor in place: the old one is no parameter any more (its
+  // position now holds the new one, which must not be stepped in its name).
+  at::Tensor swapped = b[1].detach().clone().requires_grad_();
+  parts.param_groups()[0].params()[1] = swapped;
+  swapped.mutable_grad() = torch::ones({33});
+  b[1].mutable_grad() = torch::ones({33});
+  const at::Tensor before = swapped.detach().clone();
+  parts.step_parameters({b[1]});
+  EXPECT_TRUE(bitwise_equal(swapped.detach(), before)) << "a tensor that left the groups stepped what took its place";
+  parts.step_parameters({swapped});
+  EXPECT_FALSE(bitwise_equal(swapped.detach(), before)) << "the new parameter was not found";
+}
+
 }  // namespace

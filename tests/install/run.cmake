@@ -11,7 +11,7 @@ endif()
 set(expected
   lowbit.h build_config.h
   kernels/common/format_table.h kernels/common/host_device.h kernels/common/state_slots.h kernels/common/step_config.h
-  optim/gradient_release.h optim/lowbit_optimizer.h optim/memory_report.h optim/optimizers.h optim/options.h
+  optim/gradient_release.h optim/host_offload.h optim/lowbit_optimizer.h optim/memory_report.h optim/optimizers.h optim/options.h
   optim/state_format.h optim/state_layout.h
   qat/fake_quant_autograd.h qat/fake_quant_config.h qat/fake_quantized_modules.h qat/fake_quantizer.h qat/int_mm_linear.h
   qat/packed_weight.h qat/prepare_convert.h qat/qat.h qat/quantized_modules.h

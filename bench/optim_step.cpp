@@ -7,7 +7,8 @@
 // shared host the bandwidth drifts; the two show how much that moves the ratio).
 //   optim_step [numel=2^26] [reps=10] [rows]   (default: past the last-level cache of a server CPU)
 //     rows: a comma-separated list of the rows to run, each "optimizer:state" as printed (e.g.
-//     "AdamW:Q4,AdamW nocheck:FP32"); ATen fused always runs (the yardstick). Default: all rows.
+//     "AdamW:Q4,AdamW nocheck:FP32"; the 4096 small tensors: "small:Q8"); ATen fused always runs
+//     (the yardstick). Default: all rows.
 //   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
 

@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
       {"AdamW Q8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Unsigned, 256},
       {"AdamW FP8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::FP8E4M3, QF::FP8E4M3, 256},
       {"AdamW Q4", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::DE4Signed, QF::Linear4Unsigned, 128},
+      {"AdamW C8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::Pow8Signed, QF::Pow8Unsigned, 64},
       {"AdamW FP32", k::Rule::AdamW, 2, k::SlotStorage::F32, QF::Dyn8Signed, QF::Dyn8Unsigned, 256},
       // One 8-bit slot without (SGD) and with (Adagrad) a sqrt and a division per element.
       {"SGD Q8", k::Rule::SGD, 1, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Signed, 256},

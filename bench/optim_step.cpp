@@ -5,7 +5,10 @@
 // Each step is timed right after a memcpy. "x memcpy" divides a row's median by the median of every
 // memcpy of the run; "pairs" is the median of each step's ratio to the memcpy just before it (on a
 // shared host the bandwidth drifts; the two show how much that moves the ratio).
-//   optim_step [numel=2^26] [reps=10]   (default: past the last-level cache of a server CPU)
+//   optim_step [numel=2^26] [reps=10] [rows]   (default: past the last-level cache of a server CPU)
+//     rows: a comma-separated list of the rows to run, each "optimizer:state" as printed (e.g.
+//     "AdamW:Q4,AdamW nocheck:FP32"; the 4096 small tensors: "small:Q8"); ATen fused always runs
+//     (the yardstick). Default: all rows.
 //   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
 
@@ -52,7 +55,7 @@ struct AtenFusedAdamW {
 }  // namespace
 
 constexpr const char* kUsage =
-    "usage: bench_optim_step [--device cpu|cuda] [N [REPS]]\n"
+    "usage: bench_optim_step [--device cpu|cuda] [N [REPS [ROWS]]]\n"
     "One optimizer step over N parameters per rule and state format, against ATen's fused AdamW.\n";
 
 int main(int argc, char** argv) {
@@ -77,6 +80,10 @@ int main(int argc, char** argv) {
   }
   const int64_t n = argc > 1 ? lowbit_tools::int_arg(argv[1], "N", 1, kUsage) : (int64_t(1) << 26);
   const int reps = argc > 2 ? static_cast<int>(lowbit_tools::int_arg(argv[2], "REPS", 1, kUsage)) : 10;
+  const std::string only = argc > 3 ? "," + std::string(argv[3]) + "," : "";
+  const auto want = [&](const std::string& name, const std::string& state) {
+    return only.empty() || only.find("," + name + ":" + state + ",") != std::string::npos;
+  };
   std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n),
               omp_get_max_threads(), reps);
 
@@ -105,10 +112,12 @@ int main(int argc, char** argv) {
     return Timing{lowbit_bench::median(ms), lowbit_bench::median(ratio)};
   };
 
-  at::Tensor tp = at::randn({n});
-  torch::optim::AdamW torch_adamw({tp}, torch::optim::AdamWOptions(1e-3));
   std::vector<Row> rows;
-  rows.push_back({"torch", "FP32", time_steps(torch_adamw, tp)});
+  if (want("torch", "FP32")) {
+    at::Tensor tp = at::randn({n});
+    torch::optim::AdamW torch_adamw({tp}, torch::optim::AdamWOptions(1e-3));
+    rows.push_back({"torch", "FP32", time_steps(torch_adamw, tp)});
+  }
   {
     at::Tensor p = at::randn({n});
     AtenFusedAdamW fused(p);
@@ -118,6 +127,7 @@ int main(int argc, char** argv) {
     rows.push_back({name, lowbit::state_format_name(f), t});
   };
   for (StateFormat f : lowbit::kAllStateFormats) {
+    if (!want("AdamW", lowbit::state_format_name(f))) continue;
     at::Tensor p = at::randn({n});
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f));
     report("AdamW", f, time_steps(opt, p));
@@ -125,60 +135,61 @@ int main(int argc, char** argv) {
   // The same without the non-finite check (skip_nonfinite(false)): no read of every gradient before
   // the step, which ATen's fused AdamW does not do either.
   for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
+    if (!want("AdamW nocheck", lowbit::state_format_name(f))) continue;
     at::Tensor p = at::randn({n});
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f).skip_nonfinite(false));
     report("AdamW nocheck", f, time_steps(opt, p));
   }
   // bf16 parameters and gradients (half the parameter bytes; memcpy and torch rows stay fp32).
-  {
+  if (want("AdamW-bf16", "Q8")) {
     at::Tensor p = at::randn({n}).to(at::kBFloat16);
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8));
     report("AdamW-bf16", StateFormat::Q8, time_steps(opt, p));
   }
   // bf16 parameters rounded stochastically (bf16_stochastic_round).
-  {
+  if (want("AdamW-bf16-SR", "Q8")) {
     at::Tensor p = at::randn({n}).to(at::kBFloat16);
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true));
     report("AdamW-bf16-SR", StateFormat::Q8, time_steps(opt, p));
   }
   // The other optimizers in Q8.
-  {
+  if (want("Adam", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::Adam o({p}, lo::AdamOptions(1e-3));
     report("Adam", StateFormat::Q8, time_steps(o, p));
   }
-  {
+  if (want("SGD", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::SGD o({p}, lo::SGDOptions(1e-3).momentum(0.9));
     report("SGD", StateFormat::Q8, time_steps(o, p));
   }
-  {
+  if (want("Lion", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::Lion o({p}, lo::LionOptions());
     report("Lion", StateFormat::Q8, time_steps(o, p));
   }
-  {
+  if (want("RMSprop", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::RMSprop o({p}, lo::RMSpropOptions());
     report("RMSprop", StateFormat::Q8, time_steps(o, p));
   }
-  {
+  if (want("Adagrad", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::Adagrad o({p}, lo::AdagradOptions());
     report("Adagrad", StateFormat::Q8, time_steps(o, p));
   }
-  {
+  if (want("AdEMAMix", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::AdEMAMix o({p}, lo::AdEMAMixOptions());
     report("AdEMAMix", StateFormat::Q8, time_steps(o, p));
   }
-  {
+  if (want("LAMB", "Q8")) {
     at::Tensor p = at::randn({n});
     lo::LAMB o({p}, lo::LAMBOptions());
     report("LAMB", StateFormat::Q8, time_steps(o, p));
   }
   // Many small tensors: 4096 of 4096 elements (per-parameter overhead, one fused launch per group).
-  {
+  if (want("small", "Q8")) {
     std::vector<at::Tensor> small, small_torch;
     for (int i = 0; i < 4096; ++i) {
       small.push_back(at::randn({4096}));
@@ -206,7 +217,8 @@ int main(int argc, char** argv) {
     std::printf("4096 tensors of 4096: torch AdamW %.2f ms, ATen fused %.2f ms, lowbit AdamW Q8 %.2f ms (%.2fx fused)\n",
                 tms, fms, oms, oms / fms);
   }
-  const double memcpy_ms = lowbit_bench::median(all_memcpy), torch_ms = rows[0].t.ms, fused_ms = rows[1].t.ms;
+  const double memcpy_ms = lowbit_bench::median(all_memcpy), fused_ms = rows[want("torch", "FP32") ? 1 : 0].t.ms;
+  const double torch_ms = want("torch", "FP32") ? rows[0].t.ms : fused_ms;
   std::printf("%-14s %-6s %10s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x fused",
               "x memcpy", "pairs");
   std::printf("%-14s %-6s %10.2f %10.3f %10.2f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,

@@ -409,6 +409,60 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
   }
 }
 
+// ---- the dense loop ----------------------------------------------------------------------------
+
+// Dense state (every slot fp32 or every slot bf16) for fp32 or bf16 parameters and gradients of the
+// same type, bf16 rounded to nearest, no correction: the per-block loop without its per-chunk
+// choices (optim_step_avx512.cpp's dense loop on 8 lanes). A parameter's last len % 8 elements take
+// the scalar rule (step_tail). Dense slots never flag a block.
+template <Rule R, int NS, ElemType PT, SlotStorage ST>
+void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float*, uint8_t* bad) {
+  static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
+  static_assert(ST == SlotStorage::F32 || ST == SlotStorage::BF16, "dense state");
+  using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
+  using State = typename std::conditional<ST == SlotStorage::F32, float, uint16_t>::type;
+  const int64_t B = t.block_size;
+  const Hyper h = t.hyper;  // a local: stores through the arrays cannot alias it
+  const __m256 scale = _mm256_set1_ps(grad_scale);
+  const bool scaled = grad_scale != 1.0f;
+  Elem* const param = static_cast<Elem*>(t.param);
+  const Elem* const grad = static_cast<const Elem*>(t.grad);
+  State* st[NS];
+  for (int k = 0; k < NS; ++k) st[k] = static_cast<State*>(t.slots[k].values);
+  for (int64_t b = b0; b < b1; ++b) {
+    bad[b - b0] = 0;
+    const int64_t begin = b * B;
+    const int64_t len = std::min(B, t.numel - begin);
+    const int64_t len8 = len & ~int64_t(7);
+    prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
+    for (int64_t e = begin; e < begin + len8; e += 8) {
+      f32x8 p = (f32x8)load8(param, PT, e);
+      __m256 g = load8(grad, PT, e);
+      if (scaled) g = _mm256_mul_ps(g, scale);
+      f32x8 s[kMomentSlots] = {};
+      for (int k = 0; k < NS; ++k) s[k] = (f32x8)load8(st[k], ST == SlotStorage::F32 ? ElemType::F32 : ElemType::BF16, e);
+      apply_rule<R>(h, (f32x8)g, p, s);
+      for (int k = 0; k < NS; ++k) {
+        if (ST == SlotStorage::F32) {
+          _mm256_storeu_ps(reinterpret_cast<float*>(st[k]) + e, (__m256)s[k]);
+        } else {
+          store8_bf16(reinterpret_cast<uint16_t*>(st[k]) + e, (__m256)s[k]);
+        }
+      }
+      if (PT == ElemType::F32) {
+        _mm256_storeu_ps(reinterpret_cast<float*>(param) + e, (__m256)p);
+      } else {
+        store8_bf16(reinterpret_cast<uint16_t*>(param) + e, (__m256)p);
+      }
+    }
+    if (len8 < len) {
+      float* none[kMomentSlots] = {};
+      uint32_t abs_bits[kMomentSlots] = {}, raw_bits[kMomentSlots] = {};
+      step_tail<R>(t, h, b, begin, len8, len, grad_scale, none, abs_bits, raw_bits, nullptr);
+    }
+  }
+}
+
 // ---- the choice ---------------------------------------------------------------------------------
 
 template <Rule R, int NS, ElemType PT>
@@ -452,6 +506,27 @@ RangeFn range_fn(const ParamTask& t) {
     }
     const int codec = float8 ? kFloat8 : pow8 ? kPow8 : kTable8;
     return pick_quant_loop<R>(t.num_slots, bf16, bits, codec);
+  }
+  // All slots dense of one storage, bf16 parameters rounded to nearest, no correction: the dense loop.
+  const SlotStorage st0 = t.num_slots >= 1 ? t.slots[0].storage : SlotStorage::None;
+  bool dense = (f32 || (bf16 && !t.stochastic_round)) && !has_correction(t) &&
+               (st0 == SlotStorage::F32 || st0 == SlotStorage::BF16);
+  for (int k = 0; k < t.num_slots; ++k) dense &= t.slots[k].storage == st0;
+  if (dense) {
+    switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (st0 == SlotStorage::BF16 ? 1 : 0)) {
+      case 4: return &steps_dense_avx2<R, 1, ElemType::F32, SlotStorage::F32>;
+      case 5: return &steps_dense_avx2<R, 1, ElemType::F32, SlotStorage::BF16>;
+      case 6: return &steps_dense_avx2<R, 1, ElemType::BF16, SlotStorage::F32>;
+      case 7: return &steps_dense_avx2<R, 1, ElemType::BF16, SlotStorage::BF16>;
+      case 8: return &steps_dense_avx2<R, 2, ElemType::F32, SlotStorage::F32>;
+      case 9: return &steps_dense_avx2<R, 2, ElemType::F32, SlotStorage::BF16>;
+      case 10: return &steps_dense_avx2<R, 2, ElemType::BF16, SlotStorage::F32>;
+      case 11: return &steps_dense_avx2<R, 2, ElemType::BF16, SlotStorage::BF16>;
+      case 12: return &steps_dense_avx2<R, 3, ElemType::F32, SlotStorage::F32>;
+      case 13: return &steps_dense_avx2<R, 3, ElemType::F32, SlotStorage::BF16>;
+      case 14: return &steps_dense_avx2<R, 3, ElemType::BF16, SlotStorage::F32>;
+      case 15: return &steps_dense_avx2<R, 3, ElemType::BF16, SlotStorage::BF16>;
+    }
   }
   switch (t.num_slots) {
     case 0: return &each_block<&step_block_avx2<R, 0>>;

@@ -311,6 +311,58 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   }
 }
 
+// ---- the dense loop ----------------------------------------------------------------------------
+
+// Dense state (every slot fp32 or every slot bf16) for fp32 or bf16 parameters and gradients of the
+// same type, bf16 rounded to nearest: no codes, so no block structure to keep. The run of blocks is
+// one stream of 16-lane chunks, a mask only on a parameter's last chunk, nothing decided per chunk;
+// per block only the prefetch of the block kPrefetchBlocks ahead. Dense slots never flag a block.
+template <Rule R, int NS, ElemType PT, SlotStorage ST>
+void steps_dense_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float*, uint8_t* bad) {
+  static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
+  static_assert(ST == SlotStorage::F32 || ST == SlotStorage::BF16, "dense state");
+  using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
+  using State = typename std::conditional<ST == SlotStorage::F32, float, uint16_t>::type;
+  const int64_t B = t.block_size;
+  const Hyper h = t.hyper;  // a local: stores through the arrays cannot alias it
+  const __m512 scale = _mm512_set1_ps(grad_scale);
+  const bool scaled = grad_scale != 1.0f;
+  Elem* const param = static_cast<Elem*>(t.param);
+  const Elem* const grad = static_cast<const Elem*>(t.grad);
+  State* st[NS];
+  for (int k = 0; k < NS; ++k) st[k] = static_cast<State*>(t.slots[k].values);
+  const int64_t end = std::min(b1 * B, t.numel);
+  for (int64_t b = b0; b < b1; ++b) {
+    bad[b - b0] = 0;
+    const int64_t begin = b * B;
+    const int64_t stop = std::min(begin + B, end);
+    prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
+    for (int64_t i = begin; i < stop; i += 16) {
+      const __mmask16 m = lanes_below(stop - i);
+      f32x16 p = (f32x16)load16(param, PT, i, m);
+      __m512 graw = load16(grad, PT, i, m);
+      if (scaled) graw = _mm512_mul_ps(graw, scale);
+      f32x16 s[kMomentSlots] = {};
+      for (int k = 0; k < NS; ++k)
+        s[k] = ST == SlotStorage::F32 ? (f32x16)_mm512_maskz_loadu_ps(m, st[k] + i)
+                                      : (f32x16)load16(st[k], ElemType::BF16, i, m);
+      apply_rule<R>(h, (f32x16)graw, p, s);
+      for (int k = 0; k < NS; ++k) {
+        if (ST == SlotStorage::F32) {
+          _mm512_mask_storeu_ps(reinterpret_cast<float*>(st[k]) + i, m, (__m512)s[k]);
+        } else {
+          store16_bf16(reinterpret_cast<uint16_t*>(st[k]) + i, (__m512)s[k], m);
+        }
+      }
+      if (PT == ElemType::F32) {
+        _mm512_mask_storeu_ps(reinterpret_cast<float*>(param) + i, m, (__m512)p);
+      } else {
+        store16_bf16(reinterpret_cast<uint16_t*>(param) + i, (__m512)p, m);
+      }
+    }
+  }
+}
+
 // ---- the choice ---------------------------------------------------------------------------------
 
 template <Rule R>
@@ -337,6 +389,28 @@ RangeFn range_fn(const ParamTask& t) {
       case 13: return &steps_quant_avx512<R, 3, ElemType::F32, 4>;
       case 14: return &steps_quant_avx512<R, 3, ElemType::BF16, 8>;
       case 15: return &steps_quant_avx512<R, 3, ElemType::BF16, 4>;
+    }
+  }
+  // All slots dense of one storage, bf16 parameters rounded to nearest: the dense loop.
+  {
+    const SlotStorage st0 = t.num_slots >= 1 ? t.slots[0].storage : SlotStorage::None;
+    bool dense = (f32 || (bf16 && !t.stochastic_round)) && (st0 == SlotStorage::F32 || st0 == SlotStorage::BF16);
+    for (int k = 0; k < t.num_slots; ++k) dense &= t.slots[k].storage == st0;
+    if (dense) {
+      switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (st0 == SlotStorage::BF16 ? 1 : 0)) {
+        case 4: return &steps_dense_avx512<R, 1, ElemType::F32, SlotStorage::F32>;
+        case 5: return &steps_dense_avx512<R, 1, ElemType::F32, SlotStorage::BF16>;
+        case 6: return &steps_dense_avx512<R, 1, ElemType::BF16, SlotStorage::F32>;
+        case 7: return &steps_dense_avx512<R, 1, ElemType::BF16, SlotStorage::BF16>;
+        case 8: return &steps_dense_avx512<R, 2, ElemType::F32, SlotStorage::F32>;
+        case 9: return &steps_dense_avx512<R, 2, ElemType::F32, SlotStorage::BF16>;
+        case 10: return &steps_dense_avx512<R, 2, ElemType::BF16, SlotStorage::F32>;
+        case 11: return &steps_dense_avx512<R, 2, ElemType::BF16, SlotStorage::BF16>;
+        case 12: return &steps_dense_avx512<R, 3, ElemType::F32, SlotStorage::F32>;
+        case 13: return &steps_dense_avx512<R, 3, ElemType::F32, SlotStorage::BF16>;
+        case 14: return &steps_dense_avx512<R, 3, ElemType::BF16, SlotStorage::F32>;
+        case 15: return &steps_dense_avx512<R, 3, ElemType::BF16, SlotStorage::BF16>;
+      }
     }
   }
   return &each_block<&step_block_avx512<R>>;

@@ -67,10 +67,10 @@ class GPT(nn.Module):
 
 
 def init_shards(model, layers):
-    """model.cpp's initialization (GPT-2's), each rank drawing its own shards."""
+    """model.cpp's initialization (GPT-2's), each rank drawing its own shards (plain tensors: the whole)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            local = p.to_local()
+            local = p.to_local() if hasattr(p, "to_local") else p
             if name.endswith("bias"):
                 local.zero_()
             elif ".ln" in name or name.startswith("lnf"):

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fsdp2_gpt import GPT  # noqa: E402  (the model, shared with the FSDP2 peer)
+from fsdp2_gpt import GPT, init_shards  # noqa: E402  (the model and its initialization, shared with the FSDP2 peer)
 
 GIB = 2.0 ** 30
 TAG = "offload-peer"
@@ -103,22 +103,6 @@ def peak_rss_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2.0 ** 20  # KiB on Linux
 
 
-def init_weights(model, layers):
-    """model.cpp's initialization (GPT-2's), as fsdp2_gpt.init_shards, on plain tensors."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.zero_()
-            elif ".ln" in name or name.startswith("lnf"):
-                p.fill_(1.0)
-            elif name == "wpe":
-                p.normal_(0.0, 0.01)
-            elif name.endswith("proj.weight"):  # residual projections scaled by 1/sqrt(2 * layers)
-                p.normal_(0.0, 0.02 / math.sqrt(2 * layers))
-            else:
-                p.normal_(0.0, 0.02)
-
-
 def build_model(args, dev):
     torch.manual_seed(1234)
     with torch.device("meta"):
@@ -126,7 +110,7 @@ def build_model(args, dev):
     if args.dtype == "bf16":
         model.to(torch.bfloat16)  # on meta: the weights are made in bf16, never in fp32 on the GPU
     model.to_empty(device=dev)
-    init_weights(model, args.layers)
+    init_shards(model, args.layers)
     model.train()
     return model
 

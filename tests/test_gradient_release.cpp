@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "rule_cases.h"
+#include "tied_net.h"
 #include "test_util.h"
 
 namespace {
@@ -11,22 +12,7 @@ namespace {
 using namespace lowbit_test;
 namespace lo = lowbit::optim;
 
-// A small network with a shared (tied) weight used twice, so one parameter's gradient has two
-// contributions that backward() sums before its hook runs.
-struct Net : torch::nn::Module {
-  Net() {
-    fc1 = register_module("fc1", torch::nn::Linear(64, 96));
-    fc2 = register_module("fc2", torch::nn::Linear(96, 96));
-    out = register_module("out", torch::nn::Linear(96, 10));
-  }
-  at::Tensor forward(at::Tensor x) {
-    x = torch::tanh(fc1(x));
-    x = torch::tanh(fc2(x));
-    x = torch::tanh(fc2(x));  // fc2 twice
-    return out(x);
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, out{nullptr};
-};
+using Net = TiedNet;
 
 struct Trained {
   std::shared_ptr<Net> net;
@@ -43,11 +29,6 @@ Trained make(const RuleCase& rc, StateFormat f) {
   return t;
 }
 
-at::Tensor loss_of(Net& net, int64_t batch) {
-  torch::manual_seed(1000 + batch);
-  const at::Tensor x = torch::randn({32, 64}), y = torch::randint(10, {32});
-  return torch::nn::functional::cross_entropy(net.forward(x), y);
-}
 
 void expect_same(const Trained& a, const Trained& b) {
   for (size_t i = 0; i < a.params.size(); ++i) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "rule_cases.h"
+#include "tied_net.h"
 #include "test_util.h"
 
 namespace {
@@ -14,21 +15,7 @@ namespace {
 using namespace lowbit_test;
 namespace lo = lowbit::optim;
 
-// A shared (tied) weight used twice, so one gradient has two contributions summed before its hook.
-struct Net : torch::nn::Module {
-  Net() {
-    fc1 = register_module("fc1", torch::nn::Linear(64, 96));
-    fc2 = register_module("fc2", torch::nn::Linear(96, 96));
-    out = register_module("out", torch::nn::Linear(96, 10));
-  }
-  at::Tensor forward(at::Tensor x) {
-    x = torch::tanh(fc1(x));
-    x = torch::tanh(fc2(x));
-    x = torch::tanh(fc2(x));
-    return out(x);
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, out{nullptr};
-};
+using Net = TiedNet;
 
 struct Model {
   std::shared_ptr<Net> net;
@@ -48,13 +35,6 @@ Model make(const RuleCase& rc, StateFormat f, at::ScalarType dtype = at::kFloat,
   return m;
 }
 
-at::Tensor loss_of(Net& net, int64_t batch) {
-  torch::manual_seed(1000 + batch);
-  const at::Tensor x = torch::randn({32, 64}), y = torch::randint(10, {32});
-  const at::TensorOptions like = net.fc1->weight.options();
-  return torch::nn::functional::cross_entropy(net.forward(x.to(like.device(), like.dtype())).to(at::kFloat),
-                                              y.to(like.device()));
-}
 
 // `b` is offloaded through `off`; `a` steps its own parameters.
 void expect_same(const Model& a, const Model& b, const lo::HostOffload& off) {

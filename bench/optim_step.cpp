@@ -152,6 +152,13 @@ int main(int argc, char** argv) {
     lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true));
     report("AdamW-bf16-SR", StateFormat::Q8, time_steps(opt, p));
   }
+  // bf16 parameters with a 24-bit master correction (the memory floor's, and host offload's), Q8 and Q4.
+  for (StateFormat f : {StateFormat::Q8, StateFormat::Q4}) {
+    if (!want("AdamW-bf16-m24", lowbit::state_format_name(f))) continue;
+    at::Tensor p = at::randn({n}).to(at::kBFloat16);
+    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f).master_weight_bits(24));
+    report("AdamW-bf16-m24", f, time_steps(opt, p));
+  }
   // The other optimizers in Q8.
   if (want("Adam", "Q8")) {
     at::Tensor p = at::randn({n});

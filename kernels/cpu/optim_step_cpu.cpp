@@ -4,8 +4,8 @@
 // count or on how parameters are grouped. Each thread runs one contiguous share of all blocks.
 //
 // This file is the plan and the driver; per parameter it picks a loop (optim_step_parts.h): with
-// AVX-512 or else AVX2, those of kernels/cpu/x86, else the scalar loop (StepLaunch::scalar_loop
-// forces it, for tests). Every loop computes the same IEEE operations in the same order: the same
+// AVX-512 or else AVX2 (also for what AVX-512 has no loop for), those of kernels/cpu/x86, else the
+// scalar loop (StepLaunch::scalar_loop forces it, for tests). Every loop computes the same IEEE operations in the same order: the same
 // bits.
 #include "optim_step_cpu.h"
 
@@ -76,7 +76,8 @@ RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
   if (vector_path && cpu_has_avx512() && !has_correction(t)) return avx512_range_fn(rule, t);
 #endif
 #if LOWBIT_X86_AVX2_LOOPS
-  if (vector_path && !cpu_has_avx512() && cpu_has_avx2()) return avx2_range_fn(rule, t);
+  // Also where AVX-512 has no loop for t (a master-weight correction): the AVX2 loops take any state.
+  if (vector_path && cpu_has_avx2()) return avx2_range_fn(rule, t);
 #endif
   return scalar_range_fn(rule);
 }

@@ -63,24 +63,16 @@ int check_recompute(const gpt::Flags& f, const gpt::Corpus& c) {
   return check_same_bits("recompute", "stored activations", "checkpointed", plain, recompute, c);
 }
 
-// Gradient release steps each parameter inside backward() to the bits opt.step() after it gives:
-// the same losses and parameters with and without it (no clipping: release refuses it).
-int check_release(const gpt::Flags& f, const gpt::Corpus& c) {
-  gpt::Flags plain = f, released = f;
-  plain.gradient_release = false, released.gradient_release = true;
-  plain.clip = released.clip = 0;
-  plain.out = f.out + "_plain", released.out = f.out + "_released";
-  return check_same_bits("release", "step after backward", "released", plain, released, c);
-}
-
-// Host offload steps each parameter on the CPU from its gradient's hook, to the bits opt.step() on
-// the model's device gives: the same losses and parameters with and without it (no clipping).
-int check_offload(const gpt::Flags& f, const gpt::Corpus& c) {
-  gpt::Flags plain = f, offloaded = f;
-  plain.offload = false, offloaded.offload = true;
-  plain.clip = offloaded.clip = 0;
-  plain.out = f.out + "_plain", offloaded.out = f.out + "_offloaded";
-  return check_same_bits("offload", "step on the model's device", "offloaded", plain, offloaded, c);
+// A front end that steps each parameter from its gradient's hook gives the bits opt.step() after
+// backward() gives: the same losses and parameters with and without it (no clipping: both refuse it).
+// Gradient release steps inside backward(); host offload steps on the CPU, the state in host memory.
+int check_hook_step(const char* check, const char* name, bool gpt::Flags::*on, const gpt::Flags& f,
+                    const gpt::Corpus& c) {
+  gpt::Flags plain = f, hooked = f;
+  plain.*on = false, hooked.*on = true;
+  plain.clip = hooked.clip = 0;
+  plain.out = f.out + "_plain", hooked.out = f.out + "_" + name;
+  return check_same_bits(check, "step after backward", name, plain, hooked, c);
 }
 
 // The tiny CI run: validation loss well below its start, and the last training losses below the first.
@@ -132,8 +124,8 @@ int main(int argc, char** argv) {
     if (f.check_resume) return check_resume(f, c);
     if (f.check_decreases) return check_decreases(f, c);
     if (f.check_recompute) return check_recompute(f, c);
-    if (f.check_release) return check_release(f, c);
-    if (f.check_offload) return check_offload(f, c);
+    if (f.check_release) return check_hook_step("release", "released", &gpt::Flags::gradient_release, f, c);
+    if (f.check_offload) return check_hook_step("offload", "offloaded", &gpt::Flags::offload, f, c);
     gpt::train(f, c);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "gpt: %s\n", e.what_without_backtrace());

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include <lowbit/optim/host_offload.h>
+
 #include "memory.h"
 #include "model.h"
 #include "optimizer.h"
@@ -90,8 +92,9 @@ Trial run_trial(const Flags& f, int64_t layers, at::Device dev, const std::strin
       if (p.grad().defined()) t.grads += static_cast<int64_t>(p.grad().nbytes());
       largest = std::max<int64_t>(largest, static_cast<int64_t>(p.numel()) * p.element_size());
     }
-    // Released gradients: the largest parameter's at a time; offloaded: as many as the staging buffers (4).
-    t.grads_held = f.gradient_release ? largest : f.offload ? 4 * largest : t.grads;
+    // Released gradients: the largest parameter's at a time; offloaded: one per staging buffer.
+    const int64_t staged = lowbit::optim::HostOffloadOptions().staging_buffers();
+    t.grads_held = f.gradient_release ? largest : f.offload ? staged * largest : t.grads;
     t.state = opt->state_bytes();
     t.host = opt->host_bytes();
     t.ok = true;

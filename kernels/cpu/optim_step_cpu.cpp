@@ -5,8 +5,8 @@
 //
 // This file is the plan and the driver; per parameter it picks a loop (optim_step_parts.h): with
 // AVX-512 or else AVX2 (also for what AVX-512 has no loop for), those of kernels/cpu/x86, else the
-// scalar loop (StepLaunch::scalar_loop forces it, for tests). Every loop computes the same IEEE operations in the same order: the same
-// bits.
+// scalar loop (StepLaunch::scalar_loop forces it, for tests). Every loop computes the same IEEE
+// operations in the same order: the same bits.
 #include "optim_step_cpu.h"
 
 #include <omp.h>

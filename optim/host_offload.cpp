@@ -139,6 +139,7 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
   TORCH_CHECK(grad.scalar_type() == p.host.scalar_type() && grad.sizes() == p.host.sizes(), "HostOffload: the gradient "
               "of ", p.name, " has dtype ", grad.scalar_type(), " and shape ", grad.sizes(), "; its parameter has ",
               p.host.scalar_type(), " and ", p.host.sizes());
+  const bool weights_changed = version_of(p.device) != p.version;
   size_t s;
   {
     const Clock::time_point t0 = Clock::now();
@@ -147,10 +148,9 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
     s = free_staging.back();
     free_staging.pop_back();
     stats.stall_s += seconds_since(t0);
-    stats.bytes_to_host += bytes_of(grad) + (version_of(p.device) != p.version ? bytes_of(p.host) : 0);
+    stats.bytes_to_host += bytes_of(grad) + (weights_changed ? bytes_of(p.host) : 0);
   }
   const at::Tensor to = staging_view(s, grad);
-  const bool weights_changed = version_of(p.device) != p.version;
   Task task;
   task.param = k;
   task.staging = s;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tensors/build_info.h"
+#include "tensors/keyed_random.h"
 #include "tensors/qtensor.h"
 #include "tensors/quant_format.h"
 #include "optim/gradient_release.h"

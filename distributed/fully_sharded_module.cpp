@@ -81,6 +81,22 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
   std::vector<ShardedOptimizer::Unit> reduce_order;
   for (size_t u = n; u-- > 0;) reduce_order.push_back(in_forward[u]);
   reduce_order.push_back(in_forward[n]);
+  // FullyShardedOptions::initialize: by the parameter's name in the root module.
+  ShardedOptimizer::ShardFill fill;
+  if (options_.initialize) {
+    std::vector<std::pair<std::string, at::Tensor>> named(index.size());
+    for (const auto& g : optimizer->param_groups())
+      for (const at::Tensor& p : g.params()) {
+        const auto name = names.find(p.unsafeGetTensorImpl());
+        TORCH_CHECK(name != names.end(), kWho, ": FullyShardedOptions::initialize fills parameters by their name in "
+                    "the root module, and parameter ", index.at(p.unsafeGetTensorImpl()), " of the optimizer (shape ",
+                    p.sizes(), ") is not one of its parameters");
+        named[index.at(p.unsafeGetTensorImpl())] = {name->second, p};
+      }
+    fill = [init = options_.initialize, named = std::move(named)](size_t m, int64_t first, const at::Tensor& values) {
+      init(named[m].first, named[m].second, first, values);
+    };
+  }
   ShardedOptions so;
   so.overlap = true;
   so.release_gradients = true;
@@ -88,7 +104,8 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
   so.gradient_wire = options_.gradient_wire;
   sharded_.reset(new ShardedOptimizer(std::move(optimizer), std::move(comm), so, std::move(reduce_order),
                                       options_.step_in_backward, options_.device,
-                                      ShardedOptimizer::Precision{options_.param_dtype, options_.reduce_dtype}));
+                                      ShardedOptimizer::Precision{options_.param_dtype, options_.reduce_dtype},
+                                      std::move(fill)));
   unit_buckets_.resize(n + 1);
   for (size_t b = 0; b < sharded_->buckets_.size(); ++b) {
     const size_t r = sharded_->buckets_[b].unit;  // in reduce order

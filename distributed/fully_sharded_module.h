@@ -53,6 +53,18 @@ struct FullyShardedOptions {
   bool reshard_after_forward = true;
   // Copy rank 0's parameters to every rank when constructed (ranks then start identical).
   bool broadcast_parameters = true;
+  // Each rank fills its own shards instead (broadcast_parameters then unused): initialize(name,
+  // parameter, first_element, values) writes elements [first_element, first_element +
+  // values.numel()) of the flattened parameter into `values` (1-D, the shard's dtype, on its
+  // device). `name` is the parameter's in root->named_parameters(); its values are never read, so
+  // a model too large for any one process is built with at::empty on the host, whose untouched
+  // pages hold no memory. For the ranks to hold one model, a value may depend only on the
+  // parameter and the element's index: keyed_normal_ (tensors/keyed_random.h) gives random ones,
+  // the same in one process that fills each parameter whole. Parameters the optimizer does not
+  // train stay as the model holds them.
+  std::function<void(const std::string& name, const at::Tensor& parameter, int64_t first_element,
+                     const at::Tensor& values)>
+      initialize;
   // Gradient release for the fully sharded model (the memory floor): each unit's shards step as
   // soon as its gradients are reduced, inside backward(), and its gradient shard is dropped, so
   // no gradient outlives its unit's backward. step() then only finishes what backward() left

@@ -32,12 +32,12 @@ constexpr int64_t kGatherBytes = int64_t{128} << 20;
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options)
-    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}, false, std::nullopt, {}) {}
+    : ShardedOptimizer(std::move(optimizer), std::move(comm), options, {}, false, std::nullopt, {}, nullptr) {}
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                    std::shared_ptr<Communicator> comm, ShardedOptions options,
                                    std::vector<Unit> units, bool step_in_backward,
-                                   std::optional<at::Device> device, Precision precision)
+                                   std::optional<at::Device> device, Precision precision, ShardFill fill)
     : optimizer_(std::move(optimizer)),
       comm_(std::move(comm)),
       options_(options),
@@ -64,6 +64,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   TORCH_INTERNAL_ASSERT(!step_in_backward_ || fully_sharded());
   TORCH_INTERNAL_ASSERT(!device || fully_sharded());
   TORCH_INTERNAL_ASSERT((!precision_.compute && !precision_.reduce) || fully_sharded());
+  TORCH_INTERNAL_ASSERT(!fill || fully_sharded());
+  filled_ = static_cast<bool>(fill);
   if (step_in_backward_) check_step_in_backward();
   torch::NoGradGuard no_grad;
   const int rank = comm_->rank();
@@ -123,7 +125,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
         c10::str(kWho, " (ShardedOptions::overlap)"), std::move(ps), [this](size_t m) { return name(m); },
         [this](size_t m, const at::Tensor& param) { on_gradient(m, param); });
   }
-  // Buckets: the parameters are copied in, made identical on every rank, then become views.
+  // Buckets: the parameters are copied in, made identical on every rank (or each rank fills what
+  // it owns), then become views.
   std::vector<std::vector<size_t>> planned = plan_buckets();
   int64_t float_chunks = 0;
   for (const std::vector<size_t>& members : planned) {
@@ -164,9 +167,15 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       pr.bucket = buckets_.size();
       pr.flat_offset = b.layout.offsets[k];
       pr.in_flat_grad = b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes());
-      b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
+      if (!fill) {
+        b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
+        continue;
+      }
+      const auto range = b.layout.owned(k, rank, pr.param.numel());
+      if (range.first < range.second)
+        fill(b.members[k], range.first, b.flat_param.narrow(0, pr.flat_offset + range.first, range.second - range.first));
     }
-    if (options_.broadcast_parameters) comm_->broadcast(b.flat_param, 0);
+    if (options_.broadcast_parameters && !fill) comm_->broadcast(b.flat_param, 0);
     for (size_t m : b.members) {
       Param& pr = params_[m];
       pr.param.set_data(b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
@@ -249,6 +258,7 @@ void ShardedOptimizer::check_ranks_agree() {
       {"ShardedOptions::bucket_bytes", options_.bucket_bytes},
       {"ShardedOptions::release_gradients", options_.release_gradients},
       {"ShardedOptions::broadcast_parameters", options_.broadcast_parameters},
+      {"FullyShardedOptions::initialize (set or not)", filled_},
   };
   for (const auto& [what, w] : {std::make_pair(gradient_wire_option(), &options_.gradient_wire),
                                 std::make_pair("ShardedOptions::update_wire", &options_.update_wire)}) {

@@ -185,9 +185,12 @@ class ShardedOptimizer {
   // step_in_backward: each bucket steps as soon as its gradients are reduced, and drops its
   // gradient shard (FullyShardedOptions::step_in_backward).
   // device: where the shards live when the parameters start on the host.
+  // fill (FullyShardedOptions::initialize): writes parameter m's elements [first_element,
+  // first_element + values.numel()) into values, in place of copying and broadcasting the parameter.
+  using ShardFill = std::function<void(size_t m, int64_t first_element, const at::Tensor& values)>;
   ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
                    ShardedOptions options, std::vector<Unit> units, bool step_in_backward,
-                   std::optional<at::Device> device, Precision precision = {});
+                   std::optional<at::Device> device, Precision precision = {}, ShardFill fill = nullptr);
   void gather(size_t bucket);   // every rank's shard into flat_param (its parameters' memory)
   void release(size_t bucket) { release(buckets_[bucket]); }  // the parameters' memory dropped; the shard stays
   // Buckets [0, end) reduced now: the gradients no hook took from .grad, zeros where a parameter
@@ -317,6 +320,7 @@ class ShardedOptimizer {
   Precision precision_;
   at::Tensor backward_found_;  // step_in_backward: float32 [1], a bucket of this step was skipped
   bool fully_sharded() const { return !units_.empty(); }
+  bool filled_ = false;  // each rank filled its own shards (ShardFill)
   // The gradient wire's option as the user set it, for errors.
   const char* gradient_wire_option() const {
     return fully_sharded() ? "FullyShardedOptions::gradient_wire" : "ShardedOptions::gradient_wire";

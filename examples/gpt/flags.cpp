@@ -63,6 +63,8 @@ std::string usage() {
          "  data      --data FILE|DIR (default /usr/share/games/fortunes) --data-limit BYTES --val-every N\n"
          "  training  --steps N --batch N --warmup N --lr X --min-lr-ratio X --weight-decay X --beta1 X --beta2 X\n"
          "            --eps X --clip X (0 = off) --seed N --device cpu|cuda[:i] --threads N --no-tf32 --deterministic\n"
+         "            --init torch|keyed (initial weights from torch's generator, or keyed by element index: the same\n"
+         "            values however the model is sharded, each --fully-sharded rank filling only its own shards)\n"
          "  optimizer --optimizer adamw|adam|lion|sgd|rmsprop|adagrad|ademamix|lamb|torch-adamw\n"
          "            --state-format FP32|BF16|Q8|Q4|FP8|C8 --fp8-second-moment E4M3|E5M2 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
@@ -72,7 +74,7 @@ std::string usage() {
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
          "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
-         "            the host by rank 0; with --gradient-release each unit steps in backward)\n"
+         "            the host by rank 0, or with --init keyed by no rank; with --gradient-release each unit steps in backward)\n"
          "            --param-dtype bf16 (with --dtype fp32: float32 shards, units computing in bfloat16) --reduce-dtype fp32|bf16\n"
          "            --timeline STEP (over NCCL, rank 0: that step's collectives on the GPU beside forward / backward / step)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
@@ -157,6 +159,10 @@ Flags parse_flags(int argc, char** argv) {
       (a == "--wire-gradients" ? f.wire_gradients : f.wire_updates) = v;
     }
     else if (a == "--seed") f.seed = static_cast<uint64_t>(to_int(a, next(), 0, kMax));
+    else if (a == "--init") {
+      f.init = next();
+      if (f.init != "torch" && f.init != "keyed") bad(a, "'" + f.init + "'", "torch or keyed");
+    }
     else if (a == "--device") {
       f.device = next();
       try {

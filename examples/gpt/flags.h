@@ -33,6 +33,10 @@ struct Flags {
   bool offload = false;             // lowbit::optim::HostOffload: state on the host, stepped by the CPU in backward
   bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)
   uint64_t seed = 1;
+  // The initial weights: "torch" (torch's generator) or "keyed" (a function of the parameter, the
+  // seed and the element's index, ModelConfig::keyed_init: --fully-sharded ranks fill only their
+  // own shards instead of rank 0 building and broadcasting the model).
+  std::string init = "torch";
   std::string device = "cpu";
   int threads = 0;                  // 0: libtorch's default
   bool tf32 = true;                 // fp32 matmuls on CUDA through TF32

@@ -9,6 +9,9 @@
 #include "model.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 namespace gpt {
 
@@ -39,13 +42,34 @@ at::Tensor param(torch::nn::Module& m, const std::string& name, at::IntArrayRef 
   return m.register_parameter(name, at::empty(shape, at::TensorOptions().dtype(c.dtype).device(c.device)));
 }
 
-// w ~ N(0, std), drawn on c.init_device where set.
-void init_normal(at::Tensor& w, double std, const ModelConfig& c) {
-  if (!c.init_device || *c.init_device == w.device()) {
-    w.normal_(0.0, std);
-    return;
+// GPT-2's initialization, by a parameter's name ("h3.qkv_w" or its last part): weights N(0, 0.02),
+// the residual projections' scaled by 1/sqrt(2 * layers), the position embedding's N(0, 0.01);
+// LayerNorm weights 1, biases 0.
+struct Init {
+  bool normal;   // N(0, value), else the constant value
+  double value;
+};
+
+Init init_of(const std::string& name, const ModelConfig& c) {
+  const std::string leaf = name.substr(name.rfind('.') + 1);  // npos + 1 == 0: the whole name
+  if (leaf == "wpe") return {true, 0.01};
+  if (leaf == "proj_w" || leaf == "fc_proj_w") return {true, 0.02 / std::sqrt(2.0 * c.layers)};
+  if (leaf.size() > 2 && leaf.compare(leaf.size() - 2, 2, "_b") == 0) return {false, 0.0};
+  if (leaf.rfind("ln", 0) == 0) return {false, 1.0};
+  return {true, 0.02};
+}
+
+// Torch's generator, drawn on c.init_device where set; the caller's order of calls is the order
+// values are drawn in.
+void init_with_torch(at::Tensor& w, const std::string& name, const ModelConfig& c) {
+  const Init i = init_of(name, c);
+  if (!i.normal) {
+    w.fill_(i.value);
+  } else if (!c.init_device || *c.init_device == w.device()) {
+    w.normal_(0.0, i.value);
+  } else {
+    w.copy_(at::empty(w.sizes(), w.options().device(*c.init_device)).normal_(0.0, i.value));
   }
-  w.copy_(at::empty(w.sizes(), w.options().device(*c.init_device)).normal_(0.0, std));
 }
 
 }  // namespace
@@ -70,16 +94,13 @@ BlockImpl::BlockImpl(const ModelConfig& c, int64_t index) : heads_(c.heads), che
   fc_b_ = param(*this, "fc_b", {4 * d}, c);
   fc_proj_w_ = param(*this, "fc_proj_w", {d, 4 * d}, c);
   fc_proj_b_ = param(*this, "fc_proj_b", {d}, c);
-  // GPT-2's initialization: N(0, 0.02), residual projections scaled by 1/sqrt(2 * layers).
-  if (!c.initialize) return;
+  if (!c.initialize || c.keyed_init) return;  // keyed: GPTImpl's constructor or the shards' owners
   torch::NoGradGuard ng;
-  const double resid_std = 0.02 / std::sqrt(2.0 * c.layers);
-  for (at::Tensor* w : {&ln1_w_, &ln2_w_}) w->fill_(1.0);
-  for (at::Tensor* b : {&ln1_b_, &ln2_b_, &qkv_b_, &proj_b_, &fc_b_, &fc_proj_b_}) b->zero_();
-  init_normal(qkv_w_, 0.02, c);
-  init_normal(fc_w_, 0.02, c);
-  init_normal(proj_w_, resid_std, c);
-  init_normal(fc_proj_w_, resid_std, c);
+  for (const auto& [name, w] : std::initializer_list<std::pair<const char*, at::Tensor*>>{
+           {"ln1_w", &ln1_w_}, {"ln2_w", &ln2_w_}, {"ln1_b", &ln1_b_}, {"ln2_b", &ln2_b_}, {"qkv_b", &qkv_b_},
+           {"proj_b", &proj_b_}, {"fc_b", &fc_b_}, {"fc_proj_b", &fc_proj_b_}, {"qkv_w", &qkv_w_}, {"fc_w", &fc_w_},
+           {"proj_w", &proj_w_}, {"fc_proj_w", &fc_proj_w_}})
+    init_with_torch(*w, name, c);
   (void)index;
 }
 
@@ -121,18 +142,31 @@ GPTImpl::GPTImpl(const ModelConfig& c) : cfg_(c) {
   TORCH_CHECK(c.width % c.heads == 0, "--width ", c.width, " is not a multiple of --heads ", c.heads);
   wte_ = param(*this, "wte", {c.vocab, c.width}, c);
   wpe_ = param(*this, "wpe", {c.context, c.width}, c);
-  if (c.initialize) {
+  const bool torch_init = c.initialize && !c.keyed_init;
+  if (torch_init) {
     torch::NoGradGuard ng;
-    init_normal(wte_, 0.02, c);
-    init_normal(wpe_, 0.01, c);
+    init_with_torch(wte_, "wte", c);
+    init_with_torch(wpe_, "wpe", c);
   }
   for (int64_t i = 0; i < c.layers; ++i) blocks_.push_back(register_module("h" + std::to_string(i), Block(c, i)));
   lnf_w_ = param(*this, "lnf_w", {c.width}, c);
   lnf_b_ = param(*this, "lnf_b", {c.width}, c);
   if (!c.initialize) return;
   torch::NoGradGuard ng;
-  lnf_w_.fill_(1.0);
-  lnf_b_.zero_();
+  if (torch_init) {
+    init_with_torch(lnf_w_, "lnf_w", c);
+    init_with_torch(lnf_b_, "lnf_b", c);
+    return;
+  }
+  for (const auto& item : named_parameters()) init_values(item.key(), 0, item.value().view({-1}));
+}
+
+void GPTImpl::init_values(const std::string& name, int64_t first, const at::Tensor& values) const {
+  const Init i = init_of(name, cfg_);
+  if (i.normal)
+    lowbit::keyed_normal_(values, 0.0, i.value, lowbit::keyed_random_key(name, cfg_.seed), first);
+  else
+    values.fill_(i.value);
 }
 
 void GPTImpl::set_fake_quant(int64_t weight_group_size, int64_t weight_bits) {

@@ -25,6 +25,11 @@ struct ModelConfig {
   // Where the initial values are drawn (then copied to `device`): a GPU draws a host-built model's
   // tens of billions of values in seconds, the host in minutes.
   std::optional<at::Device> init_device;
+  // --init keyed: each value a function of the parameter's name, `seed` and the element's index
+  // (lowbit::keyed_normal_), so a fully sharded rank fills only its own shards (GPTImpl::init_values)
+  // and gets what one process gets; otherwise torch's generator, seeded by the caller.
+  bool keyed_init = false;
+  uint64_t seed = 0;
 };
 
 // Parameters of a model of this shape (embeddings counted once: the head is tied).
@@ -63,6 +68,9 @@ class GPTImpl : public torch::nn::Module {
   using Fn = std::function<at::Tensor()>;
   void run_through(std::function<at::Tensor(const Fn&)> whole, std::function<at::Tensor(size_t, const Fn&)> unit);
   std::vector<std::shared_ptr<torch::nn::Module>> block_modules() const;
+  // --init keyed: elements [first, first + values.numel()) of the flattened parameter `name` (its name
+  // in this model, "h3.qkv_w") written into values: GPT-2's initialization, keyed by element index.
+  void init_values(const std::string& name, int64_t first, const at::Tensor& values) const;
 
  private:
   std::function<at::Tensor(const Fn&)> whole_;

@@ -80,6 +80,10 @@ class FullySharded : public TrainOptimizer {
     if (!f.param_dtype.empty()) fo.param_dtype = dtype(f.param_dtype);
     if (!f.reduce_dtype.empty()) fo.reduce_dtype = dtype(f.reduce_dtype);
     fo.gradient_wire = wire(f.wire_gradients, false);
+    if (f.init == "keyed")
+      fo.initialize = [&model](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
+        model.init_values(name, first, values);
+      };
     fsdp_ = std::make_unique<ld::FullyShardedModule>(root, model.block_modules(), inner_, communicator(), fo);
     model.run_through([this](const GPTImpl::Fn& fn) { return fsdp_->forward(fn); },
                       [this](size_t b, const GPTImpl::Fn& fn) { return fsdp_->unit(b, fn); });
@@ -89,6 +93,7 @@ class FullySharded : public TrainOptimizer {
       << (f.param_dtype.empty() ? "" : ", computing in " + f.param_dtype)
       << (f.wire_gradients == "none" ? "" : ", gradients over the wire in " + f.wire_gradients)
       << (f.reduce_dtype.empty() ? "" : ", reducing in " + f.reduce_dtype)
+      << (f.init == "keyed" ? ", each rank filling its own shards" : "")
       << "): " << fsdp_->shard_bytes() << " of " << fsdp_->model_bytes() << " parameter bytes held per rank";
     what_ = s.str();
   }

@@ -233,16 +233,19 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   TORCH_CHECK(f.compare.empty() || job(f).rank != 0 || std::ifstream(f.compare).good(), "--compare: cannot read ",
               f.compare);
   const at::Device dev = device_of(f);
+  const auto t_setup = Clock::now();
   torch::manual_seed(f.seed);
   ModelConfig mc;
   mc.vocab = f.vocab, mc.context = f.context, mc.layers = f.layers, mc.width = f.width, mc.heads = f.heads;
   mc.dtype = f.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   mc.device = dev, mc.checkpoint_activations = f.checkpoint_activations;
+  mc.keyed_init = f.init == "keyed", mc.seed = f.seed;
   if (f.fully_sharded) {
-    // Built on the host, by rank 0 only (the others' pages stay untouched: rank 0's values are
-    // broadcast), and sharded onto the GPUs: a model larger than one GPU never has to fit on one.
+    // Built on the host and sharded onto the GPUs: a model larger than one GPU never has to fit on
+    // one. Rank 0 initializes it and broadcasts its values (the others' pages stay untouched), or,
+    // keyed, no rank does and each fills its own shards (parallel.cpp).
     mc.device = at::kCPU;
-    mc.initialize = job(f).rank == 0;
+    mc.initialize = job(f).rank == 0 && !mc.keyed_init;
     if (dev.is_cuda()) mc.init_device = dev;
   }
   TORCH_CHECK(c.bpe.vocab() <= f.vocab, "the tokenizer has ", c.bpe.vocab(), " tokens, more than --vocab ", f.vocab);
@@ -250,6 +253,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   const std::vector<at::Tensor> params = model->parameters();
   std::unique_ptr<TrainOptimizer> opt = make_optimizer(f, params, model.get());
   int64_t start = 0;
+  const double setup_s = seconds_since(t_setup);
   if (!f.resume.empty()) start = load_checkpoint(f.resume, f, c, model, *opt, dev);
   TORCH_CHECK(start < f.steps, "--resume ", f.resume, ": the checkpoint is at step ", start, ", nothing left of --steps ", f.steps);
   const int64_t end = f.stop_after ? f.stop_after : f.steps;
@@ -263,6 +267,8 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
     std::printf("data: %lld training tokens (%lld bytes), %lld validation tokens (%lld bytes); batch %lld x %lld tokens\n",
                 (long long)c.train.numel(), (long long)c.train_bytes, (long long)c.val.numel(), (long long)c.val_bytes,
                 (long long)f.batch, (long long)f.context);
+    std::printf("set-up: model built and initialized (--init %s), optimizer made%s: %.1f s\n", f.init.c_str(),
+                opt->fully_sharded() ? ", parameters sharded" : "", setup_s);
     if (start) std::printf("resumed from %s at step %lld\n", f.resume.c_str(), (long long)start);
   }
 

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 #include <lowbit/distributed/compressed_wire.h>
 #include <lowbit/distributed/flat_layout.h>
 #include <lowbit/optim/step_calls.h>
+#include <lowbit/tensors/keyed_random.h>
 #include <lowbit/tensors/wire_ops.h>
 
 namespace lowbit_test {
@@ -76,7 +78,15 @@ struct FsdpRun {
   GradFn reference_grad;
   int64_t skipped = 0;  // steps the module reports skipped
   bool host_built = false;  // the model built on the host, sharded onto device() (FullyShardedOptions::device)
+  // Each rank fills its shards with keyed_normal_ (FullyShardedOptions::initialize) from NaN
+  // parameters it must never read; the one process fills its parameters whole.
+  bool keyed_init = false;
 };
+
+// keyed_init's values: each parameter by its name in the crafted model.
+void fill_keyed(const std::string& name, int64_t first, const at::Tensor& values) {
+  lowbit::keyed_normal_(values, 0.0, 0.5, lowbit::keyed_random_key(name, 7), first);
+}
 
 // The mean gradient a fully sharded step over FullyShardedOptions::gradient_wire steps with, replayed
 // in one process with the wire's ATen reference: per unit (the crafted model's buckets: {0, 1},
@@ -131,9 +141,17 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
   std::vector<at::Tensor> params = make_params(dtype, run.host_built ? at::Device(at::kCPU) : device()),
                           ref_params = make_params(dtype, device());
   CraftedModel model(params);
+  ld::FullyShardedOptions options = run.options;
+  if (run.keyed_init) {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& p : params) p.fill_(std::numeric_limits<double>::quiet_NaN());
+    for (const auto& item : CraftedModel(ref_params)->named_parameters()) fill_keyed(item.key(), 0, item.value());
+    options.initialize = [](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
+      fill_keyed(name, first, values);
+    };
+  }
   std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
   std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
-  ld::FullyShardedOptions options = run.options;
   if (run.host_built) options.device = device();
   ld::FullyShardedModule fsdp(model.ptr(), model->unit_modules(), inner, comm_ptr(), options);
   for (const at::Tensor& p : params) EXPECT_EQ(p.device(), device());
@@ -268,6 +286,26 @@ TEST(FullyShardedModule, Bf16WithStochasticRoundingOrAMasterCorrectionMatchesOne
       return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4).master_weight_bits(bits));
     }, at::kBFloat16);
   }
+}
+
+// Each rank filling only its own shards (FullyShardedOptions::initialize, keyed_normal_) gives the
+// model one process gets filling every parameter whole: float32, bf16 with a master correction,
+// float32 shards computing in bf16, the model built on the host.
+TEST(FullyShardedModule, RanksFillingTheirOwnShardsMatchOneProcessFillingWholeParameters) {
+  FsdpRun keyed;
+  keyed.keyed_init = true;
+  expect_fsdp_same_as_one_process([](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q8));
+  }, at::kFloat, keyed);
+  expect_fsdp_same_as_one_process([](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::AdamW>(p, lo::AdamWOptions(1e-2).state_format(StateFormat::Q4).master_weight_bits(24));
+  }, at::kBFloat16, keyed);
+  FsdpRun mixed = keyed;
+  mixed.options.param_dtype = at::kBFloat16;
+  mixed.host_built = true;
+  expect_fsdp_same_as_one_process([](std::vector<at::Tensor>& p) {
+    return std::make_unique<lo::Lion>(p, lo::LionOptions(1e-3).state_format(StateFormat::Q8));
+  }, at::kFloat, mixed);
 }
 
 TEST(FullyShardedModule, KeptAfterForwardMicroBatchesAndUnusedParametersMatchOneProcess) {
@@ -572,6 +610,15 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
     expect_error([&] {
       ld::FullyShardedModule f(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr(), wire);
     }, "FullyShardedModule: the ranks disagree on FullyShardedOptions::gradient_wire.format: rank 0 has ");
+    // ... or on whether each fills its own shards (rank 0 would broadcast to ranks that do not listen).
+    ld::FullyShardedOptions filled;
+    if (comm().rank() != 0)
+      filled.initialize = [](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
+        fill_keyed(name, first, values);
+      };
+    expect_error([&] {
+      ld::FullyShardedModule f(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr(), filled);
+    }, "FullyShardedModule: the ranks disagree on FullyShardedOptions::initialize (set or not): rank 0 has 0");
   }
   ld::FullyShardedModule fsdp(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr());
   expect_error([&] { fsdp.unit(0, [] { return at::Tensor(); }); }, "unit(0) outside forward()");

@@ -15,7 +15,7 @@ set(expected
   optim/state_format.h optim/state_layout.h
   qat/fake_quant_autograd.h qat/fake_quant_config.h qat/fake_quantized_modules.h qat/fake_quantizer.h qat/int_mm_linear.h
   qat/packed_weight.h qat/prepare_convert.h qat/qat.h qat/quantized_modules.h
-  tensors/build_info.h tensors/qtensor.h tensors/quant_format.h)
+  tensors/build_info.h tensors/keyed_random.h tensors/qtensor.h tensors/quant_format.h)
 if(WITH_MPI)
   list(APPEND expected distributed/communicator.h distributed/compressed_wire.h distributed/distributed.h
        distributed/flat_layout.h distributed/fully_sharded_module.h distributed/init.h distributed/launch_env.h

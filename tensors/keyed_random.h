@@ -19,7 +19,7 @@ namespace lowbit {
 
 // out[i] (row-major order of out, contiguous or not) = mean + std * z(key, first_element + i),
 // z a standard normal: Box-Muller from two 32-bit hashes of the element index, in float64 with
-// log and cos as polynomials accurate to about 1e-13, then rounded to out's dtype (float64;
+// kernels/common/det_math.h's log and cos (a few ulps), then rounded to out's dtype (float64;
 // float32; bfloat16 or float16 through float32). out on the CPU or a GPU; first_element >= 0;
 // mean and std finite, std >= 0.
 void keyed_normal_(const at::Tensor& out, double mean, double std, uint64_t key, int64_t first_element = 0);

@@ -1,4 +1,4 @@
-// Deterministic double-precision pow (integer exponent), exp and log from IEEE +, -, *, / and bit
+// Deterministic double-precision pow (integer exponent), exp, log and cos from IEEE +, -, *, / and bit
 // operations only. Library exp/log/pow differ between glibc, CUDA and ROCm in the last bit; these
 // give the same bits on every backend (the build turns off contraction), so per-step values derived
 // on a GPU equal the CPU's. Accuracy: a few ulps of double, far below the float they are rounded to.
@@ -92,6 +92,30 @@ LOWBIT_HD double det_exp(double x) {
   }
   if (k < -1022) return sum * det_exp2i(k + 54) * 5.551115123125783e-17;  // 2^-54
   return sum * det_exp2i(k);
+}
+
+// cos(2 pi u) for u in [0, 1). With a = |u - 1/2| and b = min(a, 1/2 - a) in [0, 1/4] (exact for
+// any u a multiple of 2^-53 or coarser), cos(2 pi u) = -cos(2 pi a), which is cos(2 pi b) where
+// a > 1/4 and -cos(2 pi b) where not; cos's Taylor series at x = 2 pi b <= pi / 2 through x^20 errs
+// by less than 1e-16.
+LOWBIT_HD double det_cos_turns(double u) {
+  const double a = u < 0.5 ? 0.5 - u : u - 0.5;
+  const double b = a < 0.5 - a ? a : 0.5 - a;
+  const double x = b * 6.28318530717958647692, x2 = x * x;
+  constexpr double c[11] = {1.0,
+                            -1.0 / 2,
+                            1.0 / 24,
+                            -1.0 / 720,
+                            1.0 / 40320,
+                            -1.0 / 3628800,
+                            1.0 / 479001600,
+                            -1.0 / 87178291200.0,
+                            1.0 / 20922789888000.0,
+                            -1.0 / 6402373705728000.0,
+                            1.0 / 2432902008176640000.0};
+  double s = c[10];
+  for (int j = 9; j >= 0; --j) s = s * x2 + c[j];
+  return a > 0.25 ? s : -s;
 }
 
 }  // namespace kernels

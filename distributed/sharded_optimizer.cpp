@@ -136,6 +136,9 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
     float_chunks += plan_flat_layout(entries, comm_->size()).chunk;
   }
+  // FullyShardedOptions::initialize: every bucket's own range filled first, and the ranks agree that
+  // it went well before any parameter becomes a view of the buckets (a refusal changes nothing).
+  const std::vector<at::Tensor> filled = fill ? fill_own_ranges(planned, fill) : std::vector<at::Tensor>{};
   if (float_chunks > 0) float_shards_ = at::zeros({float_chunks}, at::TensorOptions().dtype(at::kFloat).device(device_));
   int64_t float_used = 0;
   for (std::vector<size_t>& members : planned) {
@@ -167,15 +170,12 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       pr.bucket = buckets_.size();
       pr.flat_offset = b.layout.offsets[k];
       pr.in_flat_grad = b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes());
-      if (!fill) {
-        b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
-        continue;
-      }
-      const auto range = b.layout.owned(k, rank, pr.param.numel());
-      if (range.first < range.second)
-        fill(b.members[k], range.first, b.flat_param.narrow(0, pr.flat_offset + range.first, range.second - range.first));
+      if (!fill) b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
     }
-    if (options_.broadcast_parameters && !fill) comm_->broadcast(b.flat_param, 0);
+    if (fill)
+      b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk).copy_(filled[buckets_.size()]);
+    else if (options_.broadcast_parameters)
+      comm_->broadcast(b.flat_param, 0);
     for (size_t m : b.members) {
       Param& pr = params_[m];
       pr.param.set_data(b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
@@ -237,6 +237,39 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;  // hooks_ removes the hooks
+
+std::vector<at::Tensor> ShardedOptimizer::fill_own_ranges(const std::vector<std::vector<size_t>>& planned,
+                                                          const ShardFill& fill) {
+  const int rank = comm_->rank();
+  std::vector<at::Tensor> out;
+  std::string error;
+  try {
+    for (const std::vector<size_t>& members : planned) {
+      std::vector<FlatEntry> entries;
+      for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
+      const FlatLayout layout = plan_flat_layout(entries, comm_->size());
+      out.push_back(at::zeros({layout.chunk}, at::TensorOptions().dtype(params_[members[0]].param.scalar_type()).device(device_)));
+      for (size_t k = 0; k < members.size(); ++k) {
+        const auto range = layout.owned(k, rank, params_[members[k]].param.numel());
+        if (range.first < range.second)
+          fill(members[k], range.first,
+               out.back().narrow(0, layout.offsets[k] + range.first - rank * layout.chunk, range.second - range.first));
+      }
+    }
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device_));
+  comm_->all_reduce(failed, ReduceOp::Sum);
+  const int64_t failures = failed.cpu().item<int64_t>();
+  TORCH_CHECK(error.empty(), "FullyShardedModule: FullyShardedOptions::initialize failed on rank ", rank, ": ", error,
+              " (nothing was changed)");
+  TORCH_CHECK(failures == 0, "FullyShardedModule: FullyShardedOptions::initialize failed on ", failures,
+              " other rank(s) (nothing was changed)");
+  return out;
+}
 
 std::string ShardedOptimizer::name(size_t m) const {
   return c10::str("parameter ", params_[m].index, " of group ", params_[m].group);

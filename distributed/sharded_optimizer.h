@@ -188,6 +188,8 @@ class ShardedOptimizer {
   // fill (FullyShardedOptions::initialize): writes parameter m's elements [first_element,
   // first_element + values.numel()) into values, in place of copying and broadcasting the parameter.
   using ShardFill = std::function<void(size_t m, int64_t first_element, const at::Tensor& values)>;
+  // This rank's range of each planned bucket, filled; every rank throws if any rank's fill threw.
+  std::vector<at::Tensor> fill_own_ranges(const std::vector<std::vector<size_t>>& planned, const ShardFill& fill);
   ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optimizer, std::shared_ptr<Communicator> comm,
                    ShardedOptions options, std::vector<Unit> units, bool step_in_backward,
                    std::optional<at::Device> device, Precision precision = {}, ShardFill fill = nullptr);

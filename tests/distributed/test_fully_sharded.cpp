@@ -620,6 +620,27 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
       ld::FullyShardedModule f(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr(), filled);
     }, "FullyShardedModule: the ranks disagree on FullyShardedOptions::initialize (set or not): rank 0 has 0");
   }
+  // An initialize that throws on the last rank: every rank refuses, naming it, and no parameter changed.
+  {
+    std::vector<at::Tensor> before;
+    for (const at::Tensor& p : params) before.push_back(p.detach().clone());
+    std::vector<const void*> data;
+    for (const at::Tensor& p : params) data.push_back(p.data_ptr());
+    const int last = comm().size() - 1;
+    ld::FullyShardedOptions throwing;
+    throwing.initialize = [last](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
+      TORCH_CHECK(comm().rank() != last, "no values for ", name);
+      fill_keyed(name, first, values);
+    };
+    const std::string mine = c10::str("initialize failed on rank ", last, ": no values for unit");
+    expect_error([&] {
+      ld::FullyShardedModule f(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr(), throwing);
+    }, comm().rank() == last ? mine : "initialize failed on 1 other rank(s) (nothing was changed)");
+    for (size_t k = 0; k < params.size(); ++k) {
+      EXPECT_EQ(params[k].data_ptr(), data[k]) << "parameter " << k;
+      EXPECT_TRUE(bitwise_equal(params[k], before[k])) << "parameter " << k;
+    }
+  }
   ld::FullyShardedModule fsdp(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr());
   expect_error([&] { fsdp.unit(0, [] { return at::Tensor(); }); }, "unit(0) outside forward()");
   expect_error([&] {

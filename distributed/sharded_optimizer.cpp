@@ -138,7 +138,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   }
   // FullyShardedOptions::initialize: every bucket's own range filled first, and the ranks agree that
   // it went well before any parameter becomes a view of the buckets (a refusal changes nothing).
-  const std::vector<at::Tensor> filled = fill ? fill_own_ranges(planned, fill) : std::vector<at::Tensor>{};
+  std::vector<at::Tensor> filled = fill ? fill_own_ranges(planned, fill) : std::vector<at::Tensor>{};
   if (float_chunks > 0) float_shards_ = at::zeros({float_chunks}, at::TensorOptions().dtype(at::kFloat).device(device_));
   int64_t float_used = 0;
   for (std::vector<size_t>& members : planned) {
@@ -183,7 +183,10 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     if (fully_sharded()) {
       // The shard persists; the whole buffers get memory only while in use.
       b.unit = unit_of[b.members[0]];
-      b.shard = b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk).clone();
+      // Filled: the shard is the filled range itself (no second copy of it: at the memory floor
+      // every rank's shards are most of what it holds).
+      b.shard = fill ? std::move(filled[buckets_.size()])
+                     : b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk).clone();
       // Mixed precision: the parameters compute (and are gathered) in b.compute from here on.
       if (b.compute != b.dtype) b.flat_param = at::zeros({b.layout.total}, opts.dtype(b.compute));
       int64_t end = 0;

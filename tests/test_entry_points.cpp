@@ -15,6 +15,7 @@
 #include "checkpoint_edit.h"
 #include "test_util.h"
 
+#include <lowbit/tensors/keyed_random.h>
 #include <lowbit/tensors/optim_ops.h>
 #include <lowbit/tensors/wire_ops.h>
 
@@ -110,6 +111,21 @@ std::vector<Row> rows() {
                {"lamb_add_block_sums", "range 0", "first 8", "count 3", "10 blocks"}});
   r.push_back({"lamb_add_block_sums: float32 sums", [=] { lowbit::ops::lamb_add_block_sums(sums.to(at::kFloat), {0}, {1}); },
                {"lamb_add_block_sums", "float64"}});
+
+  // ---- keyed_normal_ (a fully sharded model's initial values, filled per shard)
+  const auto values = at::zeros({8});
+  r.push_back({"keyed_normal_: integer out", [] { lowbit::keyed_normal_(at::zeros({8}, at::kLong), 0, 1, 1); },
+               {"keyed_normal_", "out has dtype Long"}});
+  r.push_back({"keyed_normal_: meta out", [] { lowbit::keyed_normal_(at::empty({8}, at::Device(at::kMeta)), 0, 1, 1); },
+               {"keyed_normal_", "out is on meta"}});
+  r.push_back({"keyed_normal_: mean NaN", [=] { lowbit::keyed_normal_(values, kNaN, 1, 1); }, {"keyed_normal_", "mean is nan"}});
+  r.push_back({"keyed_normal_: std negative", [=] { lowbit::keyed_normal_(values, 0, -0.5, 1); },
+               {"keyed_normal_", "std is -0.5"}});
+  r.push_back({"keyed_normal_: std Inf", [=] { lowbit::keyed_normal_(values, 0, kInf, 1); }, {"keyed_normal_", "std is inf"}});
+  r.push_back({"keyed_normal_: first_element negative", [=] { lowbit::keyed_normal_(values, 0, 1, 1, -3); },
+               {"keyed_normal_", "first_element is -3"}});
+  r.push_back({"keyed_normal_: indices past 2^63", [=] { lowbit::keyed_normal_(values, 0, 1, 1, INT64_MAX - 4); },
+               {"keyed_normal_", "first_element is 9223372036854775803", "8 elements"}});
 
   // ---- optimizer options: common ones and each optimizer's hyper-parameters
   r.push_back({"lr NaN", [] { lo::AdamW o({at::zeros({4})}, lo::AdamWOptions(kNaN)); }, {"lr must be", "nan"}});

@@ -132,9 +132,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   for (const std::vector<size_t>& members : planned) {
     if (options_.zero1 || step_in_backward_ || reduce_dtype(params_[members[0]].param.scalar_type()) != at::kFloat)
       continue;
-    std::vector<FlatEntry> entries;
-    for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
-    float_chunks += plan_flat_layout(entries, comm_->size()).chunk;
+    float_chunks += layout_of(members).chunk;
   }
   // FullyShardedOptions::initialize: every bucket's own range filled first, and the ranks agree that
   // it went well before any parameter becomes a view of the buckets (a refusal changes nothing).
@@ -147,9 +145,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     b.compute = compute_dtype(b.dtype);
     b.reduce = reduce_dtype(b.dtype);
     b.members = std::move(members);
-    std::vector<FlatEntry> entries;
-    for (size_t m : b.members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
-    b.layout = plan_flat_layout(entries, comm_->size());
+    b.layout = layout_of(b.members);
     const auto opts = at::TensorOptions().dtype(b.dtype).device(device_);
     b.flat_param = at::zeros({b.layout.total}, opts);
     b.flat_grad = at::zeros({b.layout.total}, opts.dtype(b.reduce));
@@ -172,10 +168,8 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       pr.in_flat_grad = b.flat_grad.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes());
       if (!fill) b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()).copy_(pr.param);
     }
-    if (fill)
-      b.flat_param.narrow(0, rank * b.layout.chunk, b.layout.chunk).copy_(filled[buckets_.size()]);
-    else if (options_.broadcast_parameters)
-      comm_->broadcast(b.flat_param, 0);
+    // Filled: the whole buffer is released below, unread; the filled range becomes the shard.
+    if (!fill && options_.broadcast_parameters) comm_->broadcast(b.flat_param, 0);
     for (size_t m : b.members) {
       Param& pr = params_[m];
       pr.param.set_data(b.flat_param.narrow(0, pr.flat_offset, pr.param.numel()).view(pr.param.sizes()));
@@ -248,9 +242,7 @@ std::vector<at::Tensor> ShardedOptimizer::fill_own_ranges(const std::vector<std:
   std::string error;
   try {
     for (const std::vector<size_t>& members : planned) {
-      std::vector<FlatEntry> entries;
-      for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
-      const FlatLayout layout = plan_flat_layout(entries, comm_->size());
+      const FlatLayout layout = layout_of(members);
       out.push_back(at::zeros({layout.chunk}, at::TensorOptions().dtype(params_[members[0]].param.scalar_type()).device(device_)));
       for (size_t k = 0; k < members.size(); ++k) {
         const auto range = layout.owned(k, rank, params_[members[k]].param.numel());
@@ -272,6 +264,12 @@ std::vector<at::Tensor> ShardedOptimizer::fill_own_ranges(const std::vector<std:
   TORCH_CHECK(failures == 0, "FullyShardedModule: FullyShardedOptions::initialize failed on ", failures,
               " other rank(s) (nothing was changed)");
   return out;
+}
+
+FlatLayout ShardedOptimizer::layout_of(const std::vector<size_t>& members) const {
+  std::vector<FlatEntry> entries;
+  for (size_t m : members) entries.push_back({params_[m].param.numel(), params_[m].layout.block_size});
+  return plan_flat_layout(entries, comm_->size());
 }
 
 std::string ShardedOptimizer::name(size_t m) const {

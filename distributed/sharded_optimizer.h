@@ -237,6 +237,7 @@ class ShardedOptimizer {
     bool had = false;    // ... and it was a gradient, not zeros for a missing one
   };
   std::vector<std::vector<size_t>> plan_buckets() const;
+  FlatLayout layout_of(const std::vector<size_t>& members) const;  // a planned bucket's flat layout
   void ensure_flat_grad(Bucket& b);  // fully sharded: flat_grad's memory, its padding zeroed
   void release(Bucket& b);
   void point_members_at(Bucket& b, const at::Tensor& flat);  // the parameters become views of flat

@@ -83,8 +83,9 @@ struct FsdpRun {
   bool keyed_init = false;
 };
 
-// keyed_init's values: each parameter by its name in the crafted model.
-void fill_keyed(const std::string& name, int64_t first, const at::Tensor& values) {
+// keyed_init's values, each parameter's by its name in the crafted model: a
+// FullyShardedOptions::initialize, and one process's fill of a whole parameter (first 0).
+void fill_keyed(const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
   lowbit::keyed_normal_(values, 0.0, 0.5, lowbit::keyed_random_key(name, 7), first);
 }
 
@@ -145,10 +146,9 @@ void expect_fsdp_same_as_one_process(const Factory& make, at::ScalarType dtype, 
   if (run.keyed_init) {
     torch::NoGradGuard no_grad;
     for (at::Tensor& p : params) p.fill_(std::numeric_limits<double>::quiet_NaN());
-    for (const auto& item : CraftedModel(ref_params)->named_parameters()) fill_keyed(item.key(), 0, item.value());
-    options.initialize = [](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
-      fill_keyed(name, first, values);
-    };
+    for (const auto& item : CraftedModel(ref_params)->named_parameters())
+      fill_keyed(item.key(), item.value(), 0, item.value());
+    options.initialize = fill_keyed;
   }
   std::shared_ptr<lo::LowbitOptimizer> inner(make(params).release());
   std::unique_ptr<lo::LowbitOptimizer> ref = make(ref_params);
@@ -612,10 +612,7 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
     }, "FullyShardedModule: the ranks disagree on FullyShardedOptions::gradient_wire.format: rank 0 has ");
     // ... or on whether each fills its own shards (rank 0 would broadcast to ranks that do not listen).
     ld::FullyShardedOptions filled;
-    if (comm().rank() != 0)
-      filled.initialize = [](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
-        fill_keyed(name, first, values);
-      };
+    if (comm().rank() != 0) filled.initialize = fill_keyed;
     expect_error([&] {
       ld::FullyShardedModule f(model.ptr(), units, std::make_shared<lo::AdamW>(params), comm_ptr(), filled);
     }, "FullyShardedModule: the ranks disagree on FullyShardedOptions::initialize (set or not): rank 0 has 0");
@@ -628,9 +625,9 @@ TEST(FullyShardedModule, InvalidUsesAreClearErrors) {
     for (const at::Tensor& p : params) data.push_back(p.data_ptr());
     const int last = comm().size() - 1;
     ld::FullyShardedOptions throwing;
-    throwing.initialize = [last](const std::string& name, const at::Tensor&, int64_t first, const at::Tensor& values) {
+    throwing.initialize = [last](const std::string& name, const at::Tensor& p, int64_t first, const at::Tensor& values) {
       TORCH_CHECK(comm().rank() != last, "no values for ", name);
-      fill_keyed(name, first, values);
+      fill_keyed(name, p, first, values);
     };
     const std::string mine = c10::str("initialize failed on rank ", last, ": no values for unit");
     expect_error([&] {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -211,10 +212,16 @@ at::Device device_of(const Flags& f) {
     TORCH_CHECK(!dev.has_index() || dev.index() < static_cast<int>(torch::cuda::device_count()), "--device ", f.device,
                 ": there are ", torch::cuda::device_count(), " CUDA devices");
     at::globalContext().setAllowTF32CuBLAS(f.tf32);
-    // Bit-identical CUDA runs (and so resumes): deterministic kernels where ATen has them (the
-    // attention backward's atomics otherwise reorder sums); cuBLAS also wants
-    // CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment.
-    if (f.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    // Bit-identical CUDA runs (and so resumes): deterministic kernels, an error where an op has
+    // none. Not warn-only: under it the attention backward keeps its atomics (flash attention's
+    // deterministic mode is taken only when ATen would raise, and cuDNN's attention backward has
+    // none; seen as loss curves differing between runs). cuBLAS wants a fixed workspace, set here
+    // before its first handle unless the environment sets one.
+    if (f.deterministic) {
+      setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+      at::globalContext().setSDPUseCuDNN(false);
+      at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    }
   }
   return dev;
 }

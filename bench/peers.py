@@ -10,6 +10,9 @@ DeepSpeedCPUAdam (its AVX-512 / AVX2 C++ op, built on first use), beside lowbit'
 AdamW with and without the non-finite check, and a copy of 16 bytes per parameter (wall-clock medians;
 threads: OMP_NUM_THREADS, which torch and DeepSpeed follow too). Default size 1 x 8192 x 8192 (2^26).
 
+With --classes, the Python optimizer class lowbit.optim.AdamW against the op it calls (grad_check and the
+step, as above), on the given tensors and on 64 times as many tensors an eighth as wide and high.
+
 A peer that is not installed, or fails, prints its error instead of a time.
 """
 import sys
@@ -77,6 +80,48 @@ def lowbit_step(params, state_format, master_weight_bits=0, check=True):
     return step, nbytes
 
 
+def class_step(params, state_format):
+    # The Python optimizer class (lowbit.optim.AdamW) as a user steps it: its grad check, param groups
+    # and state included; its first step (the state's creation) outside the timing.
+    opt = lowbit.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, state_format=state_format)
+    opt.step()
+    return opt.step, state_bytes_of_class(opt)
+
+
+def state_bytes_of_class(opt):
+    return sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
+
+
+def class_cases(tensors, rows, cols):
+    # The class beside the raw op (grad_check + step) it calls, on the given tensors and on 64 times as
+    # many tensors an eighth as wide and high (the same parameter count: 4096 x 512 x 512 for the GPU's
+    # default 64 x 4096 x 4096), where the per-tensor cost of the host's side shows.
+    small = (tensors * 64, max(rows // 8, 1), max(cols // 8, 1))
+    return [((tensors, rows, cols), "lowbit op AdamW Q8 (grad_check + step)", lambda p: lowbit_step(p, "Q8")),
+            ((tensors, rows, cols), "lowbit.optim.AdamW Q8 (the class)", lambda p: class_step(p, "Q8")),
+            (small, "lowbit op AdamW Q8 (grad_check + step)", lambda p: lowbit_step(p, "Q8")),
+            (small, "lowbit.optim.AdamW Q8 (the class)", lambda p: class_step(p, "Q8"))]
+
+
+def run_class_cases(tensors, rows, cols):
+    print(f"{DEVICE}, torch {torch.__version__}: the Python class against the op it calls, fp32 parameters, "
+          f"median of 20 steps")
+    base = None
+    for (t, r, c), name, build in class_cases(tensors, rows, cols):
+        params = make((r, c), t, torch.float32)
+        try:
+            step, nbytes = build(params)
+            ms = median_ms(step)
+            base = base or ms
+            print(f"{t:5d} x {r:5d} x {c:5d}  {name:40s} {ms:9.3f} ms  {ms / base:5.3f} x the op on {tensors} tensors  "
+                  f"{nbytes / (t * r * c):5.2f} B/param state", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"{t} x {r} x {c} {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del params
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
 def peer(name, make_opt, params):
     opt = make_opt(params)
     opt.step()
@@ -116,6 +161,8 @@ def main():
     sizes = [int(a) for a in sys.argv[1:] if not a.startswith("--")]
     tensors, rows, cols = sizes[:3] if len(sizes) > 2 else ((1, 8192, 8192) if DEVICE == "cpu" else (64, 4096, 4096))
     lowbit.load_library()
+    if "--classes" in sys.argv:
+        return run_class_cases(tensors, rows, cols)
     if DEVICE == "cpu":
         return run_cases(cpu_cases(), tensors, rows, cols,
                          f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, {tensors} x {rows} x {cols} = "

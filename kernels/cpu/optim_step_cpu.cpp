@@ -73,10 +73,9 @@ namespace {
 
 RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
 #if LOWBIT_X86_AVX512_LOOPS
-  if (vector_path && cpu_has_avx512() && !has_correction(t)) return avx512_range_fn(rule, t);
+  if (vector_path && cpu_has_avx512()) return avx512_range_fn(rule, t);
 #endif
 #if LOWBIT_X86_AVX2_LOOPS
-  // Also where AVX-512 has no loop for t (a master-weight correction): the AVX2 loops take any state.
   if (vector_path && cpu_has_avx2()) return avx2_range_fn(rule, t);
 #endif
   return scalar_range_fn(rule);

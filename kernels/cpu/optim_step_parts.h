@@ -111,7 +111,8 @@ RangeFn with_rule(Rule rule, Pick&& pick) {
 // The scalar loop of a rule: any parameter type, any state.
 RangeFn scalar_range_fn(Rule rule);
 
-// The AVX-512 loop of a rule for t: only where cpu_has_avx512() and !has_correction(t).
+// The AVX-512 loop of a rule for t (any parameter type and state, corrections included): only where
+// cpu_has_avx512().
 RangeFn avx512_range_fn(Rule rule, const ParamTask& t);
 
 // The AVX2 loop of a rule for t (any parameter type and state, corrections included): only where

@@ -1,6 +1,7 @@
 // 16 lanes of the AVX-512 loops to and from memory: a chunk's mask, parameters and gradients (fp32,
-// bf16, fp16) loaded as fp32, and fp32 stored as bf16 rounded to nearest or stochastically, with
-// the bits of float_convert.h and stochastic_round.h.
+// bf16, fp16) loaded as fp32, fp32 stored as bf16 rounded to nearest or stochastically, and master
+// weights rebuilt from and split into (bf16, correction), with the bits of float_convert.h,
+// stochastic_round.h and master_weight.h.
 #pragma once
 
 #include <immintrin.h>
@@ -84,6 +85,54 @@ inline void store16_bf16_stochastic(uint16_t* out, __m512 x, __mmask16 m, uint64
     b = _mm512_mask_mov_epi32(b, special, nearest);
   }
   _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(b));
+}
+
+// ---- master weights (master_weight.h) ------------------------------------------------------------
+
+// master_from16 / master_from8 on 16 lanes: (b << 16) + c, c the int16 correction or 256 times the
+// int8 one.
+inline __m512 master16_from16(const uint16_t* b, const int16_t* c, __mmask16 m) {
+  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b)), 16);
+  const __m512i lo = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, c));
+  return _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
+}
+
+inline __m512 master16_from8(const uint16_t* b, const int8_t* c, __mmask16 m) {
+  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b)), 16);
+  const __m512i lo = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, c)), 8);
+  return _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
+}
+
+// master_to16 / master_to8 on 16 lanes: NaN masters store the canonical NaN, sign kept, and 0.
+inline __mmask16 master_nan16(__m512i u) {
+  return _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+}
+inline __m512i master_nan_bits16(__m512i u) {
+  return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)),
+                         _mm512_set1_epi32(0x7FC0));
+}
+
+inline void master16_to16(__m512 x, uint16_t* b, int16_t* c, __mmask16 m) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = master_nan16(u);
+  __m512i hi = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
+  __m512i lo = _mm512_sub_epi32(u, _mm512_slli_epi32(hi, 16));  // in [-32768, 32767]
+  hi = _mm512_mask_mov_epi32(hi, nan, master_nan_bits16(u));
+  lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), lo);
+  _mm256_mask_storeu_epi16(b, m, _mm512_cvtepi32_epi16(hi));
+  _mm256_mask_storeu_epi16(c, m, _mm512_cvtepi32_epi16(lo));
+}
+
+inline void master16_to8(__m512 x, uint16_t* b, int8_t* c, __mmask16 m) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = master_nan16(u);
+  const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x80)), 8);
+  __m512i hi = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8080)), 16);
+  __m512i lo = _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 8));  // in [-128, 127]
+  hi = _mm512_mask_mov_epi32(hi, nan, master_nan_bits16(u));
+  lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), lo);
+  _mm256_mask_storeu_epi16(b, m, _mm512_cvtepi32_epi16(hi));
+  _mm_mask_storeu_epi8(c, m, _mm512_cvtepi32_epi8(lo));
 }
 
 }  // namespace

@@ -274,14 +274,16 @@ int step_block_avx2(const ParamTask& t, int64_t block, float grad_scale, float* 
 enum Codec8 { kTable8 = 0, kFloat8 = 1, kPow8 = 2 };
 
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
-// stochastically), NS state slots all quantized with BITS-bit codes (Q8 / FP8 / C8: 8, Q4: 4), over
-// a run of consecutive blocks of one parameter; CODEC: how 8-bit codes decode and encode. Software-pipelined by one block as the AVX-512
-// loop is: while block b is updated (decoding its codes as it goes), the new values of block b - 1
-// are encoded, its absmax being known by then.
-template <Rule R, int NS, ElemType PT, int BITS, int CODEC>
+// stochastically, or bf16 with the 24-bit mode's int8 correction: CORR Int8), NS state slots all
+// quantized with BITS-bit codes (Q8 / FP8 / C8: 8, Q4: 4), over a run of consecutive blocks of one
+// parameter; CODEC: how 8-bit codes decode and encode. Software-pipelined by one block as the
+// AVX-512 loop is: while block b is updated (decoding its codes as it goes), the new values of
+// block b - 1 are encoded, its absmax being known by then.
+template <Rule R, int NS, ElemType PT, int BITS, int CODEC, SlotStorage CORR = SlotStorage::None>
 void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf, uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
+  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && CORR == SlotStorage::Int8), "bf16's int8 correction");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
   const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
@@ -290,6 +292,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
   const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
+  int8_t* const corr = static_cast<int8_t*>(t.slots[kCorrectionSlot].values);
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];  // 8-bit: the packed key table
@@ -334,7 +337,8 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
     for (int64_t i = 0; i < end; i += 8) {
       if (i < len8) {
         const int64_t e = begin + i;
-        f32x8 p = (f32x8)load8(param, PT, e);
+        f32x8 p = (f32x8)(CORR == SlotStorage::Int8 ? master8_from8(reinterpret_cast<const uint16_t*>(param) + e, corr + e)
+                                                    : load8(param, PT, e));
         __m256 g = load8(grad, PT, e);
         if (scaled) g = _mm256_mul_ps(g, scale);
         f32x8 st[kMomentSlots] = {};
@@ -354,7 +358,9 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
           _mm256_storeu_ps(cur[k] + i, (__m256)st[k]);
           scan[k].add((__m256)st[k]);
         }
-        if (PT == ElemType::F32) {
+        if (CORR == SlotStorage::Int8) {
+          master8_to8((__m256)p, reinterpret_cast<uint16_t*>(param) + e, corr + e);
+        } else if (PT == ElemType::F32) {
           _mm256_storeu_ps(reinterpret_cast<float*>(param) + e, (__m256)p);
         } else if (stochastic) {
           store8_bf16_stochastic(reinterpret_cast<uint16_t*>(param) + e, (__m256)p, t.seed, static_cast<uint64_t>(t.offset + e));
@@ -465,18 +471,25 @@ void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
 
 // ---- the choice ---------------------------------------------------------------------------------
 
-template <Rule R, int NS, ElemType PT>
+template <Rule R, int NS, ElemType PT, SlotStorage CORR = SlotStorage::None>
 RangeFn quant_loop(int bits, int codec) {
-  if (bits == 4) return &steps_quant_avx2<R, NS, PT, 4, kTable8>;
+  if (bits == 4) return &steps_quant_avx2<R, NS, PT, 4, kTable8, CORR>;
   switch (codec) {
-    case kFloat8: return &steps_quant_avx2<R, NS, PT, 8, kFloat8>;
-    case kPow8: return &steps_quant_avx2<R, NS, PT, 8, kPow8>;
-    default: return &steps_quant_avx2<R, NS, PT, 8, kTable8>;
+    case kFloat8: return &steps_quant_avx2<R, NS, PT, 8, kFloat8, CORR>;
+    case kPow8: return &steps_quant_avx2<R, NS, PT, 8, kPow8, CORR>;
+    default: return &steps_quant_avx2<R, NS, PT, 8, kTable8, CORR>;
   }
 }
 
 template <Rule R>
-RangeFn pick_quant_loop(int num_slots, bool bf16, int bits, int codec) {
+RangeFn pick_quant_loop(int num_slots, bool bf16, bool corr8, int bits, int codec) {
+  if (corr8) {
+    switch (num_slots) {
+      case 1: return quant_loop<R, 1, ElemType::BF16, SlotStorage::Int8>(bits, codec);
+      case 2: return quant_loop<R, 2, ElemType::BF16, SlotStorage::Int8>(bits, codec);
+      default: return quant_loop<R, 3, ElemType::BF16, SlotStorage::Int8>(bits, codec);
+    }
+  }
   switch (num_slots * 2 + (bf16 ? 1 : 0)) {
     case 2: return quant_loop<R, 1, ElemType::F32>(bits, codec);
     case 3: return quant_loop<R, 1, ElemType::BF16>(bits, codec);
@@ -491,9 +504,12 @@ template <Rule R>
 RangeFn range_fn(const ParamTask& t) {
   const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
   const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
-  // All slots quantized with one code width, no correction: the pipelined loop.
+  // All slots quantized with one code width, with no correction or bf16's int8 one (the 24-bit mode):
+  // the pipelined loop.
+  const SlotStorage corr = t.slots[kCorrectionSlot].storage;
+  const bool corr8 = bf16 && corr == SlotStorage::Int8;
   const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
-  bool uniform = (f32 || bf16) && bits != 0 && !has_correction(t);
+  bool uniform = (f32 || bf16) && bits != 0 && (!has_correction(t) || corr8);
   for (int k = 0; k < t.num_slots; ++k)
     uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
   if (uniform) {
@@ -505,7 +521,7 @@ RangeFn range_fn(const ParamTask& t) {
       pow8 &= kind == CodebookKind::Power;
     }
     const int codec = float8 ? kFloat8 : pow8 ? kPow8 : kTable8;
-    return pick_quant_loop<R>(t.num_slots, bf16, bits, codec);
+    return pick_quant_loop<R>(t.num_slots, bf16, corr8, bits, codec);
   }
   // All slots dense of one storage, bf16 parameters rounded to nearest, no correction: the dense loop.
   const SlotStorage st0 = t.num_slots >= 1 ? t.slots[0].storage : SlotStorage::None;

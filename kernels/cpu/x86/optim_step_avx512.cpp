@@ -64,13 +64,14 @@ inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
   const int64_t pe = t.param_type == ElemType::F32 ? 4 : 2, ge = t.grad_type == ElemType::F32 ? 4 : 2;
   prefetch_range(static_cast<const char*>(t.param) + begin * pe, len * pe);
   prefetch_range(static_cast<const char*>(t.grad) + begin * ge, len * ge);
-  for (int k = 0; k < t.num_slots; ++k) {
+  for (int k = 0; k < kMaxSlots; ++k) {
     const StateSlotRef& s = t.slots[k];
+    if (k >= t.num_slots && k != kCorrectionSlot) continue;
     if (s.storage == SlotStorage::Quant) {
       const bool four = format_bits(s.format) == 4;
       prefetch_range(s.codes + (four ? begin / 2 : begin), four ? (len + 1) / 2 : len);
     } else if (s.storage != SlotStorage::None) {
-      const int64_t se = s.storage == SlotStorage::F32 ? 4 : 2;
+      const int64_t se = s.storage == SlotStorage::F32 ? 4 : s.storage == SlotStorage::Int8 ? 1 : 2;
       prefetch_range(static_cast<const char*>(s.values) + begin * se, len * se);
     }
   }
@@ -81,9 +82,11 @@ int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float
   const int64_t B = t.block_size;
   const int64_t begin = block * B;
   const int64_t len = std::min(B, t.numel - begin);
-  // Params stored through the scalar conversions (f16, stochastic bf16) go via buf.
-  const bool param_direct =
-      t.param_type == ElemType::F32 || (t.param_type == ElemType::BF16 && !t.stochastic_round);
+  const StateSlotRef& corr = t.slots[kCorrectionSlot];
+  // Params stored through the scalar conversions (f16, stochastic bf16) go via buf; with a master-weight
+  // correction the master is split into (bf16, correction) here.
+  const bool param_direct = is_correction(corr.storage) || t.param_type == ElemType::F32 ||
+                            (t.param_type == ElemType::BF16 && !t.stochastic_round);
   float* pbuf = buf + 3 * B;
   VecSlot slot[kMomentSlots];
   for (int k = 0; k < t.num_slots; ++k) {
@@ -110,7 +113,15 @@ int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float
   const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
   for (int64_t i = 0; i < len; i += 16) {
     const __mmask16 m = lanes_below(len - i);
-    f32x16 p = (f32x16)load16(t.param, t.param_type, begin + i, m);
+    __m512 pv;
+    if (corr.storage == SlotStorage::Int16) {
+      pv = master16_from16(static_cast<const uint16_t*>(t.param) + begin + i, static_cast<const int16_t*>(corr.values) + begin + i, m);
+    } else if (corr.storage == SlotStorage::Int8) {
+      pv = master16_from8(static_cast<const uint16_t*>(t.param) + begin + i, static_cast<const int8_t*>(corr.values) + begin + i, m);
+    } else {
+      pv = load16(t.param, t.param_type, begin + i, m);
+    }
+    f32x16 p = (f32x16)pv;
     __m512 graw = load16(t.grad, t.grad_type, begin + i, m);
     if (grad_scale != 1.0f) graw = _mm512_mul_ps(graw, scale);
     const f32x16 g = (f32x16)graw;
@@ -141,7 +152,11 @@ int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float
           break;
       }
     }
-    if (t.param_type == ElemType::F32) {
+    if (corr.storage == SlotStorage::Int16) {
+      master16_to16((__m512)p, static_cast<uint16_t*>(t.param) + begin + i, static_cast<int16_t*>(corr.values) + begin + i, m);
+    } else if (corr.storage == SlotStorage::Int8) {
+      master16_to8((__m512)p, static_cast<uint16_t*>(t.param) + begin + i, static_cast<int8_t*>(corr.values) + begin + i, m);
+    } else if (t.param_type == ElemType::F32) {
       _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
     } else if (param_direct) {
       store16_bf16(static_cast<uint16_t*>(t.param) + begin + i, (__m512)p, m);
@@ -177,18 +192,21 @@ inline void decode4_block(__m512 cb16, const uint8_t* codes, int64_t len, float 
 }
 
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
-// stochastically), NS state slots all quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a
-// run of consecutive blocks of one parameter. No branch on storage kinds; all in registers.
+// stochastically, or bf16 with a master-weight correction CORR: Int8 or Int16), NS state slots all
+// quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a run of consecutive blocks of one
+// parameter. No branch on storage kinds; all in registers.
 //
 // Software-pipelined by one block: while the update of block b runs (bound by the divider and the
 // multipliers), the codes of block b - 1 are encoded in the same loop (bound by the 8-bit encode's
 // gathers, or the 4-bit encode's permutes), so the two kinds of work overlap instead of taking
 // turns. A block's codes can only be encoded once its new absmax is known, after its whole update.
-template <Rule R, int NS, ElemType PT, int BITS>
+template <Rule R, int NS, ElemType PT, int BITS, SlotStorage CORR = SlotStorage::None>
 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf,
                                       uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
+  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && (CORR == SlotStorage::Int8 || CORR == SlotStorage::Int16)),
+                "a correction of bf16");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
   // A local copy (stores through the buffers cannot alias it) with two flags made constant: the
@@ -201,6 +219,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
+  void* const corr = t.slots[kCorrectionSlot].values;
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];   // 8-bit: the packed key table
@@ -248,7 +267,15 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       const int64_t i = 16 * c;
       if (whole || i < len) {
         const __mmask16 m = whole ? __mmask16(0xFFFF) : lanes_below(len - i);
-        f32x16 p = (f32x16)load16(param, PT, begin + i, m);
+        __m512 pv;
+        if (CORR == SlotStorage::Int16) {
+          pv = master16_from16(reinterpret_cast<const uint16_t*>(param) + begin + i, static_cast<const int16_t*>(corr) + begin + i, m);
+        } else if (CORR == SlotStorage::Int8) {
+          pv = master16_from8(reinterpret_cast<const uint16_t*>(param) + begin + i, static_cast<const int8_t*>(corr) + begin + i, m);
+        } else {
+          pv = load16(param, PT, begin + i, m);
+        }
+        f32x16 p = (f32x16)pv;
         const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
         f32x16 st[kMomentSlots] = {};
         for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
@@ -259,8 +286,12 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
           max_abs[k] = _mm512_mask_max_epu32(max_abs[k], m, max_abs[k], _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
           max_raw[k] = _mm512_mask_max_epu32(max_raw[k], m, max_raw[k], u);
         }
-        if (PT == ElemType::F32) {
-          _mm512_mask_storeu_ps(param + begin + i, m, (__m512)p);
+        if (CORR == SlotStorage::Int16) {
+          master16_to16((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, static_cast<int16_t*>(corr) + begin + i, m);
+        } else if (CORR == SlotStorage::Int8) {
+          master16_to8((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, static_cast<int8_t*>(corr) + begin + i, m);
+        } else if (PT == ElemType::F32) {
+          _mm512_mask_storeu_ps(reinterpret_cast<float*>(param) + begin + i, m, (__m512)p);
         } else {
           uint16_t* out = reinterpret_cast<uint16_t*>(param) + begin + i;
           if (stochastic) {
@@ -369,11 +400,25 @@ template <Rule R>
 RangeFn range_fn(const ParamTask& t) {
   const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
   const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
-  // All slots quantized with one code width: the pipelined loop.
+  const SlotStorage corr = t.slots[kCorrectionSlot].storage;
+  // All slots quantized with one code width: the pipelined loop (bf16 parameters with the 24-bit
+  // mode's int8 correction too).
   const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
   bool uniform = (f32 || bf16) && bits != 0;
   for (int k = 0; k < t.num_slots; ++k)
     uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
+  if (uniform && bf16 && corr == SlotStorage::Int8) {
+    switch (t.num_slots * 2 + (bits == 4 ? 1 : 0)) {
+      case 2: return &steps_quant_avx512<R, 1, ElemType::BF16, 8, SlotStorage::Int8>;
+      case 3: return &steps_quant_avx512<R, 1, ElemType::BF16, 4, SlotStorage::Int8>;
+      case 4: return &steps_quant_avx512<R, 2, ElemType::BF16, 8, SlotStorage::Int8>;
+      case 5: return &steps_quant_avx512<R, 2, ElemType::BF16, 4, SlotStorage::Int8>;
+      case 6: return &steps_quant_avx512<R, 3, ElemType::BF16, 8, SlotStorage::Int8>;
+      case 7: return &steps_quant_avx512<R, 3, ElemType::BF16, 4, SlotStorage::Int8>;
+    }
+  }
+  // Any other state with a correction: the per-block loop.
+  if (is_correction(corr)) return &each_block<&step_block_avx512<R>>;
   if (uniform) {
     const bool four = bits == 4;
     switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (four ? 1 : 0)) {

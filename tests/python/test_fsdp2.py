@@ -149,3 +149,10 @@ def test_a_dcp_checkpoint_saved_at_n_ranks_goes_on_at_m_ranks(tmp_path):
         mine = {name: dict(one_opt.state[p], range=[0, p.numel()]) for name, p in one.named_parameters()}
         same_as_one_process(dict(params=dict(one.named_parameters()), states=[mine], skipped=one_opt.skipped_steps()),
                             named, opt, f"1 process loads {ck.name}")
+
+
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="ranks under the sanitizer run")
+def test_clipping_and_lamb_over_shards_are_refused_and_change_nothing(tmp_path):
+    # Their norms summed over ranks would not be one process's bits (dtensor_shards.py).
+    run_ranks(2, "fsdp2_refusal_worker.py", tmp_path / "out.pt")
+    assert torch.load(tmp_path / "out.pt") == []

@@ -81,9 +81,14 @@ def agree_on_found_inf(found: torch.Tensor, group) -> None:
 
 def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
     """The op's items (index, param, grad, state, offset) for DTensor parameters, and what to run after the op."""
-    if group["max_grad_norm"] > 0 or opt.rule == "LAMB":
-        raise RuntimeError(f"lowbit.optim.{type(opt).__name__}: DTensor parameters (group {gi}) cannot use "
-                           "max_grad_norm or LAMB: their norms over ranks would not be one process's bits")
+    who = f"lowbit.optim.{type(opt).__name__}: DTensor parameters (group {gi})"
+    if group["max_grad_norm"] > 0:
+        raise RuntimeError(f"{who} cannot clip with max_grad_norm={group['max_grad_norm']}: a norm summed over ranks "
+                           "would not be one process's bits. Set max_grad_norm=0 and clip before step() with "
+                           "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), which takes DTensor gradients")
+    if opt.rule == "LAMB":
+        raise RuntimeError(f"{who} cannot step with LAMB: its per-parameter norms summed over ranks would not be one "
+                           "process's bits. Use another rule for sharded parameters")
     calls, exchanged = [], []
     for i, p, grad in items:
         ranges, rank, pg = rank_ranges(p)

@@ -260,6 +260,7 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   const std::vector<at::Tensor> params = model->parameters();
   std::unique_ptr<TrainOptimizer> opt = make_optimizer(f, params, model.get());
   int64_t start = 0;
+  synchronize(dev);  // the initialization's kernels are part of the set-up
   const double setup_s = seconds_since(t_setup);
   if (!f.resume.empty()) start = load_checkpoint(f.resume, f, c, model, *opt, dev);
   TORCH_CHECK(start < f.steps, "--resume ", f.resume, ": the checkpoint is at step ", start, ", nothing left of --steps ", f.steps);

@@ -5,7 +5,9 @@
 # user's install does. ctest's python_ops runs this.
 #   run_against_package.sh PYTHON SOURCE_DIR LIBRARY PACKAGE_DIR [pytest arguments]
 set -euo pipefail
-python=$1 source=$2 library=$3 package=$4
+python=$1 source=$2 library=$3
+# Absolute: pip resolves a relative build-dir against the source tree, not here.
+package=$(realpath -m "$4")
 shift 4
 start=$(date +%s)
 # pip and CMake run without what the caller preloads for the tests (the sanitizer run preloads ASan).

@@ -474,21 +474,25 @@ void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
 template <Rule R, int NS, ElemType PT, SlotStorage CORR = SlotStorage::None>
 RangeFn quant_loop(int bits, int codec) {
   if (bits == 4) return &steps_quant_avx2<R, NS, PT, 4, kTable8, CORR>;
-  if (CORR != SlotStorage::None) return &steps_quant_avx2<R, NS, PT, 8, kTable8, CORR>;
-  switch (codec) {
-    case kFloat8: return &steps_quant_avx2<R, NS, PT, 8, kFloat8, CORR>;
-    case kPow8: return &steps_quant_avx2<R, NS, PT, 8, kPow8, CORR>;
-    default: return &steps_quant_avx2<R, NS, PT, 8, kTable8, CORR>;
+  // With a correction the table codec alone, which takes any format: half the instantiations.
+  if constexpr (CORR != SlotStorage::None) {
+    return &steps_quant_avx2<R, NS, PT, 8, kTable8, CORR>;
+  } else {
+    switch (codec) {
+      case kFloat8: return &steps_quant_avx2<R, NS, PT, 8, kFloat8>;
+      case kPow8: return &steps_quant_avx2<R, NS, PT, 8, kPow8>;
+      default: return &steps_quant_avx2<R, NS, PT, 8, kTable8>;
+    }
   }
 }
 
 template <Rule R>
 RangeFn pick_quant_loop(int num_slots, bool bf16, bool corr8, int bits, int codec) {
-  if (corr8) {  // with the table codec, which takes any format (half the instantiations)
+  if (corr8) {
     switch (num_slots) {
-      case 1: return quant_loop<R, 1, ElemType::BF16, SlotStorage::Int8>(bits, kTable8);
-      case 2: return quant_loop<R, 2, ElemType::BF16, SlotStorage::Int8>(bits, kTable8);
-      default: return quant_loop<R, 3, ElemType::BF16, SlotStorage::Int8>(bits, kTable8);
+      case 1: return quant_loop<R, 1, ElemType::BF16, SlotStorage::Int8>(bits, codec);
+      case 2: return quant_loop<R, 2, ElemType::BF16, SlotStorage::Int8>(bits, codec);
+      default: return quant_loop<R, 3, ElemType::BF16, SlotStorage::Int8>(bits, codec);
     }
   }
   switch (num_slots * 2 + (bf16 ? 1 : 0)) {

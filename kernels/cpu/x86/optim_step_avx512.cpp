@@ -192,7 +192,7 @@ inline void decode4_block(__m512 cb16, const uint8_t* codes, int64_t len, float 
 }
 
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
-// stochastically, or bf16 with a master-weight correction CORR: Int8 or Int16), NS state slots all
+// stochastically, or bf16 with the 24-bit mode's int8 correction: CORR Int8), NS state slots all
 // quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a run of consecutive blocks of one
 // parameter. No branch on storage kinds; all in registers.
 //
@@ -205,8 +205,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
                                       uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
-  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && (CORR == SlotStorage::Int8 || CORR == SlotStorage::Int16)),
-                "a correction of bf16");
+  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && CORR == SlotStorage::Int8), "bf16's int8 correction");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
   // A local copy (stores through the buffers cannot alias it) with two flags made constant: the
@@ -219,7 +218,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
-  void* const corr = t.slots[kCorrectionSlot].values;
+  int8_t* const corr = static_cast<int8_t*>(t.slots[kCorrectionSlot].values);
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];   // 8-bit: the packed key table
@@ -267,15 +266,9 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       const int64_t i = 16 * c;
       if (whole || i < len) {
         const __mmask16 m = whole ? __mmask16(0xFFFF) : lanes_below(len - i);
-        __m512 pv;
-        if (CORR == SlotStorage::Int16) {
-          pv = master16_from16(reinterpret_cast<const uint16_t*>(param) + begin + i, static_cast<const int16_t*>(corr) + begin + i, m);
-        } else if (CORR == SlotStorage::Int8) {
-          pv = master16_from8(reinterpret_cast<const uint16_t*>(param) + begin + i, static_cast<const int8_t*>(corr) + begin + i, m);
-        } else {
-          pv = load16(param, PT, begin + i, m);
-        }
-        f32x16 p = (f32x16)pv;
+        f32x16 p = (f32x16)(CORR == SlotStorage::Int8
+                                ? master16_from8(reinterpret_cast<const uint16_t*>(param) + begin + i, corr + begin + i, m)
+                                : load16(param, PT, begin + i, m));
         const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
         f32x16 st[kMomentSlots] = {};
         for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
@@ -286,10 +279,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
           max_abs[k] = _mm512_mask_max_epu32(max_abs[k], m, max_abs[k], _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
           max_raw[k] = _mm512_mask_max_epu32(max_raw[k], m, max_raw[k], u);
         }
-        if (CORR == SlotStorage::Int16) {
-          master16_to16((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, static_cast<int16_t*>(corr) + begin + i, m);
-        } else if (CORR == SlotStorage::Int8) {
-          master16_to8((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, static_cast<int8_t*>(corr) + begin + i, m);
+        if (CORR == SlotStorage::Int8) {
+          master16_to8((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, corr + begin + i, m);
         } else if (PT == ElemType::F32) {
           _mm512_mask_storeu_ps(reinterpret_cast<float*>(param) + begin + i, m, (__m512)p);
         } else {

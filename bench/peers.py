@@ -85,11 +85,7 @@ def class_step(params, state_format):
     # and state included; its first step (the state's creation) outside the timing.
     opt = lowbit.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, state_format=state_format)
     opt.step()
-    return opt.step, state_bytes_of_class(opt)
-
-
-def state_bytes_of_class(opt):
-    return sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
+    return opt.step, state_bytes(opt)
 
 
 def class_cases(tensors, rows, cols):

@@ -259,6 +259,8 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   sh.opt = &opt;
   TORCH_CHECK(options.staging_buffers() >= 1, "HostOffload: staging_buffers must be at least 1, got ",
               options.staging_buffers());
+  TORCH_CHECK(options.host_threads() >= 0, "HostOffload: host_threads must be 0 (the default count) or more, got ",
+              options.host_threads());
   TORCH_CHECK(!opt.clips_gradients(), "HostOffload: a param group has max_grad_norm > 0; global-norm clipping needs "
               "every gradient at once, which the offload copies to the host as it goes. Set max_grad_norm to 0");
   int64_t largest = 0;
@@ -309,9 +311,11 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
                                        [shared = shared_](size_t k, const at::Tensor& param) { shared->release(k, param); });
   // Only once every check passed: the optimizer's groups now hold the host copies.
   for (const OffloadedParam& p : sh.params) opt.replace_parameter(p.device, p.host);
-  // The host thread steps with as many threads as the thread that made the offload (OpenMP's count is
-  // per thread; a new one would start from the process default).
-  sh.worker = std::thread([shared = shared_, threads = at::get_num_threads()] {
+  // OpenMP's thread count is per thread: the host thread sets its own (a new one would start from the
+  // process default).
+  const int threads = options.host_threads() > 0 ? static_cast<int>(options.host_threads())
+                                                 : std::max(1, at::get_num_threads() - 1);
+  sh.worker = std::thread([shared = shared_, threads] {
     at::set_num_threads(threads);
     shared->run();
   });

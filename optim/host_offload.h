@@ -18,6 +18,10 @@ struct HostOffloadOptions {
   // stepped it. More overlaps more of backward with the copies and the CPU steps; a hook that finds
   // none free waits for the oldest.
   TORCH_ARG(int64_t, staging_buffers) = 4;
+  // Threads of the CPU steps. 0: one fewer than the thread that makes the offload runs with, leaving
+  // a core to the thread that drives backward on the device (on a core shared with it, a step's
+  // thread would hold up every parameter's step by its lost time slices).
+  TORCH_ARG(int64_t, host_threads) = 0;
 };
 
 // Where an offloaded step's time goes, summed since construction (or reset_stats()); seconds of wall

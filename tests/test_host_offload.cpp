@@ -216,6 +216,7 @@ TEST(HostOffload, RefusesClippingStateAlreadyHeldAndASecondGradientBeforeStep) {
   expect_error([&] { lo::HostOffload off(clipped); }, "max_grad_norm");
   lo::AdamW opt(params, lo::AdamWOptions());
   expect_error([&] { lo::HostOffload off(opt, lo::HostOffloadOptions().staging_buffers(0)); }, "staging_buffers");
+  expect_error([&] { lo::HostOffload off(opt, lo::HostOffloadOptions().host_threads(-1)); }, "host_threads");
   loss_of(*net, 0).backward();
   opt.step();
   expect_error([&] { lo::HostOffload off(opt); }, "holds optimizer state already");

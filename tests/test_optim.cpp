@@ -263,8 +263,8 @@ TEST(OptimQuantized, FusedEqualsReferenceForEveryRuleAndFormat) {
 }
 
 TEST(OptimQuantized, ResultDoesNotDependOnThreadCountOrGrouping) {
-  // Q8 and FP8 take the pipelined 8-bit loop (one block carried into the next on a thread's
-  // share), Q4 the per-block loop; 1, 2 and 3 threads cut the parameters at different blocks.
+  // Q8 and FP8 take the pipelined 8-bit loop (one block carried into the next within a chunk of
+  // blocks), Q4 the per-block loop; 1, 2 and 3 threads take the chunks in different orders.
   const int saved = omp_get_max_threads();
   for (StateFormat f : {StateFormat::Q4, StateFormat::Q8, StateFormat::FP8, StateFormat::C8}) {
     SCOPED_TRACE(lowbit::state_format_name(f));

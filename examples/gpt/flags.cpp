@@ -69,7 +69,8 @@ std::string usage() {
          "            --state-format FP32|BF16|Q8|Q4|FP8|C8 --fp8-second-moment E4M3|E5M2 --block-size N --master-weight-bits 0|24|32 --stochastic-round\n"
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "            --offload (optimizer state on the host: each gradient is copied there in backward and\n"
-         "            stepped by the CPU, the weights copied back; needs --clip 0)\n"
+         "            stepped by the CPU, the weights copied back; needs --clip 0) --offload-threads N (the CPU\n"
+         "            steps' threads; default one fewer than --threads, leaving a core to drive backward)\n"
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
@@ -145,6 +146,7 @@ Flags parse_flags(int argc, char** argv) {
     } else if (a == "--stochastic-round") f.stochastic_round = true;
     else if (a == "--gradient-release") f.gradient_release = true;
     else if (a == "--offload") f.offload = true;
+    else if (a == "--offload-threads") f.offload_threads = static_cast<int>(to_int(a, next(), 1, 4096));
     else if (a == "--no-step-graphs") f.step_graphs = false;
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
@@ -220,6 +222,8 @@ Flags parse_flags(int argc, char** argv) {
     throw std::invalid_argument("--offload steps a lowbit optimizer's state on the host from each gradient's hook: it "
                                 "needs --clip 0 and a lowbit optimizer, and goes without --gradient-release (it "
                                 "releases the gradients itself), --sharded / --fully-sharded and --qat-steps");
+  if (f.offload_threads && !f.offload)
+    throw std::invalid_argument("--offload-threads sets the threads of --offload's CPU steps: pass --offload too");
   if (!f.sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--wire-gradients / --wire-updates compress the collectives of --sharded; add it");
   if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))

@@ -40,10 +40,10 @@ void write_moments(const std::string& path, const lo::LowbitOptimizer& opt, cons
 
 class Lowbit : public TrainOptimizer {
  public:
-  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release, bool offload)
+  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release, bool offload, int offload_threads)
       : opt_(std::move(opt)), what_(std::move(what)) {
     if (release) release_ = std::make_unique<lo::GradientRelease>(*opt_);
-    if (offload) offload_ = std::make_unique<lo::HostOffload>(*opt_);
+    if (offload) offload_ = std::make_unique<lo::HostOffload>(*opt_, lo::HostOffloadOptions().host_threads(offload_threads));
   }
   void step() override {
     if (offload_) offload_->step();  // waits for the host's steps of what backward() released
@@ -121,7 +121,7 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   opt->set_step_graphs(f.step_graphs);
   if (!f.step_graphs) s << ", no step graphs";
   if (f.sharded) return make_sharded(f, std::move(opt), s.str(), model);
-  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release, f.offload);
+  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release, f.offload, f.offload_threads);
 }
 
 // ---- ATen's fused AdamW ---------------------------------------------------------------------------

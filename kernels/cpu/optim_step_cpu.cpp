@@ -1,7 +1,7 @@
 // Fused optimizer step on the CPU. Unit of work = one block of one parameter: its values are read
 // once, updated by the rule of kernels/common/optim_rules.h, quantized state re-encoded with a
 // fresh absmax, and written once. Blocks are independent, so results do not depend on the thread
-// count or on how parameters are grouped. Each thread runs one contiguous share of all blocks.
+// count or on how parameters are grouped; threads take chunks of blocks as they come free.
 //
 // This file is the plan and the driver; per parameter it picks a loop (optim_step_parts.h): with
 // AVX-512 or else AVX2 (also for what AVX-512 has no loop for), those of kernels/cpu/x86, else the
@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "cpu_features.h"
@@ -71,6 +72,8 @@ StepPlan::StepPlan(const StepLaunch& s)
 
 namespace {
 
+constexpr int64_t kChunkElements = 65536;
+
 RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
 #if LOWBIT_X86_AVX512_LOOPS
   if (vector_path && cpu_has_avx512()) return avx512_range_fn(rule, t);
@@ -96,21 +99,31 @@ void optim_step_cpu(const StepLaunch& s) {
     }
     std::vector<RangeFn> fns(plan.tasks.size());
     for (size_t t = 0; t < plan.tasks.size(); ++t) fns[t] = pick_range_fn(plan.rule, plan.tasks[t], plan.vector_path);
+    // Threads take chunks of blocks from a shared counter rather than one fixed share each: a thread
+    // that shares its core (with the autograd thread during an offloaded backward, say) then costs
+    // the step its own lost time, not the whole step waiting for its share. A chunk is large enough
+    // (~64K elements) that taking one costs nothing and the loops run at speed.
+    const int64_t threads = std::max(1, omp_get_max_threads());
+    const int64_t chunk = std::max<int64_t>(
+        1, std::min<int64_t>(kChunkElements / plan.max_block, (plan.items + 4 * threads - 1) / (4 * threads)));
+    std::atomic<int64_t> next_chunk{0};
 #pragma omp parallel
     {
-      // Each thread takes one contiguous share of the blocks and runs it parameter by parameter
-      // (the pipelined loop carries one block into the next). Buffers: p, g and three state slots
-      // for the per-block loops, two blocks of three slots for the pipelined one; zeroed so unused
-      // slots hold defined values.
+      // The pipelined loop carries one block into the next within a range. Buffers: p, g and three
+      // state slots for the per-block loops, two blocks of three slots for the pipelined one; zeroed
+      // so unused slots hold defined values.
       std::vector<float> buf(6 * plan.max_block, 0.0f);
-      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-      const int64_t lo = plan.items * me / nt, hi = plan.items * (me + 1) / nt;
-      for (int64_t item = lo; item < hi;) {
-        const int64_t t = plan.task_of(item);
-        const int64_t end = std::min(hi, plan.first_item[t + 1]);
-        fns[t](plan.tasks[t], item - plan.first_item[t], end - plan.first_item[t], plan.grad_scale, buf.data(),
-               &bad[item]);
-        item = end;
+      for (;;) {
+        const int64_t lo = next_chunk.fetch_add(1, std::memory_order_relaxed) * chunk;
+        if (lo >= plan.items) break;
+        const int64_t hi = std::min(plan.items, lo + chunk);
+        for (int64_t item = lo; item < hi;) {
+          const int64_t t = plan.task_of(item);
+          const int64_t end = std::min(hi, plan.first_item[t + 1]);
+          fns[t](plan.tasks[t], item - plan.first_item[t], end - plan.first_item[t], plan.grad_scale, buf.data(),
+                 &bad[item]);
+          item = end;
+        }
       }
     }
   }

@@ -8,7 +8,8 @@
 //   optim_step [numel=2^26] [reps=10] [rows]   (default: past the last-level cache of a server CPU)
 //     rows: a comma-separated list of the rows to run, each "optimizer:state" as printed (e.g.
 //     "AdamW:Q4,AdamW nocheck:FP32"; the 4096 small tensors: "small:Q8"); ATen fused always runs
-//     (the yardstick). Default: all rows.
+//     (the yardstick). Default: all rows but "offload:Q8" / "offload-pinned:Q8" (the host offload's
+//     CPU work at 1.21B parameters, named only).
 //   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
 
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include <ATen/Context.h>
 #include <lowbit/lowbit.h>
 #include <lowbit/tools/program_args.h>
 
@@ -223,6 +225,42 @@ int main(int argc, char** argv) {
     const double oms = lowbit_bench::time_ms([&] { o.step(); }, false, reps, 2);
     std::printf("4096 tensors of 4096: torch AdamW %.2f ms, ATen fused %.2f ms, lowbit AdamW Q8 %.2f ms (%.2fx fused)\n",
                 tms, fms, oms, oms / fms);
+  }
+  // The host offload's CPU work alone: the GPT example's block matrices at 1.21B parameters (24 blocks
+  // of width 2048: qkv, projection, the two MLP matrices), bf16 with a 24-bit master and Q8 state,
+  // stepped one parameter at a time as HostOffload steps them; "offload-pinned:Q8" puts the weights
+  // and gradients in pinned memory, as the offload's host copies and staging buffers are. Only when
+  // named in ROWS (9 GB of host memory).
+  for (const bool pinned : {false, true}) {
+    const std::string name = pinned ? "offload-pinned" : "offload";
+    if (only.find("," + name + ":Q8,") == std::string::npos) continue;
+    if (pinned && !at::globalContext().hasCUDA()) {
+      std::printf("%s: no accelerator, so no pinned memory\n", name.c_str());
+      continue;
+    }
+    std::vector<at::Tensor> params;
+    int64_t total = 0;
+    for (int block = 0; block < 24; ++block)
+      for (const int64_t numel : {2048 * 6144, 2048 * 2048, 2048 * 8192, 8192 * 2048}) {
+        const auto options = at::TensorOptions().dtype(at::kBFloat16).pinned_memory(pinned);
+        params.push_back(at::empty({numel}, options).copy_(at::randn({numel})));
+        params.back().mutable_grad() = at::empty({numel}, options).copy_(at::randn({numel}) * 1e-3);
+        total += numel;
+      }
+    lo::AdamW opt(params, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).master_weight_bits(24));
+    const auto each = [&] {
+      for (const at::Tensor& q : params) opt.step_parameters({q});
+    };
+    std::vector<double> ms;
+    for (int i = 0; i < reps + 2; ++i) {
+      memcpy_once();
+      const double t0 = lowbit_bench::now_ms();
+      each();
+      if (i >= 2) ms.push_back(lowbit_bench::now_ms() - t0);
+    }
+    const double med = lowbit_bench::median(ms);
+    std::printf("%s: %lld parameters in %zu tensors, one at a time: %.1f ms a step, %.3f ns/param\n", name.c_str(),
+                static_cast<long long>(total), params.size(), med, med * 1e6 / static_cast<double>(total));
   }
   const double memcpy_ms = lowbit_bench::median(all_memcpy), fused_ms = rows[want("torch", "FP32") ? 1 : 0].t.ms;
   const double torch_ms = want("torch", "FP32") ? rows[0].t.ms : fused_ms;

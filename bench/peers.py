@@ -80,10 +80,12 @@ def lowbit_step(params, state_format, master_weight_bits=0, check=True):
     return step, nbytes
 
 
-def class_step(params, state_format):
+def class_step(params, state_format, graphs=True):
     # The Python optimizer class (lowbit.optim.AdamW) as a user steps it: its grad check, param groups
-    # and state included; its first step (the state's creation) outside the timing.
+    # and state included; its first step (the state's creation) outside the timing. Its steps are
+    # recorded as a CUDA graph and replayed from the third on (set_step_graphs; graphs=False: not).
     opt = lowbit.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, state_format=state_format)
+    opt.set_step_graphs(graphs)
     opt.step()
     return opt.step, state_bytes(opt)
 
@@ -93,10 +95,12 @@ def class_cases(tensors, rows, cols):
     # many tensors an eighth as wide and high (the same parameter count: 4096 x 512 x 512 for the GPU's
     # default 64 x 4096 x 4096), where the per-tensor cost of the host's side shows.
     small = (tensors * 64, max(rows // 8, 1), max(cols // 8, 1))
-    return [((tensors, rows, cols), "lowbit op AdamW Q8 (grad_check + step)", lambda p: lowbit_step(p, "Q8")),
-            ((tensors, rows, cols), "lowbit.optim.AdamW Q8 (the class)", lambda p: class_step(p, "Q8")),
-            (small, "lowbit op AdamW Q8 (grad_check + step)", lambda p: lowbit_step(p, "Q8")),
-            (small, "lowbit.optim.AdamW Q8 (the class)", lambda p: class_step(p, "Q8"))]
+    cases = []
+    for shape in ((tensors, rows, cols), small):
+        cases += [(shape, "lowbit op AdamW Q8 (grad_check + step)", lambda p: lowbit_step(p, "Q8")),
+                  (shape, "lowbit.optim.AdamW Q8 (the class)", lambda p: class_step(p, "Q8")),
+                  (shape, "lowbit.optim.AdamW Q8 (the class, no step graphs)", lambda p: class_step(p, "Q8", False))]
+    return cases
 
 
 def run_class_cases(tensors, rows, cols):
@@ -109,7 +113,7 @@ def run_class_cases(tensors, rows, cols):
             step, nbytes = build(params)
             ms = median_ms(step)
             base = base or ms
-            print(f"{t:5d} x {r:5d} x {c:5d}  {name:40s} {ms:9.3f} ms  {ms / base:5.3f} x the op on {tensors} tensors  "
+            print(f"{t:5d} x {r:5d} x {c:5d}  {name:50s} {ms:9.3f} ms  {ms / base:5.3f} x the op on {tensors} tensors  "
                   f"{nbytes / (t * r * c):5.2f} B/param state", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"{t} x {r} x {c} {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)

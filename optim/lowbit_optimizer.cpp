@@ -367,43 +367,12 @@ StepInputs LowbitOptimizer::step_inputs() const {
   StepInputs in;
   in.state_epoch = state_epoch_;
   in.recordable = true;
-  bool any_grad = false;
   for (const auto& group : param_groups_) {
     in.groups.push_back({config(group.options()), common(group.options())});
-    for (const at::Tensor& p : group.params()) {
-      StepInputs::Param x;
-      x.param = p.unsafeGetTensorImpl();
-      x.numel = p.numel();
-      x.dtype = static_cast<int8_t>(p.scalar_type());
-      const at::Tensor& g = p.grad();
-      if (g.defined()) {
-        if (!any_grad) {
-          any_grad = true;
-          in.device = p.device();
-          if (!ops::can_record(*in.device)) {  // the CPU: nothing to record, nothing more to look at
-            in.recordable = false;
-            return in;
-          }
-        }
-        // Anything the step would refuse or take another path for is not recorded: the full
-        // step then checks it as always.
-        const bool ok = p.layout() == at::kStrided && g.layout() == at::kStrided && p.device() == *in.device &&
-                        g.device() == *in.device && p.is_contiguous() && g.is_contiguous() &&
-                        g.sizes().equals(p.sizes());
-        if (!ok) {
-          in.recordable = false;
-          return in;
-        }
-        // The step writes the parameter through its mutable address (a copy-on-write tensor is
-        // materialized there, as the step would).
-        x.data = p.mutable_data_ptr();
-        x.grad = g.const_data_ptr();
-        x.grad_dtype = static_cast<int8_t>(g.scalar_type());
-      }
-      in.params.push_back(x);
-    }
+    for (const at::Tensor& p : group.params())
+      if (!add_step_input(p, in)) return in;
   }
-  in.recordable = any_grad;
+  in.recordable = in.device.has_value();
   return in;
 }
 

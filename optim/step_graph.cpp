@@ -2,6 +2,12 @@
 #include "step_graph.h"
 
 #include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
 
 namespace lowbit {
 namespace optim {
@@ -28,6 +34,38 @@ bool same_common(const CommonOptions& a, const CommonOptions& b) {
 }
 
 }  // namespace
+
+bool add_step_input(const at::Tensor& p, StepInputs& in) {
+  StepInputs::Param x;
+  x.param = p.unsafeGetTensorImpl();
+  x.numel = p.numel();
+  x.dtype = static_cast<int8_t>(p.scalar_type());
+  const at::Tensor& g = p.grad();
+  if (g.defined()) {
+    if (!in.device) {
+      in.device = p.device();
+      if (!ops::can_record(*in.device)) {  // the CPU: nothing to record, nothing more to look at
+        in.recordable = false;
+        return false;
+      }
+    }
+    // Anything the step would refuse or take another path for is not recorded: the full step then
+    // checks it as always.
+    const bool ok = p.layout() == at::kStrided && g.layout() == at::kStrided && p.device() == *in.device &&
+                    g.device() == *in.device && p.is_contiguous() && g.is_contiguous() && g.sizes().equals(p.sizes());
+    if (!ok) {
+      in.recordable = false;
+      return false;
+    }
+    // The step writes the parameter through its mutable address (a copy-on-write tensor is
+    // materialized there, as the step would).
+    x.data = p.mutable_data_ptr();
+    x.grad = g.const_data_ptr();
+    x.grad_dtype = static_cast<int8_t>(g.scalar_type());
+  }
+  in.params.push_back(x);
+  return true;
+}
 
 bool same_inputs(const StepInputs& a, const StepInputs& b) {
   if (!a.recordable || !b.recordable || a.state_epoch != b.state_epoch || a.device != b.device ||
@@ -97,5 +135,47 @@ void StepGraph::forget() {
   has_last_ = false;
 }
 
+namespace {
+
+// lowbit::optim_step_graph_inputs: for the Python optimizers' step graphs (python/lowbit/optim/
+// step_graph.py), what StepInputs holds of each parameter, one int64 row each (parameter, elements,
+// gradient, numel, dtype + 256 x gradient dtype), read in one call rather than five attribute reads
+// a parameter in Python; no rows when a step of them cannot be recorded (add_step_input). Given the
+// rows a recording was made for, it also says whether these are the same, and if so bumps the
+// version of each parameter with a gradient, as the op calls the replay stands for would
+// (tensors/optim_ops.h): one pass over the list for both.
+std::tuple<at::Tensor, bool> step_graph_inputs(const std::vector<at::Tensor>& params,
+                                               const std::optional<at::Tensor>& recorded) {
+  StepInputs in;
+  in.recordable = true;
+  for (const at::Tensor& p : params)
+    if (!add_step_input(p, in)) break;
+  if (!in.recordable || !in.device) return {at::empty({0, 5}, at::kLong), false};
+  const int64_t n = static_cast<int64_t>(in.params.size());
+  at::Tensor rows = at::empty({n, 5}, at::kLong);
+  int64_t* r = rows.mutable_data_ptr<int64_t>();
+  for (const StepInputs::Param& x : in.params) {
+    *r++ = static_cast<int64_t>(reinterpret_cast<intptr_t>(x.param));
+    *r++ = static_cast<int64_t>(reinterpret_cast<intptr_t>(x.data));
+    *r++ = static_cast<int64_t>(reinterpret_cast<intptr_t>(x.grad));
+    *r++ = x.numel;
+    *r++ = static_cast<int64_t>(x.dtype) + 256 * static_cast<int64_t>(x.grad_dtype);
+  }
+  const bool same = recorded && recorded->defined() && recorded->scalar_type() == at::kLong &&
+                    recorded->device().is_cpu() && recorded->is_contiguous() && recorded->sizes().equals(rows.sizes()) &&
+                    std::memcmp(recorded->const_data_ptr(), rows.const_data_ptr(), rows.nbytes()) == 0;
+  if (same)
+    for (const at::Tensor& p : params)
+      if (p.grad().defined()) p.unsafeGetTensorImpl()->bump_version();
+  return {rows, same};
+}
+
+}  // namespace
+
 }  // namespace optim
 }  // namespace lowbit
+
+TORCH_LIBRARY_FRAGMENT(lowbit, m) {
+  m.def("optim_step_graph_inputs(Tensor[] params, Tensor? recorded=None) -> (Tensor rows, bool same)",
+        &lowbit::optim::step_graph_inputs);
+}

@@ -46,6 +46,13 @@ struct StepInputs {
 
 bool same_inputs(const StepInputs& a, const StepInputs& b);
 
+// Appends what a step sees of parameter `p` to `in.params` (and, at the first parameter with a
+// gradient, sets in.device). False, with in.recordable cleared, when a step of it cannot be
+// recorded: the first gradient on a device that records nothing (the CPU), or a parameter whose
+// step would be refused or take another path (sparse, non-contiguous, a gradient of another
+// shape or device).
+bool add_step_input(const at::Tensor& p, StepInputs& in);
+
 class StepGraph {
  public:
   bool enabled() const { return enabled_; }

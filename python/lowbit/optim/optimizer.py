@@ -15,6 +15,7 @@ from typing import Dict, Iterable, Optional, Set
 import torch
 
 from . import call_checks, dtensor_shards, param_state, state_dict_io, step_args
+from .step_graph import StepGraph
 from .option_checks import check_options
 
 # The C++ optimizers' stochastic-rounding seed ("lowbit", LowbitOptimizer::seed_) and parameter keys
@@ -76,6 +77,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._overflow_interval = 0   # set_overflow_check_interval
         self._cpu_counters = (None, None, None)  # (epoch, the CPU states' counters, their overflows reported)
         self._steps_called = 0
+        self._step_graph = StepGraph()  # steps recorded once and replayed (step_graph.py)
+        self._capturing = False         # a step is being recorded: lr tensors are written before, not in it
         merged = dict(COMMON_DEFAULTS)
         merged.update({k: v for k, v in options.items() if k in COMMON_DEFAULTS})
         merged.update(defaults)
@@ -236,9 +239,20 @@ class LowbitOptimizer(torch.optim.Optimizer):
         """A step of these parameters alone (gradient release): each steps as it would in step()."""
         self._step({id(p) for p in params})
 
+    def set_step_graphs(self, on: bool) -> None:
+        """Whether steps whose inputs repeat are recorded as a CUDA graph and replayed (on by default; the same bits
+        either way), as the C++ optimizers' set_step_graphs."""
+        self._step_graph.set_enabled(on)
+
+    def step_graph_replays(self) -> int:
+        """Steps run as replays of a recorded CUDA graph (each recording's first run included)."""
+        return self._step_graph.replays
+
     def _lr_tensor(self, gi: int, group: Dict, device: torch.device) -> torch.Tensor:
         lr = group["lr"]
         entry = self._lr_tensors.get((gi, device))
+        if self._capturing:
+            return entry[0]  # written before the recording (and before each replay), never in it
         if isinstance(lr, torch.Tensor):
             if entry is None:
                 entry = self._lr_tensors[(gi, device)] = [torch.empty(1, dtype=torch.float64, device=device), None]
@@ -282,22 +296,56 @@ class LowbitOptimizer(torch.optim.Optimizer):
         groups = self.param_groups
         for gi, group in enumerate(groups):
             self._check_group(gi, group)
-        work = self._items(only)
-        if not any(work):
-            return
         # ---- GradScaler's flag and scale (set by GradScaler.step for the duration of this step).
         amp_found = getattr(self, "found_inf", None)
         amp_scale = getattr(self, "grad_scale", None)
         if amp_found is not None:
             amp_found = amp_found.reshape(1).to(torch.float32)
+        # ---- a recorded step whose inputs these are: replay it (step_graph.py).
+        graph, now = self._step_graph, None
+        head = graph.head(self, amp_found, amp_scale) if only is None and graph.enabled else None
+        if head is not None:
+            now, same = graph.look(head, [p for group in groups for p in group["params"]])
+            if same:
+                self._refresh_lr(graph.device)
+                graph.replay(amp_found, amp_scale, graph.device)
+                self._after_step()
+                return
+        work = self._items(only)
+        if not any(work):
+            return
         # ---- every group's op calls, checked before any runs (call_checks.py): a step refused for one group
         # changes nothing. Calls reused from the last step were checked when they were built: between two such
         # steps only the gradients are new, and grad_check below reads those of every group that skips or clips.
+        # A step whose inputs repeat the last one's is recorded (then run by one replay) instead.
+        if now is not None and graph.repeats(now):
+            device = next(items[0][1].device for items in work if items)
+            self._refresh_lr(device)
+            try:
+                self._capturing = True
+                graph.record(now, device, amp_found, amp_scale, lambda found, scale: self._step_calls(work, found, scale))
+            except Exception as e:  # noqa: BLE001 (any failure to record: the step runs as it comes)
+                graph.give_up(e)
+            else:
+                self._after_step()
+                return
+            finally:
+                self._capturing = False
         self._pending = {}
         try:
             self._step_calls(work, amp_found, amp_scale)
         finally:
             self._pending = {}  # (what a refused step made)
+        if now is not None:
+            graph.remember(now)
+        self._after_step()
+
+    def _refresh_lr(self, device: torch.device) -> None:
+        """Every group's lr tensor on `device` written from group["lr"] (before a recorded step runs)."""
+        for gi, group in enumerate(self.param_groups):
+            self._lr_tensor(gi, group, device)
+
+    def _after_step(self) -> None:
         # ---- quantized state that overflowed to Inf/NaN: CPU parameters after every step, GPU ones every
         # set_overflow_check_interval steps (a read that waits for the device) or in check_overflow().
         self._steps_called += 1

@@ -118,26 +118,29 @@ def test_a_non_finite_gradient_skips_a_replayed_step():
 
 def test_grad_scaler_replays_read_its_flag_and_scale():
     def steps(graphs):
-        params = make()
-        opt = O.AdamW(params, lr=1e-2)
+        torch.manual_seed(0)
+        m = torch.nn.Linear(80, 70).cuda()
+        # skip_nonfinite off: only GradScaler's found_inf can skip a step here.
+        opt = O.AdamW(m.parameters(), lr=1e-2, skip_nonfinite=False)
         opt.set_step_graphs(graphs)
-        scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=2)
-        gs = grads_for(params, 8)
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        for s in range(8):
-            for p, g in zip(params, gs[s]):
-                p.grad.copy_(g * scaler.get_scale())
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12, growth_interval=3)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        for s in range(9):
+            loss = m(torch.randn(8, 80, device="cuda", generator=gen)).square().mean()
             if s == 5:
-                params[0].grad[0, 0] = float("nan")
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+            opt.zero_grad(set_to_none=False)  # the gradients stay where they are: the steps replay
         torch.cuda.synchronize()
-        return opt, params
+        return opt, list(m.parameters()), scaler
 
-    a, pa = steps(True)
-    b, pb = steps(False)
-    assert a.step_graph_replays() >= 3
+    a, pa, sa = steps(True)
+    b, pb, sb = steps(False)
+    assert a.step_graph_replays() >= 4
+    assert sa.get_scale() == sb.get_scale()
+    assert int(a.state[pa[0]]["counters"][0]) == int(b.state[pb[0]]["counters"][0]) == 8  # the inf's step skipped
     assert_same_run(a, pa, b, pb)
 
 

@@ -228,8 +228,9 @@ int main(int argc, char** argv) {
   }
   // The host offload's CPU work alone: the GPT example's block matrices at 1.21B parameters (24 blocks
   // of width 2048: qkv, projection, the two MLP matrices), bf16 with a 24-bit master and Q8 state,
-  // stepped one parameter at a time as HostOffload steps them; "offload-pinned:Q8" puts the weights
-  // and gradients in pinned memory, as the offload's host copies and staging buffers are. Only when
+  // stepped one parameter at a time as HostOffload steps them, each with its non-finite flag made
+  // beforehand (the offload makes it on the accelerator); "offload-pinned:Q8" puts the weights and
+  // gradients in pinned memory, as the offload's host copies and staging buffers are. Only when
   // named in ROWS (9 GB of host memory).
   for (const bool pinned : {false, true}) {
     const std::string name = pinned ? "offload-pinned" : "offload";
@@ -248,8 +249,10 @@ int main(int argc, char** argv) {
         total += numel;
       }
     lo::AdamW opt(params, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).master_weight_bits(24));
+    std::vector<at::Tensor> found;
+    for (size_t k = 0; k < params.size(); ++k) found.push_back(at::zeros({1}));  // randn gradients: finite
     const auto each = [&] {
-      for (const at::Tensor& q : params) opt.step_parameters({q});
+      for (size_t k = 0; k < params.size(); ++k) opt.step_parameters({params[k]}, found[k]);
     };
     std::vector<double> ms;
     for (int i = 0; i < reps + 2; ++i) {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "../tensors/optim_ops.h"
 #include "grad_hooks.h"
 
 namespace lowbit {
@@ -44,6 +45,7 @@ struct Task {
   size_t param = 0;
   size_t staging = 0;
   at::Tensor device_grad;           // kept alive until its copy is done
+  at::Tensor device_found;          // its non-finite flag (grad_check's), likewise
   std::optional<c10::Event> copied;  // on the to-host stream; none for parameters on the CPU
 };
 
@@ -97,6 +99,7 @@ struct HostOffload::Shared {
   std::vector<CopyStreams> streams;
   std::unique_ptr<HostArena> arena;  // holds the host copies and the staging buffers
   std::vector<at::Tensor> staging;  // bytes, each as large as the largest gradient
+  std::vector<at::Tensor> found;    // float [1] each: the non-finite flag of the gradient in staging[s]
   std::vector<size_t> free_staging;
 
   std::mutex mu;
@@ -155,9 +158,13 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
   task.param = k;
   task.staging = s;
   torch::NoGradGuard no_grad;
+  // The non-finite check, here on the gradient's device (at its bandwidth, on the stream that computed
+  // it) rather than as one more read of the staged gradient by the host's step, its bottleneck.
+  const at::Tensor found_inf = std::get<0>(ops::grad_check({grad}, {0}, 1, false));
   if (p.device.is_cpu()) {
     if (weights_changed) p.host.copy_(p.device.detach());
     to.copy_(grad);
+    found[s].copy_(found_inf);
   } else {
     const CopyStreams& cs = streams_of(p.device.device());
     c10::impl::VirtualGuardImpl impl(p.device.device().type());
@@ -168,10 +175,12 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
       c10::StreamGuard on_copy_stream(cs.to_host);
       if (weights_changed) p.host.copy_(p.device.detach(), /*non_blocking=*/true);
       to.copy_(grad, /*non_blocking=*/true);
+      found[s].copy_(found_inf, /*non_blocking=*/true);
     }
     task.copied.emplace(p.device.device().type());
     task.copied->record(cs.to_host);
     task.device_grad = grad;
+    task.device_found = found_inf;
   }
   if (weights_changed) p.version = version_of(p.device);
   p.released = true;
@@ -211,10 +220,11 @@ void HostOffload::Shared::run() {
         step = !error;
       }
       task.device_grad.reset();
+      task.device_found.reset();
       if (step) {
         const Clock::time_point t1 = Clock::now();
         p.host.mutable_grad() = staging_view(task.staging, p.host);
-        opt->step_parameters({p.host});
+        opt->step_parameters({p.host}, found[task.staging]);
         std::lock_guard<std::mutex> lock(mu);
         stats.host_step_s += seconds_since(t1);
         ++stats.host_steps;
@@ -225,6 +235,7 @@ void HostOffload::Shared::run() {
       if (on_device && !counted) --in_flight;
     }
     task.device_grad.reset();
+    task.device_found.reset();
     p.host.mutable_grad().reset();
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -285,7 +296,7 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
     largest = std::max(largest, bytes);
     total += bytes + 64;
   }
-  sh.arena = std::make_unique<HostArena>(pinned, total + options.staging_buffers() * (largest + 64));
+  sh.arena = std::make_unique<HostArena>(pinned, total + options.staging_buffers() * (largest + 128));
   for (OffloadedParam& p : sh.params) {
     const at::Device d = p.device.device();
     p.host = sh.arena->take(p.device.sizes(), p.device.scalar_type());
@@ -299,6 +310,7 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   }
   for (int64_t s = 0; s < options.staging_buffers(); ++s) {
     sh.staging.push_back(sh.arena->take({largest}, at::kByte));
+    sh.found.push_back(sh.arena->take({1}, at::kFloat));
     sh.free_staging.push_back(static_cast<size_t>(s));
   }
   std::vector<at::Tensor> devices;
@@ -313,8 +325,7 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   for (const OffloadedParam& p : sh.params) opt.replace_parameter(p.device, p.host);
   // OpenMP's thread count is per thread: the host thread sets its own (a new one would start from the
   // process default).
-  const int threads = options.host_threads() > 0 ? static_cast<int>(options.host_threads())
-                                                 : std::max(1, at::get_num_threads() - 1);
+  const int threads = options.host_threads() > 0 ? static_cast<int>(options.host_threads()) : at::get_num_threads();
   sh.worker = std::thread([shared = shared_, threads] {
     at::set_num_threads(threads);
     shared->run();

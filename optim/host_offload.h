@@ -18,9 +18,7 @@ struct HostOffloadOptions {
   // stepped it. More overlaps more of backward with the copies and the CPU steps; a hook that finds
   // none free waits for the oldest.
   TORCH_ARG(int64_t, staging_buffers) = 4;
-  // Threads of the CPU steps. 0: one fewer than the thread that makes the offload runs with, leaving
-  // a core to the thread that drives backward on the device (on a core shared with it, a step's
-  // thread would hold up every parameter's step by its lost time slices).
+  // Threads of the CPU steps; 0: as many as the thread that makes the offload runs with.
   TORCH_ARG(int64_t, host_threads) = 0;
 };
 
@@ -53,7 +51,8 @@ struct HostOffloadStats {
 // step() waits for the host's steps and makes the device's current stream wait for the weights'
 // copies, so the next forward sees the updated weights. Each parameter steps at most once between
 // two step() calls; a second gradient before step() is an error. The non-finite check applies per
-// parameter (as gradient release does); global-norm clipping (max_grad_norm > 0) needs every
+// parameter (as gradient release does), made by the hook on the gradient's device and copied with
+// it, so the host's step reads each gradient once; global-norm clipping (max_grad_norm > 0) needs every
 // gradient at once and is refused. Gradient accumulation: set_accumulating(true) for every
 // micro-batch but the last.
 //

@@ -349,10 +349,10 @@ torch::Tensor LowbitOptimizer::step(LossClosure closure) {
   return loss;
 }
 
-void LowbitOptimizer::step_parameters(const std::vector<at::Tensor>& params) {
+void LowbitOptimizer::step_parameters(const std::vector<at::Tensor>& params, const at::Tensor& found_inf) {
   std::unordered_set<c10::TensorImpl*> only;
   for (const at::Tensor& p : params) only.insert(p.unsafeGetTensorImpl());
-  step_only(&only);
+  step_only(&only, found_inf);
 }
 
 // A device's gradients, for the pre-pass (the skip decision and the norms for clipping).
@@ -376,7 +376,7 @@ StepInputs LowbitOptimizer::step_inputs() const {
   return in;
 }
 
-void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only) {
+void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only, const at::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
   check_groups();
   // ---- a recorded step whose inputs these are: replay it.
@@ -419,6 +419,15 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     d->groups.push_back(static_cast<int64_t>(gi));
   }
   if (!any_grad) return;
+  if (found_inf.defined() && !want_sumsq) {
+    for (DeviceGrads& d : devices) {
+      TORCH_CHECK(found_inf.device() == d.device && found_inf.scalar_type() == at::kFloat && found_inf.numel() == 1,
+                  name(), ": step_parameters: found_inf must be a float tensor of one element on ", d.device,
+                  " (grad_check's flag), got ", found_inf.scalar_type(), " ", found_inf.sizes(), " on ",
+                  found_inf.device());
+      d.found_inf = found_inf.reshape({1});
+    }
+  }
   ++steps_called_;
 
   // ---- the step: recorded (then replayed once) where its inputs repeat the last step's, else as it comes.
@@ -454,7 +463,7 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
   // step is skipped for every group that skips), and each group's squared norm for clipping.
   const int64_t ngroups = static_cast<int64_t>(param_groups_.size());
   for (DeviceGrads& d : devices)
-    std::tie(d.found_inf, d.sumsq) = ops::grad_check(d.grads, d.groups, ngroups, want_sumsq);
+    if (!d.found_inf.defined()) std::tie(d.found_inf, d.sumsq) = ops::grad_check(d.grads, d.groups, ngroups, want_sumsq);
   if (devices.size() > 1) {
     // Parameters on several devices: the skip and the norms cover all of them (cross-device copies;
     // the norm adds the devices' partial sums, so clipping may differ from one device in the last bit).

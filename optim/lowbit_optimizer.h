@@ -75,8 +75,11 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   // One step of only these parameters (those with a gradient): what gradient release
   // (gradient_release.h) runs per parameter. Each parameter's result is the one step() gives it;
-  // the non-finite check and clipping see only these parameters' gradients.
-  void step_parameters(const std::vector<at::Tensor>& params);
+  // the non-finite check and clipping see only these parameters' gradients. `found_inf`, when
+  // given, is that check done already (grad_check's flag of these gradients, on their device; host
+  // offload computes it on the accelerator before the copy): where no group clips, the step reads
+  // it instead of reading every gradient once more.
+  void step_parameters(const std::vector<at::Tensor>& params, const at::Tensor& found_inf = at::Tensor());
 
   // Whether any group clips to a global norm (max_grad_norm > 0).
   bool clips_gradients() const;
@@ -169,7 +172,8 @@ class LowbitOptimizer : public torch::optim::Optimizer {
 
   kernels::Rule rule() const { return config(defaults()).rule; }
   bool has_param(const at::Tensor& t) const;
-  void step_only(const std::unordered_set<c10::TensorImpl*>* only);  // null: every parameter
+  // only null: every parameter; found_inf: as step_parameters'.
+  void step_only(const std::unordered_set<c10::TensorImpl*>* only, const at::Tensor& found_inf = at::Tensor());
   ParamState& ensure_state(const at::Tensor& p, const torch::optim::OptimizerOptions& options, int64_t group,
                            int64_t index);
   // A fresh state for p in its resolved format; slot k starts from values[k] when given. numel >= 0:
@@ -201,7 +205,8 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // What this step sees of its inputs (step_graph.h), for a step of every parameter.
   StepInputs step_inputs() const;
   // The pre-pass and the step ops of one step (run as it comes, or recorded): the gradients' checks
-  // are done; `devices` holds the devices' gradients, `stepped_cpu` is set where a CPU parameter steps.
+  // are done; `devices` holds the devices' gradients (and found_inf where it was given),
+  // `stepped_cpu` is set where a CPU parameter steps.
   struct DeviceGrads;
   void enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq, const std::vector<Position>& where,
                     bool* stepped_cpu);

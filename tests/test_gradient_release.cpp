@@ -118,6 +118,42 @@ TEST(GradientRelease, NonFiniteGradientSkipsOnlyThatParameter) {
   EXPECT_EQ(b.opt->skipped_steps(), 1);
 }
 
+// step_parameters with the non-finite check made elsewhere (host offload makes it on the gradient's
+// device): the flag decides the skip in place of a read of the gradient, and a malformed flag is
+// refused, naming it, with nothing changed.
+TEST(GradientRelease, StepParametersTakesTheNonFiniteFlagMadeElsewhere) {
+  torch::manual_seed(5);
+  std::vector<at::Tensor> p = {torch::randn({300}).requires_grad_(), torch::randn({4096}).requires_grad_()};
+  lo::AdamW opt(p, lo::AdamWOptions(1e-2));
+  for (auto& q : p) q.mutable_grad() = torch::randn_like(q);
+  const at::Tensor before0 = p[0].detach().clone(), before1 = p[1].detach().clone();
+  // Flagged: skipped (finite gradient, so only the flag can have said so).
+  opt.step_parameters({p[0]}, torch::ones({1}));
+  EXPECT_TRUE(bitwise_equal(p[0].detach(), before0));
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  EXPECT_EQ(opt.state_of(p[0]), nullptr);
+  // Not flagged: stepped as step_parameters alone steps it.
+  opt.step_parameters({p[0]}, torch::zeros({1}));
+  EXPECT_FALSE(bitwise_equal(p[0].detach(), before0));
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  for (const at::Tensor& bad : {torch::zeros({2}), torch::zeros({1}, torch::kDouble)}) {
+    try {
+      opt.step_parameters({p[1]}, bad);
+      ADD_FAILURE() << "a malformed flag was accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("found_inf"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(bitwise_equal(p[1].detach(), before1));
+    EXPECT_EQ(opt.state_of(p[1]), nullptr);
+  }
+  // The same step as without a flag.
+  lo::AdamW ref(std::vector<at::Tensor>{before1.clone().requires_grad_()}, lo::AdamWOptions(1e-2));
+  ref.param_groups()[0].params()[0].mutable_grad() = p[1].grad().clone();
+  ref.step();
+  opt.step_parameters({p[1]}, torch::zeros({1}));
+  EXPECT_TRUE(bitwise_equal(p[1].detach(), ref.param_groups()[0].params()[0].detach()));
+}
+
 TEST(GradientRelease, RefusesClippingAndASecondRelease) {
   torch::manual_seed(0);
   auto net = std::make_shared<Net>();

@@ -70,7 +70,7 @@ std::string usage() {
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "            --offload (optimizer state on the host: each gradient is copied there in backward and\n"
          "            stepped by the CPU, the weights copied back; needs --clip 0) --offload-threads N (the CPU\n"
-         "            steps' threads; default one fewer than --threads, leaving a core to drive backward)\n"
+         "            steps' threads; default --threads)\n"
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"

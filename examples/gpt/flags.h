@@ -31,7 +31,7 @@ struct Flags {
   bool stochastic_round = false;
   bool gradient_release = false;    // lowbit::optim::GradientRelease: step in backward, free each gradient
   bool offload = false;             // lowbit::optim::HostOffload: state on the host, stepped by the CPU in backward
-  int offload_threads = 0;          // HostOffloadOptions::host_threads (0: its default)
+  int offload_threads = 0;          // HostOffloadOptions::host_threads (0: as many as --threads)
   bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)
   uint64_t seed = 1;
   // The initial weights: "torch" (torch's generator) or "keyed" (a function of the parameter, the

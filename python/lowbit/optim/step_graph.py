@@ -100,7 +100,9 @@ class StepGraph:
         """Records enqueue(found_inf, scale) as this step's work, then replays it once (capturing runs nothing)."""
         self._amp = None
         found, scale = self._amp_inputs(amp_found, amp_scale, device)
-        if self._stream is None:
+        if self._stream is None or self._stream.device != device:
+            # Of the parameters' device: the ops enqueue on that device's current stream, which must be the one
+            # captured (on another device's they would run now, and the replays would do nothing).
             self._stream = torch.cuda.Stream(device)
         graph = torch.cuda.CUDAGraph()
         # On a stream of its own (never the default stream), thread-local: other threads' CUDA calls go on.

@@ -42,10 +42,12 @@ void lamb_norms(const StepPlan& plan, double* out) {
   std::vector<double> sums(2 * plan.items);
   const bool avx512 = plan.vector_path && cpu_has_avx512();
   const bool avx2 = plan.vector_path && !avx512 && cpu_has_avx2();
+  // Blocks handed out in runs of about 64K elements as threads come free (as the step's own chunks).
+  const int64_t chunk = std::max<int64_t>(1, 65536 / plan.max_block);
 #pragma omp parallel
   {
     std::vector<float> buf(4 * plan.max_block, 0.0f);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t item = 0; item < plan.items; ++item) {
       const int64_t t = plan.task_of(item);
       const int64_t block = item - plan.first_item[t];

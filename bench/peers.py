@@ -11,7 +11,8 @@ AdamW with and without the non-finite check, and a copy of 16 bytes per paramete
 threads: OMP_NUM_THREADS, which torch and DeepSpeed follow too). Default size 1 x 8192 x 8192 (2^26).
 
 With --classes, the Python optimizer class lowbit.optim.AdamW against the op it calls (grad_check and the
-step, as above), on the given tensors and on 64 times as many tensors an eighth as wide and high.
+step, as above), on the given tensors and on 64 times as many tensors an eighth as wide and high; on a GPU
+also the class's recorded step replayed alone (the device's part) and its step's host time (the host's).
 
 A peer that is not installed, or fails, prints its error instead of a time.
 """
@@ -90,6 +91,35 @@ def class_step(params, state_format, graphs=True):
     return opt.step, state_bytes(opt)
 
 
+def class_replay(params, state_format):
+    # The class's recorded step alone: its CUDA graph replayed, no host work around it (the device's
+    # part of a replayed step).
+    opt = lowbit.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, state_format=state_format)
+    for _ in range(3):
+        opt.step()  # state made, inputs remembered, recorded
+    graph = opt._step_graph._graph
+    if graph is None:
+        raise RuntimeError("the step was not recorded")
+    return graph.replay, state_bytes(opt)
+
+
+def class_host(params, state_format):
+    # The host's part of a replayed step: opt.step() timed on the host, each after the device is idle
+    # (so no launch waits for room in the queue).
+    opt = lowbit.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, state_format=state_format)
+    for _ in range(3):
+        opt.step()
+
+    def step():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.step()
+        host.append((time.perf_counter() - t0) * 1e3)
+
+    host = []
+    return step, state_bytes(opt), host
+
+
 def class_cases(tensors, rows, cols):
     # The class beside the raw op (grad_check + step) it calls, on the given tensors and on 64 times as
     # many tensors an eighth as wide and high (the same parameter count: 4096 x 512 x 512 for the GPU's
@@ -100,6 +130,9 @@ def class_cases(tensors, rows, cols):
         cases += [(shape, "lowbit op AdamW Q8 (grad_check + step)", lambda p: lowbit_step(p, "Q8")),
                   (shape, "lowbit.optim.AdamW Q8 (the class)", lambda p: class_step(p, "Q8")),
                   (shape, "lowbit.optim.AdamW Q8 (the class, no step graphs)", lambda p: class_step(p, "Q8", False))]
+        if DEVICE == "cuda":
+            cases.append((shape, "the class's recorded step, replayed alone", lambda p: class_replay(p, "Q8")))
+            cases.append((shape, "the class's step, host time (device idle)", lambda p: class_host(p, "Q8")))
     return cases
 
 
@@ -110,8 +143,10 @@ def run_class_cases(tensors, rows, cols):
     for (t, r, c), name, build in class_cases(tensors, rows, cols):
         params = make((r, c), t, torch.float32)
         try:
-            step, nbytes = build(params)
+            step, nbytes, *host = build(params)
             ms = median_ms(step)
+            if host:  # a host-side time: the median of what the step recorded
+                ms = sorted(host[0])[len(host[0]) // 2]
             base = base or ms
             print(f"{t:5d} x {r:5d} x {c:5d}  {name:50s} {ms:9.3f} ms  {ms / base:5.3f} x the op on {tensors} tensors  "
                   f"{nbytes / (t * r * c):5.2f} B/param state", flush=True)

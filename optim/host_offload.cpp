@@ -86,6 +86,9 @@ class HostArena {
   int64_t used_ = 0;
 };
 
+// More CPU-step threads than any host has cores (the count goes to OpenMP as an int).
+constexpr int64_t kMaxHostThreads = 1 << 16;
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -270,7 +273,8 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   sh.opt = &opt;
   TORCH_CHECK(options.staging_buffers() >= 1, "HostOffload: staging_buffers must be at least 1, got ",
               options.staging_buffers());
-  TORCH_CHECK(options.host_threads() >= 0, "HostOffload: host_threads must be 0 (the default count) or more, got ",
+  TORCH_CHECK(options.host_threads() >= 0 && options.host_threads() <= kMaxHostThreads,
+              "HostOffload: host_threads must be in [0, ", kMaxHostThreads, "] (0: the default count), got ",
               options.host_threads());
   TORCH_CHECK(!opt.clips_gradients(), "HostOffload: a param group has max_grad_norm > 0; global-norm clipping needs "
               "every gradient at once, which the offload copies to the host as it goes. Set max_grad_norm to 0");

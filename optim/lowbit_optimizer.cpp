@@ -411,6 +411,12 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     check_grad(p, g, gi, i);
+    // A given flag is checked whether or not this step reads it (no group skips, or one clips).
+    TORCH_CHECK(!found_inf.defined() || (found_inf.scalar_type() == at::kFloat && found_inf.numel() == 1 &&
+                                         found_inf.device() == g.device()),
+                name(), ": step_parameters: found_inf must be a float tensor of one element on the gradients' device (",
+                g.device(), "; grad_check's flag), got ", found_inf.scalar_type(), " of shape ", found_inf.sizes(),
+                " on ", found_inf.device());
     any_grad = true;
     if (!prepass[gi]) continue;
     auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == g.device(); });
@@ -419,15 +425,8 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     d->groups.push_back(static_cast<int64_t>(gi));
   }
   if (!any_grad) return;
-  if (found_inf.defined() && !want_sumsq) {
-    for (DeviceGrads& d : devices) {
-      TORCH_CHECK(found_inf.device() == d.device && found_inf.scalar_type() == at::kFloat && found_inf.numel() == 1,
-                  name(), ": step_parameters: found_inf must be a float tensor of one element on ", d.device,
-                  " (grad_check's flag), got ", found_inf.scalar_type(), " ", found_inf.sizes(), " on ",
-                  found_inf.device());
-      d.found_inf = found_inf.reshape({1});
-    }
-  }
+  if (found_inf.defined() && !want_sumsq)
+    for (DeviceGrads& d : devices) d.found_inf = found_inf.reshape({1});
   ++steps_called_;
 
   // ---- the step: recorded (then replayed once) where its inputs repeat the last step's, else as it comes.

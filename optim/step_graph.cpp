@@ -146,6 +146,12 @@ namespace {
 // (tensors/optim_ops.h): one pass over the list for both.
 std::tuple<at::Tensor, bool> step_graph_inputs(const std::vector<at::Tensor>& params,
                                                const std::optional<at::Tensor>& recorded) {
+  const bool given = recorded.has_value() && recorded->defined();
+  TORCH_CHECK(!given || (recorded->scalar_type() == at::kLong && recorded->device().is_cpu() &&
+                            recorded->dim() == 2 && recorded->size(1) == 5 && recorded->is_contiguous()),
+              "lowbit::optim_step_graph_inputs: recorded must be the rows an earlier call returned (a contiguous "
+              "int64 CPU tensor of shape [n, 5]), got ", recorded->scalar_type(), " of shape ", recorded->sizes(),
+              " on ", recorded->device());
   StepInputs in;
   in.recordable = true;
   for (const at::Tensor& p : params)
@@ -161,8 +167,7 @@ std::tuple<at::Tensor, bool> step_graph_inputs(const std::vector<at::Tensor>& pa
     *r++ = x.numel;
     *r++ = static_cast<int64_t>(x.dtype) + 256 * static_cast<int64_t>(x.grad_dtype);
   }
-  const bool same = recorded && recorded->defined() && recorded->scalar_type() == at::kLong &&
-                    recorded->device().is_cpu() && recorded->is_contiguous() && recorded->sizes().equals(rows.sizes()) &&
+  const bool same = given && recorded->sizes().equals(rows.sizes()) &&
                     std::memcmp(recorded->const_data_ptr(), rows.const_data_ptr(), rows.nbytes()) == 0;
   if (same)
     for (const at::Tensor& p : params)

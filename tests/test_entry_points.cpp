@@ -234,6 +234,26 @@ std::vector<Row> rows() {
                  lo::AdamW o({at::zeros({4})}, lo::AdamWOptions());
                  o.set_overflow_check_interval(-3);
                }, {"interval", "-3"}});
+  r.push_back({"step_parameters: found_inf of two elements", [] {
+                 lo::AdamW o({at::zeros({4}).requires_grad_()}, lo::AdamWOptions());
+                 at::Tensor p = o.param_groups()[0].params()[0];
+                 p.mutable_grad() = at::ones_like(p);
+                 o.step_parameters({p}, at::zeros({2}));
+               }, {"found_inf", "[2]"}});
+  r.push_back({"step_parameters: found_inf double, no group skipping", [] {
+                 lo::AdamW o({at::zeros({4}).requires_grad_()}, lo::AdamWOptions().skip_nonfinite(false));
+                 at::Tensor p = o.param_groups()[0].params()[0];
+                 p.mutable_grad() = at::ones_like(p);
+                 o.step_parameters({p}, at::zeros({1}, at::kDouble));
+               }, {"found_inf", "Double"}});
+  r.push_back({"HostOffload: host_threads -1", [] {
+                 lo::AdamW o({at::zeros({4}).requires_grad_()}, lo::AdamWOptions());
+                 lo::HostOffload off(o, lo::HostOffloadOptions().host_threads(-1));
+               }, {"host_threads", "-1"}});
+  r.push_back({"HostOffload: host_threads 2^40", [] {
+                 lo::AdamW o({at::zeros({4}).requires_grad_()}, lo::AdamWOptions());
+                 lo::HostOffload off(o, lo::HostOffloadOptions().host_threads(int64_t(1) << 40));
+               }, {"host_threads", "1099511627776"}});
   // ---- param groups: each group's own options, options edited later, one tensor in two groups
   r.push_back({"a group's own betas (0.9, 1.0)", [] {
                  std::vector<torch::optim::OptimizerParamGroup> g;

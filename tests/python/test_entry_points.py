@@ -389,6 +389,14 @@ ROWS += [
                                   True, torch.float32), ["codes[0]", "16", "[0, 15]"]),
     ("unpack_codes: numel past the packed bytes", lambda: ops.unpack_codes(torch.zeros(4, dtype=torch.uint8), 4, 9),
      ["numel", "9"]),
+    # ---- optim_step_graph_inputs (the Python optimizers' step graphs)
+    ("step_graph_inputs: recorded float", lambda: ops.optim_step_graph_inputs([torch.zeros(3)], torch.zeros(1, 5)),
+     ["recorded", "Float"]),
+    ("step_graph_inputs: recorded of 3 columns",
+     lambda: ops.optim_step_graph_inputs([torch.zeros(3)], torch.zeros(2, 3, dtype=torch.int64)), ["recorded", "[2, 3]"]),
+    ("step_graph_inputs: recorded not contiguous",
+     lambda: ops.optim_step_graph_inputs([torch.zeros(3)], torch.zeros(5, 2, dtype=torch.int64).t()),
+     ["recorded", "[2, 5]"]),
 ]
 
 
@@ -416,6 +424,9 @@ def test_valid_inputs_of_the_same_kinds_work():
     assert ops.dequantize_blockwise(c, m, "Dyn8Signed", 0, [0]).numel() == 0
     # Block size 0 is the format's default.
     assert torch.equal(ops.quantize_blockwise(x, "Dyn8Signed", 0)[1], ops.quantize_blockwise(x, "Dyn8Signed", 256)[1])
+    # Step-graph inputs of CPU parameters: nothing to record (no rows), never the same as a recording.
+    rows, same = ops.optim_step_graph_inputs([torch.zeros(3, requires_grad=True)], torch.zeros(1, 5, dtype=torch.int64))
+    assert rows.shape == (0, 5) and not same
     # An empty parameter list steps nothing; a parameter that is not contiguous steps like a contiguous one.
     ops.optim_step_([], [], [], [], torch.ones(1, dtype=torch.float64), rule="AdamW", slots=["fp32", "fp32"])
     p = torch.randn(N)

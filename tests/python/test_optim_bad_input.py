@@ -46,6 +46,10 @@ def test_unknown_and_unsupported_arguments():
     with pytest.raises(ValueError, match="differentiable=True is not supported"):
         O.AdamW(p, differentiable=True)
     O.AdamW(p, foreach=True, fused=True, capturable=False)  # torch's switches: lowbit's step is always fused
+    opt = O.AdamW(p)
+    with pytest.raises(TypeError, match="set_step_graphs: on must be a bool, got 'no'"):
+        opt.set_step_graphs("no")
+    opt.set_step_graphs(False)
 
 
 def snapshot(params, opt):

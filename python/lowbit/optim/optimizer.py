@@ -242,6 +242,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def set_step_graphs(self, on: bool) -> None:
         """Whether steps whose inputs repeat are recorded as a CUDA graph and replayed (on by default; the same bits
         either way), as the C++ optimizers' set_step_graphs."""
+        if not isinstance(on, bool):
+            raise TypeError(f"lowbit.optim.{type(self).__name__}: set_step_graphs: on must be a bool, got {on!r}")
         self._step_graph.set_enabled(on)
 
     def step_graph_replays(self) -> int:

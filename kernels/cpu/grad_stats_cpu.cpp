@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../common/float_convert.h"
+#include "optim_step_parts.h"
 
 namespace lowbit {
 namespace kernels {
@@ -63,9 +64,9 @@ void grad_stats_cpu(const GradRef* grads, int64_t count, bool want_sumsq, uint8_
   std::vector<int64_t> first(count + 1, 0);
   for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (grads[i].numel + kGradChunk - 1) / kGradChunk;
   std::vector<ChunkStats> stats(first[count]);
-  // Chunks handed out 8 at a time as threads come free (not one fixed share each): a thread on a
-  // shared core then delays only its own chunks (optim_step_cpu.cpp says why it matters).
-#pragma omp parallel for schedule(dynamic, 8)
+  // Handed out as threads come free, as the step's own chunks.
+  constexpr int64_t per_thread_chunk = kThreadChunkElements / kGradChunk;
+#pragma omp parallel for schedule(dynamic, per_thread_chunk)
   for (int64_t item = 0; item < first[count]; ++item) {
     const int64_t g = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
     const GradRef& r = grads[g];

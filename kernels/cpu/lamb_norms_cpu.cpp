@@ -42,8 +42,8 @@ void lamb_norms(const StepPlan& plan, double* out) {
   std::vector<double> sums(2 * plan.items);
   const bool avx512 = plan.vector_path && cpu_has_avx512();
   const bool avx2 = plan.vector_path && !avx512 && cpu_has_avx2();
-  // Blocks handed out in runs of about 64K elements as threads come free (as the step's own chunks).
-  const int64_t chunk = std::max<int64_t>(1, 65536 / plan.max_block);
+  // Blocks handed out as threads come free, as the step's own chunks.
+  const int64_t chunk = std::max<int64_t>(1, kThreadChunkElements / plan.max_block);
 #pragma omp parallel
   {
     std::vector<float> buf(4 * plan.max_block, 0.0f);

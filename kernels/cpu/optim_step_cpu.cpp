@@ -72,8 +72,6 @@ StepPlan::StepPlan(const StepLaunch& s)
 
 namespace {
 
-constexpr int64_t kChunkElements = 65536;
-
 RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
 #if LOWBIT_X86_AVX512_LOOPS
   if (vector_path && cpu_has_avx512()) return avx512_range_fn(rule, t);
@@ -99,13 +97,10 @@ void optim_step_cpu(const StepLaunch& s) {
     }
     std::vector<RangeFn> fns(plan.tasks.size());
     for (size_t t = 0; t < plan.tasks.size(); ++t) fns[t] = pick_range_fn(plan.rule, plan.tasks[t], plan.vector_path);
-    // Threads take chunks of blocks from a shared counter rather than one fixed share each: a thread
-    // that shares its core (with the autograd thread during an offloaded backward, say) then costs
-    // the step its own lost time, not the whole step waiting for its share. A chunk is large enough
-    // (~64K elements) that taking one costs nothing and the loops run at speed.
+    // Threads take chunks of blocks from a shared counter (kThreadChunkElements; at least 4 per thread).
     const int64_t threads = std::max(1, omp_get_max_threads());
     const int64_t chunk = std::max<int64_t>(
-        1, std::min<int64_t>(kChunkElements / plan.max_block, (plan.items + 4 * threads - 1) / (4 * threads)));
+        1, std::min<int64_t>(kThreadChunkElements / plan.max_block, (plan.items + 4 * threads - 1) / (4 * threads)));
     std::atomic<int64_t> next_chunk{0};
 #pragma omp parallel
     {

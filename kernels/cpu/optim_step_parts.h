@@ -143,6 +143,11 @@ void lamb_norms(const StepPlan& plan, double* out);
 // partial sum i mod kLambLanes (in element order); a block's sum is the partials added in order.
 // Every loop and the ATen reference add in exactly this order.
 constexpr int kLambLanes = 16;
+
+// Work handed to threads as they come free, this many elements at a time (not one fixed share each:
+// a thread on a shared core then delays only its own chunks). Large enough that taking one costs
+// nothing and the loops run at speed.
+constexpr int64_t kThreadChunkElements = 65536;
 namespace {  // internal linkage: the AVX-512 and AVX2 objects include this too (x86_objects_isolated)
 // The vector loops' start: block `block`'s range and its two state slots decoded into buf (2 x block_size).
 struct LambBlock {

@@ -12,7 +12,8 @@ threads: OMP_NUM_THREADS, which torch and DeepSpeed follow too). Default size 1 
 
 With --classes, the Python optimizer class lowbit.optim.AdamW against the op it calls (grad_check and the
 step, as above), on the given tensors and on 64 times as many tensors an eighth as wide and high; on a GPU
-also the class's recorded step replayed alone (the device's part) and its step's host time (the host's).
+also the class's recorded step replayed alone (the device's part), its step's host time (the host's), and the op and
+the class with 10 steps enqueued back to back, as a training loop runs them (the time per step).
 
 A peer that is not installed, or fails, prints its error instead of a time.
 """
@@ -120,6 +121,21 @@ def class_host(params, state_format):
     return step, state_bytes(opt), host
 
 
+def back_to_back(build, steps=10):
+    # `steps` steps enqueued one after another, timed together (as a training loop runs them: the host's part of a
+    # step goes on while the device still works on the last one); the row gives the time per step.
+    def make_steps(params):
+        step, nbytes, *_ = build(params)
+
+        def steps_run():
+            for _ in range(steps):
+                step()
+
+        return steps_run, nbytes, steps
+
+    return make_steps
+
+
 def class_cases(tensors, rows, cols):
     # The class beside the raw op (grad_check + step) it calls, on the given tensors and on 64 times as
     # many tensors an eighth as wide and high (the same parameter count: 4096 x 512 x 512 for the GPU's
@@ -133,6 +149,9 @@ def class_cases(tensors, rows, cols):
         if DEVICE == "cuda":
             cases.append((shape, "the class's recorded step, replayed alone", lambda p: class_replay(p, "Q8")))
             cases.append((shape, "the class's step, host time (device idle)", lambda p: class_host(p, "Q8")))
+            cases.append((shape, "lowbit op AdamW Q8, 10 steps back to back", back_to_back(lambda p: lowbit_step(p, "Q8"))))
+            cases.append((shape, "lowbit.optim.AdamW Q8, 10 steps back to back",
+                          back_to_back(lambda p: class_step(p, "Q8"))))
     return cases
 
 
@@ -143,10 +162,12 @@ def run_class_cases(tensors, rows, cols):
     for (t, r, c), name, build in class_cases(tensors, rows, cols):
         params = make((r, c), t, torch.float32)
         try:
-            step, nbytes, *host = build(params)
+            step, nbytes, *extra = build(params)
             ms = median_ms(step)
-            if host:  # a host-side time: the median of what the step recorded
-                ms = sorted(host[0])[len(host[0]) // 2]
+            if extra and isinstance(extra[0], list):  # a host-side time: the median of what the step recorded
+                ms = sorted(extra[0])[len(extra[0]) // 2]
+            elif extra:  # several steps a call: the time per step
+                ms /= extra[0]
             base = base or ms
             print(f"{t:5d} x {r:5d} x {c:5d}  {name:50s} {ms:9.3f} ms  {ms / base:5.3f} x the op on {tensors} tensors  "
                   f"{nbytes / (t * r * c):5.2f} B/param state", flush=True)

@@ -8,6 +8,10 @@ import torch
 import lowbit  # noqa: E402,F401  (conftest.py: the installed package, or python/ with LOWBIT_LIBRARY)
 ops = torch.ops.lowbit
 
+
+def step_graph_inputs(params):
+    return torch.classes.lowbit.StepGraphInputs(params)
+
 NAN, INF = float("nan"), float("inf")
 N = 512  # two Dyn8 blocks of 256
 
@@ -389,14 +393,15 @@ ROWS += [
                                   True, torch.float32), ["codes[0]", "16", "[0, 15]"]),
     ("unpack_codes: numel past the packed bytes", lambda: ops.unpack_codes(torch.zeros(4, dtype=torch.uint8), 4, 9),
      ["numel", "9"]),
-    # ---- optim_step_graph_inputs (the Python optimizers' step graphs)
-    ("step_graph_inputs: recorded float", lambda: ops.optim_step_graph_inputs([torch.zeros(3)], torch.zeros(1, 5)),
+    # ---- StepGraphInputs (the Python optimizers' step graphs)
+    ("StepGraphInputs.look: recorded float", lambda: step_graph_inputs([torch.zeros(3)]).look(torch.zeros(1, 5)),
      ["recorded", "Float"]),
-    ("step_graph_inputs: recorded of 3 columns",
-     lambda: ops.optim_step_graph_inputs([torch.zeros(3)], torch.zeros(2, 3, dtype=torch.int64)), ["recorded", "[2, 3]"]),
-    ("step_graph_inputs: recorded not contiguous",
-     lambda: ops.optim_step_graph_inputs([torch.zeros(3)], torch.zeros(5, 2, dtype=torch.int64).t()),
+    ("StepGraphInputs.look: recorded of 3 columns",
+     lambda: step_graph_inputs([torch.zeros(3)]).look(torch.zeros(2, 3, dtype=torch.int64)), ["recorded", "[2, 3]"]),
+    ("StepGraphInputs.look: recorded not contiguous",
+     lambda: step_graph_inputs([torch.zeros(3)]).look(torch.zeros(5, 2, dtype=torch.int64).t()),
      ["recorded", "[2, 5]"]),
+    ("StepGraphInputs: not a list of tensors", lambda: step_graph_inputs([torch.zeros(3), 4]), ["Tensor"]),
 ]
 
 
@@ -425,8 +430,9 @@ def test_valid_inputs_of_the_same_kinds_work():
     # Block size 0 is the format's default.
     assert torch.equal(ops.quantize_blockwise(x, "Dyn8Signed", 0)[1], ops.quantize_blockwise(x, "Dyn8Signed", 256)[1])
     # Step-graph inputs of CPU parameters: nothing to record (no rows), never the same as a recording.
-    rows, same = ops.optim_step_graph_inputs([torch.zeros(3, requires_grad=True)], torch.zeros(1, 5, dtype=torch.int64))
+    rows, same = step_graph_inputs([torch.zeros(3, requires_grad=True)]).look(torch.zeros(1, 5, dtype=torch.int64))
     assert rows.shape == (0, 5) and not same
+    assert step_graph_inputs([]).look()[0].shape == (0, 5)  # no parameters: nothing to record
     # An empty parameter list steps nothing; a parameter that is not contiguous steps like a contiguous one.
     ops.optim_step_([], [], [], [], torch.ones(1, dtype=torch.float64), rule="AdamW", slots=["fp32", "fp32"])
     p = torch.randn(N)

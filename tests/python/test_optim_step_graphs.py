@@ -174,3 +174,20 @@ def test_a_replay_bumps_the_parameters_versions():
     opt.step()
     assert opt.step_graph_replays() >= 2
     assert all(p._version > v for p, v in zip(params, before))
+
+
+def test_a_parameter_swapped_in_its_group_is_stepped_not_the_old_one():
+    # The same number of parameters, one of them another tensor: the recording (of the old one's addresses) must not
+    # do the step; the new parameter gets its state and its steps as it would without step graphs.
+    def between(s, opt, params):
+        if s == 4:
+            new = params[2].detach().clone().requires_grad_()
+            new.grad = params[2].grad.clone()
+            params[2] = new
+            opt.param_groups[0]["params"][2] = new
+
+    make_opt = lambda p: O.AdamW(p, lr=1e-2)  # noqa: E731
+    a, pa = run(make_opt, torch.float32, 8, graphs=True, between=between)
+    b, pb = run(make_opt, torch.float32, 8, graphs=False, between=between)
+    assert a.step_graph_replays() >= 3
+    assert_same_run(a, pa, b, pb)

@@ -2,7 +2,8 @@
 (the same parameters and gradient addresses, options and state), the step's device work (the gradient check and
 every op call) is captured as a CUDA graph and from then on replayed with one launch while the inputs stay the
 same. Over thousands of small tensors the host's part of a step is then one read of each parameter and its
-gradient (optim_step_graph_inputs, one op call) instead of building, dispatching and checking the op's arguments.
+gradient (torch.classes.lowbit.StepGraphInputs, which holds the parameter list once: handing thousands of tensors to
+an op each step would cost more than reading them) instead of building, dispatching and checking the op's arguments.
 A replay computes the same bits as the step it replaces: the same kernels on the same addresses, reading lr, the
 step counts, the skip flag and GradScaler's tensors where they live on the device.
 
@@ -11,6 +12,7 @@ changed beta is a new recording; lr is read from the group's device tensor, writ
 GradScaler's tensors are there (their values are copied into the recording's own before each replay), and the
 optimizer's state epoch (state made or loaded). Gradients that move every few steps stop the recording after
 MAX_DROPPED recordings thrown away, with a warning, as in C++."""
+import operator
 import warnings
 from typing import Callable, Optional
 
@@ -31,6 +33,7 @@ class StepGraph:
         self._amp = None        # (found_inf, scale): the recording's own copies of GradScaler's tensors
         self._dropped = 0
         self._stream = None
+        self._inputs = None     # (the parameter list, its StepGraphInputs)
         self.device = None      # the device of the recorded step
 
     def set_enabled(self, on: bool) -> None:
@@ -45,7 +48,7 @@ class StepGraph:
     def head(opt, amp_found, amp_scale):
         """The inputs a step sees beside its parameters, or None if a step cannot be recorded: every param group's
         options but lr and params, whether GradScaler's tensors are there, the state epoch. Only CUDA parameters are
-        recorded (the first one decides; optim_step_graph_inputs refuses mixed devices), never DTensor ones (their
+        recorded (the first one decides; StepGraphInputs finds no rows for mixed devices), never DTensor ones (their
         step has collectives and host work)."""
         first = next((g["params"][0] for g in opt.param_groups if g["params"]), None)
         if first is None or not first.is_cuda or dtensor_shards.is_dtensor(first):
@@ -59,11 +62,15 @@ class StepGraph:
         return (opt._epoch, tuple(options), amp_found is None, amp_scale is None)
 
     def look(self, head, params):
-        """(inputs, whether the recorded step does their work): one optim_step_graph_inputs call, which bumps the
+        """(inputs, whether the recorded step does their work): one look of StepGraphInputs, which bumps the
         parameters' versions when it does (the replay writes them). inputs None: a step of them cannot be recorded.
         A recording that does not do their work is dropped."""
         recorded = self._recorded[1] if self._graph is not None and self._recorded[0] == head else None
-        rows, same = torch.ops.lowbit.optim_step_graph_inputs(params, recorded)
+        held = self._inputs
+        # The list held in C++ while it has these very tensors (identity: a tensor's == compares values).
+        if held is None or len(held[0]) != len(params) or not all(map(operator.is_, held[0], params)):
+            held = self._inputs = (params, torch.classes.lowbit.StepGraphInputs(params))
+        rows, same = held[1].look(recorded)
         if same:
             return (head, rows), True
         if self._graph is not None:

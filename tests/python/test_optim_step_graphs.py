@@ -190,4 +190,5 @@ def test_a_parameter_swapped_in_its_group_is_stepped_not_the_old_one():
     a, pa = run(make_opt, torch.float32, 8, graphs=True, between=between)
     b, pb = run(make_opt, torch.float32, 8, graphs=False, between=between)
     assert a.step_graph_replays() >= 3
+    assert int(a.state[pa[2]]["counters"][0]) == int(b.state[pb[2]]["counters"][0]) == 4  # steps 4..7
     assert_same_run(a, pa, b, pb)

@@ -102,3 +102,32 @@ def test_defaults_are_torch_optims():
         missing = [a for a, p in theirs.items() if a not in ours and a not in
                    ("foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay")]
         assert not missing, (name, missing)
+
+
+def test_a_parameter_swapped_in_its_group_is_stepped_as_a_new_one():
+    # Steps reuse the last step's op calls while the parameters stay: a tensor put in another's place in its group's
+    # list must be stepped (with new state), through step() and step_parameters() (gradient release), and the one it
+    # replaced left alone. The swapped-in tensor's steps equal those of an optimizer of its own.
+    for through_release in (False, True):
+        gen = torch.Generator().manual_seed(3)
+        params = [torch.randn(300, generator=gen).requires_grad_() for _ in range(3)]
+        opt = lowbit.optim.AdamW(params, lr=1e-2, state_format="Q8", min_quant_numel=0)
+        new = torch.randn(300, generator=gen).requires_grad_()
+        alone = lowbit.optim.AdamW([new.detach().clone().requires_grad_()], lr=1e-2, state_format="Q8", min_quant_numel=0)
+        for s in range(6):
+            if s == 3:
+                old = opt.param_groups[0]["params"][1]
+                old_value = old.detach().clone()
+                opt.param_groups[0]["params"][1] = new
+            for p in opt.param_groups[0]["params"]:
+                p.grad = torch.randn(300, generator=gen)
+            if through_release:
+                opt.step_parameters(opt.param_groups[0]["params"])
+            else:
+                opt.step()
+            if s >= 3:
+                alone.param_groups[0]["params"][0].grad = new.grad.clone()
+                alone.step()
+        assert torch.equal(old.detach(), old_value), "the replaced parameter was stepped"
+        assert int(opt.state[new]["counters"][0]) == 3
+        assert torch.equal(new.detach(), alone.param_groups[0]["params"][0].detach())

@@ -9,6 +9,7 @@ the device: the step counts (in each state's `counters`), lr (a float64 tensor p
 group["lr"] when that changes: schedulers work), the skip flag and GradScaler's scale. Nothing waits for a GPU.
 """
 import functools
+import operator
 import sys
 from typing import Dict, Iterable, Optional, Set
 
@@ -71,7 +72,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._skipped_loaded = 0   # ... and those a loaded state_dict brought
         self._where = None         # id(param) -> (group, index), for steps of some parameters
         self._epoch = 0            # bumped when state is made or loaded: the cached call plans are then stale
-        self._plans = {}           # group -> (epoch, indices stepped, the op calls' lists): steps repeat
+        self._plans = {}           # group -> (epoch, indices stepped, the op calls' lists, the parameters): steps repeat
         self._pending = {}         # param -> state made for this step, kept once its group's calls ran
         self._overflow_reported = {}  # param -> its state's overflowed blocks when last reported (counters[1])
         self._overflow_interval = 0   # set_overflow_check_interval
@@ -267,6 +268,19 @@ class LowbitOptimizer(torch.optim.Optimizer):
             entry[1] = lr
         return entry[0]
 
+    def _where_is(self, pid: int):
+        """(group, index) of the parameter whose id() is pid; the map is made again when a group's list changed."""
+        for fresh in (False, True):
+            if fresh or self._where is None:
+                self._where = {id(p): (gi, i) for gi, g in enumerate(self.param_groups)
+                               for i, p in enumerate(g["params"])}
+            at = self._where.get(pid)
+            if at is not None and at[0] < len(self.param_groups) and at[1] < len(self.param_groups[at[0]]["params"]) \
+                    and id(self.param_groups[at[0]]["params"][at[1]]) == pid:
+                return at
+        raise ValueError(f"lowbit.optim.{type(self).__name__}: step_parameters: a tensor that is not a parameter of "
+                         "this optimizer's param groups")
+
     def _items(self, only: Optional[Set[int]]):
         """Per group, the (index, param, grad) to step."""
         work = [[] for _ in self.param_groups]
@@ -274,11 +288,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
             for gi, group in enumerate(self.param_groups):
                 work[gi] = [(i, p, p.grad) for i, p in enumerate(group["params"]) if p.grad is not None]
         else:
-            if self._where is None:
-                self._where = {id(p): (gi, i) for gi, g in enumerate(self.param_groups)
-                               for i, p in enumerate(g["params"])}
             for pid in only:
-                gi, i = self._where[pid]
+                gi, i = self._where_is(pid)
                 p = self.param_groups[gi]["params"][i]
                 if p.grad is not None:
                     work[gi].append((i, p, p.grad))
@@ -424,7 +435,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
         for gi in ran:  # kept without the gradients, which must not outlive the step
             buckets, finish, built, indices = calls[gi]
             if built and finish is None:
-                self._plans[gi] = (self._epoch, indices, {k: (b[0], None) + b[2:] for k, b in buckets.items()})
+                self._plans[gi] = (self._epoch, indices, {k: (b[0], None) + b[2:] for k, b in buckets.items()},
+                                   [p for _, p, _ in work[gi]])
 
     def _build_calls(self, gi, group, items):
         """The op calls of a group's items: ({(device, slots, block): bucket}, what to run after them (DTensor
@@ -435,8 +447,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
         plain = [item for item in items if not dtensor_shards.is_dtensor(item[1])]
         indices = tuple(item[0] for item in plain)
         plan = self._plans.get(gi)
-        if len(plain) == len(items) and plan is not None and plan[0] == self._epoch and plan[1] == indices:
-            # The same parameters as the last step, with the same state: only the gradients are new.
+        if (len(plain) == len(items) and plan is not None and plan[0] == self._epoch and plan[1] == indices
+                and all(map(operator.is_, plan[3], (item[1] for item in plain)))):
+            # The same parameters as the last step (the very tensors: one may have been swapped in its group's
+            # list), with the same state: only the gradients are new.
             buckets = {key: (b[0], [plain[k][2] for k in b[6]]) + b[2:] for key, b in plan[2].items()}
             return buckets, None, False, indices
         calls = [(i, p, grad, self._state_for(p, group, gi, i), 0, k) for k, (i, p, grad) in enumerate(plain)]

@@ -150,14 +150,14 @@ std::vector<at::Tensor> bf16_grads(const std::vector<at::Tensor>& like) {
   return g;
 }
 
-struct Pair {
+struct MasterPair {
   std::vector<at::Tensor> fp32, bf16;
   std::unique_ptr<lo::LowbitOptimizer> ref, corrected;
 };
 
 // An fp32-master optimizer and a bf16 one with a correction, from the same weights.
-Pair make_pair(const RuleCase& rc, StateFormat f, int64_t bits, at::Device device) {
-  Pair p;
+MasterPair make_master_pair(const RuleCase& rc, StateFormat f, int64_t bits, at::Device device) {
+  MasterPair p;
   for (const at::Tensor& w : initial_weights()) {
     p.fp32.push_back(w.to(device).clone().requires_grad_(true));
     p.bf16.push_back(w.to(device, at::kBFloat16).requires_grad_(true));
@@ -169,7 +169,7 @@ Pair make_pair(const RuleCase& rc, StateFormat f, int64_t bits, at::Device devic
   return p;
 }
 
-void step_both(Pair& p, int steps) {
+void step_both(MasterPair& p, int steps) {
   for (int s = 0; s < steps; ++s) {
     const auto g = bf16_grads(p.fp32);
     for (size_t i = 0; i < g.size(); ++i) {
@@ -186,7 +186,7 @@ TEST(MasterWeight, ThirtyTwoBitModeStepsLikeFp32MastersForEveryRuleAndFormat) {
     for (StateFormat f : kFormats) {
       SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
       torch::manual_seed(7);
-      Pair p = make_pair(rc, f, 32, at::kCPU);
+      MasterPair p = make_master_pair(rc, f, 32, at::kCPU);
       step_both(p, 4);
       for (size_t i = 0; i < p.fp32.size(); ++i) {
         const at::Tensor master = p.corrected->export_master_fp32(p.bf16[i]);
@@ -224,7 +224,7 @@ TEST(MasterWeight, TwentyFourBitModeStaysWithinItsBound) {
     SCOPED_TRACE(lowbit::state_format_name(f));
     torch::manual_seed(11);
     RuleCase rc{"Adam", [](auto& p, StateFormat fmt, bool) { return std::make_unique<lo::Adam>(p, lo::AdamOptions(1e-2).state_format(fmt)); }, {}};
-    Pair p = make_pair(rc, f, 24, at::kCPU);
+    MasterPair p = make_master_pair(rc, f, 24, at::kCPU);
     std::vector<at::Tensor> max_abs;
     for (const auto& t : p.fp32) max_abs.push_back(t.detach().abs());
     const int steps = 6;
@@ -256,9 +256,9 @@ TEST(MasterWeight, ReferencePathGivesTheFusedBits) {
     for (StateFormat f : {StateFormat::Q8, StateFormat::FP32}) {
       const RuleCase rc = rule_cases()[1];  // AdamW with maximize
       torch::manual_seed(3);
-      Pair a = make_pair(rc, f, bits, at::kCPU);
+      MasterPair a = make_master_pair(rc, f, bits, at::kCPU);
       torch::manual_seed(3);
-      Pair b = make_pair(rc, f, bits, at::kCPU);
+      MasterPair b = make_master_pair(rc, f, bits, at::kCPU);
       lo::StepTesting::use_reference_step(*b.corrected, true);
       torch::manual_seed(5);
       step_both(a, 3);
@@ -276,7 +276,7 @@ TEST(MasterWeight, CheckpointsCarryTheCorrectionAndResumeBitExactly) {
   for (int64_t bits : {32, 24}) {
     const RuleCase rc = rule_cases()[0];
     torch::manual_seed(13);
-    Pair p = make_pair(rc, StateFormat::Q8, bits, at::kCPU);
+    MasterPair p = make_master_pair(rc, StateFormat::Q8, bits, at::kCPU);
     step_both(p, 2);
     std::stringstream buf;
     {
@@ -400,9 +400,9 @@ TEST(MasterWeightCuda, EveryRuleAndFormatEqualsTheCpuKernel) {
       for (StateFormat f : kFormats) {
         SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f) + " " + std::to_string(bits));
         torch::manual_seed(17);
-        Pair cpu = make_pair(rc, f, bits, at::kCPU);
+        MasterPair cpu = make_master_pair(rc, f, bits, at::kCPU);
         torch::manual_seed(17);
-        Pair gpu = make_pair(rc, f, bits, at::kCUDA);
+        MasterPair gpu = make_master_pair(rc, f, bits, at::kCUDA);
         for (int s = 0; s < 3; ++s) {
           const auto g = bf16_grads(cpu.bf16);
           for (size_t i = 0; i < g.size(); ++i) {

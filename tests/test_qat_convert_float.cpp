@@ -18,10 +18,6 @@ using qat::ValueFormat;
 
 namespace {
 
-torch::nn::Sequential mlp(int64_t in, int64_t hidden, int64_t out) {
-  return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, out));
-}
-
 FakeQuantConfig fmt(ValueFormat f, Granularity g = Granularity::PerToken, int64_t group = 32) {
   return FakeQuantConfig().format(f).granularity(g).group_size(group);
 }

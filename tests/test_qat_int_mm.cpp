@@ -16,10 +16,6 @@ using qat::Granularity;
 
 namespace {
 
-torch::nn::Sequential mlp(int64_t in, int64_t hidden, int64_t out) {
-  return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, out));
-}
-
 // The bound of int_mm_linear.h for one layer: gamma_{K+G+8} * (|x^| |w^|^T + |bias|), in float64.
 // x^ and w^ are the fake-quantized tensors: each within a factor (1 + u) of |a_k| s and |b_k| t_g,
 // which the two extra terms of gamma cover.

@@ -25,11 +25,6 @@ void expect_error(F&& f, const std::string& text) {
   ADD_FAILURE() << "no error; expected one containing '" << text << "'";
 }
 
-torch::nn::Sequential mlp(int64_t in, int64_t hidden, int64_t out) {
-  return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-                               torch::nn::Linear(hidden, out));
-}
-
 // A few SGD steps so the weights are not their initial values.
 void train_a_little(torch::nn::Module& m, const std::function<at::Tensor()>& loss) {
   torch::optim::SGD opt(m.parameters(), 0.05);

@@ -16,6 +16,11 @@ using T4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using T3 = std::tuple<Tensor, Tensor, Tensor>;
 using T2 = std::tuple<Tensor, Tensor>;
 
+// The small network the QAT module tests prepare and convert.
+inline torch::nn::Sequential mlp(int64_t in, int64_t hidden, int64_t out) {
+  return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, out));
+}
+
 inline T4 op_dynamic(const Tensor& x, int64_t g, int64_t bits, bool is_signed, bool sym, double eps = FLT_EPSILON) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("lowbit::fake_quant_dynamic", "")

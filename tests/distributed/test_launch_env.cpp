@@ -6,7 +6,7 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-std::string error_of(const Env& e) {
+std::string launch_error_of(const Env& e) {
   try {
     ld::parse_launch_env(e);
   } catch (const c10::Error& err) {
@@ -43,15 +43,15 @@ TEST(LaunchEnv, ReadsEachLauncher) {
 }
 
 TEST(LaunchEnv, MissingOrInconsistentValuesAreClearErrors) {
-  EXPECT_NE(error_of({{"RANK", "1"}}).find("RANK=1 is set but WORLD_SIZE is not"), std::string::npos) << error_of({{"RANK", "1"}});
-  EXPECT_NE(error_of({{"WORLD_SIZE", "4"}}).find("WORLD_SIZE=4 is set but RANK is not"), std::string::npos);
-  EXPECT_NE(error_of({{"LOCAL_RANK", "0"}}).find("LOCAL_RANK=0 is set but RANK and WORLD_SIZE are not"), std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}).find("RANK='x1' is not an integer"), std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("RANK=2 is outside [0, WORLD_SIZE=2)"), std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}).find("SLURM_NTASKS=0 must be >= 1"), std::string::npos);
-  const std::string e = error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  EXPECT_NE(launch_error_of({{"RANK", "1"}}).find("RANK=1 is set but WORLD_SIZE is not"), std::string::npos) << launch_error_of({{"RANK", "1"}});
+  EXPECT_NE(launch_error_of({{"WORLD_SIZE", "4"}}).find("WORLD_SIZE=4 is set but RANK is not"), std::string::npos);
+  EXPECT_NE(launch_error_of({{"LOCAL_RANK", "0"}}).find("LOCAL_RANK=0 is set but RANK and WORLD_SIZE are not"), std::string::npos);
+  EXPECT_NE(launch_error_of({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}).find("RANK='x1' is not an integer"), std::string::npos);
+  EXPECT_NE(launch_error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("RANK=2 is outside [0, WORLD_SIZE=2)"), std::string::npos);
+  EXPECT_NE(launch_error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}).find("SLURM_NTASKS=0 must be >= 1"), std::string::npos);
+  const std::string e = launch_error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});
   EXPECT_NE(e.find("Open MPI says rank 1 of 2 but torchrun says rank 0 of 2"), std::string::npos) << e;
-  const std::string l = error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+  const std::string l = launch_error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                                   {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}});
   EXPECT_NE(l.find("local rank 1 but torchrun says 0"), std::string::npos) << l;
 }

@@ -8,9 +8,11 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import lowbit
+from lowbit.optim import dtensor_shards
 
 
 def sharded(cls_name, options, dtype, values):
@@ -55,8 +57,15 @@ def main(rank, world, port, src, dst):
         everywhere = torch.tensor([int(resumed)])
         dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
         results.append(dict(params=whole, states=states, skipped=opt.skipped_steps(), resumed=bool(everywhere)))
+    # Clipping's norm alone: each step's gradients, fp32 and bf16, sharded; the sum of squares exact_sumsq makes.
+    mesh = init_device_mesh("cpu", (world,))
+    norms = []
+    for grads in spec["grads"]:
+        for dtype in (torch.float32, torch.bfloat16):
+            shards = [distribute_tensor(g.to(dtype), mesh, [Shard(0)]) for g in grads]
+            norms.append(dtensor_shards.exact_sumsq([(i, g, g) for i, g in enumerate(shards)]))
     if rank == 0:
-        torch.save(results, dst)
+        torch.save(dict(configs=results, norms=norms), dst)
     dist.destroy_process_group()
 
 

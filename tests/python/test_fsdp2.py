@@ -17,8 +17,9 @@ from cpp_reference import same_bits
 
 HERE = pathlib.Path(__file__).resolve().parent
 # Shapes with shards that cut quantization blocks (256 for Q8, 128 for Q4, 64 for C8), shards smaller than a
-# block (3 x 61 over 3 ranks), fewer rows than ranks, and tensors that keep fp32 state.
-SHAPES = [(61, 97), (300,), (3, 61), (2, 200), (1000,), (5,)]
+# block (3 x 61 over 3 ranks), fewer rows than ranks, and tensors that keep fp32 state; for clipping's norm, shards
+# that cut its chunks of 8192 (130 x 131 over 2 and 3 ranks) and a chunk over 3 ranks (12 x 1000).
+SHAPES = [(61, 97), (300,), (3, 61), (2, 200), (1000,), (5,), (130, 131), (12, 1000)]
 # (class, options, parameter dtype): bf16 parameters with stochastic rounding (its noise follows the global element
 # index) and with a 32-bit master (a correction slot in the exchanged blocks' state).
 F32, BF16 = torch.float32, torch.bfloat16
@@ -28,7 +29,10 @@ CONFIGS = [("AdamW", dict(state_format="Q8", min_quant_numel=64), F32),
            ("SGD", dict(momentum=0.9, state_format="FP8", min_quant_numel=64), F32),
            ("RMSprop", dict(state_format="FP32", centered=True, momentum=0.5), F32),
            ("Adam", dict(state_format="BF16", bf16_stochastic_round=True), BF16),
-           ("AdamW", dict(state_format="Q8", min_quant_numel=64, master_weight_bits=32), BF16)]
+           ("AdamW", dict(state_format="Q8", min_quant_numel=64, master_weight_bits=32), BF16),
+           # Clipping by the norm of the whole gradients (about 19 here: every step clips), one process's bits.
+           ("AdamW", dict(state_format="Q8", min_quant_numel=64, max_grad_norm=0.5), F32),
+           ("SGD", dict(momentum=0.9, state_format="FP32", max_grad_norm=1.0, bf16_stochastic_round=True), BF16)]
 
 
 def free_port():
@@ -79,8 +83,12 @@ def test_fully_sharded_steps_equal_one_process(tmp_path, world):
     spec = dict(init=init, grads=grads, configs=CONFIGS)
     torch.save(spec, tmp_path / "in.pt")
     run_ranks(world, "fsdp2_worker.py", tmp_path / "in.pt", tmp_path / "out.pt")
-    sharded = torch.load(tmp_path / "out.pt", weights_only=False)
-    for (cls_name, _, _), (params, opt), got in zip(CONFIGS, single_process(spec), sharded):
+    out = torch.load(tmp_path / "out.pt", weights_only=False)
+    # Clipping's sum of squares from the shards: one process's bits (grad_check over the whole gradients).
+    want = [float(torch.ops.lowbit.grad_check([g.to(dtype) for g in step], [0] * len(step), 1, True)[1][0])
+            for step in grads for dtype in (torch.float32, torch.bfloat16)]
+    assert out["norms"] == want
+    for (cls_name, _, _), (params, opt), got in zip(CONFIGS, single_process(spec), out["configs"]):
         assert got["skipped"] == opt.skipped_steps() == 1, cls_name
         assert got["resumed"], f"{cls_name}: a state_dict() round trip on the ranks changed the next step"
         for i, p in enumerate(params):
@@ -152,7 +160,7 @@ def test_a_dcp_checkpoint_saved_at_n_ranks_goes_on_at_m_ranks(tmp_path):
 
 
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="ranks under the sanitizer run")
-def test_clipping_and_lamb_over_shards_are_refused_and_change_nothing(tmp_path):
-    # Their norms summed over ranks would not be one process's bits (dtensor_shards.py).
+def test_lamb_over_shards_is_refused_and_changes_nothing(tmp_path):
+    # Its per-parameter norms summed over ranks would not be one process's bits (dtensor_shards.py).
     run_ranks(2, "fsdp2_refusal_worker.py", tmp_path / "out.pt")
     assert torch.load(tmp_path / "out.pt") == []

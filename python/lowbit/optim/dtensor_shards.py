@@ -12,8 +12,12 @@ element offset, and quantization blocks are the whole parameter's (multiples of 
   to the next ranks' shards (their "heads", [a, s0)): one all_gather brings every rank's head (parameter and
   gradient) to the owners before the step, and one more takes the updated values back after it.
 
-The non-finite skip is agreed over the mesh (a max of the flags, exact). Global-norm clipping and LAMB's norms
-would sum over ranks in another order than one process does, so they are refused for DTensor parameters.
+The non-finite skip is agreed over the mesh (a max of the flags, exact). Clipping's norm is one process's sum
+(exact_sumsq): one process adds squares per chunk of GRAD_CHUNK elements of a gradient, the chunks in order, the
+gradients in order (kernels/common/grad_sums.h); a chunk cut by a shard boundary is summed whole by the rank
+holding its first element (the next ranks' heads sent to it, as for quantization blocks), every rank gets every
+chunk's sum, and each adds them in one process's order. LAMB's per-parameter norms are refused for DTensor
+parameters.
 """
 import math
 from typing import Dict, List, Tuple
@@ -22,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 QUANTIZED_NOT = ("none", "fp32", "bf16", "int16_correction", "int8_correction")
+GRAD_CHUNK = 8192  # kernels/common/grad_sums.h's kGradChunk: the elements whose squares one process sums together
 
 
 def _dtensor_class():
@@ -82,10 +87,6 @@ def agree_on_found_inf(found: torch.Tensor, group) -> None:
 def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
     """The op's items (index, param, grad, state, offset) for DTensor parameters, and what to run after the op."""
     who = f"lowbit.optim.{type(opt).__name__}: DTensor parameters (group {gi})"
-    if group["max_grad_norm"] > 0:
-        raise RuntimeError(f"{who} cannot clip with max_grad_norm={group['max_grad_norm']}: a norm summed over ranks "
-                           "would not be one process's bits. Set max_grad_norm=0 and clip before step() with "
-                           "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), which takes DTensor gradients")
     if opt.rule == "LAMB":
         raise RuntimeError(f"{who} cannot step with LAMB: its per-parameter norms summed over ranks would not be one "
                            "process's bits. Use another rule for sharded parameters")
@@ -104,40 +105,21 @@ def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
                               rank=rank, pg=pg, a=a, b=b, s0=s0, e0=e0, block=block))
     if not exchanged:
         return calls, None
+    # ---- the heads ([a, min(b, s0)): elements of blocks an earlier rank owns) to the blocks' owners.
+    pieces = [(x["ranges"], x["rank"], [x["local"], x["grad"]], x["block"]) for x in exchanged]
+    whole = heads_to_owners(pieces, exchanged[0]["pg"], exchanged[0]["local"].device)
+    for x, (s0, (ext, ext_grad)) in zip(exchanged, whole):
+        # No block starts here (s0 == e0): an empty state, stepped (its step count) like every rank's.
+        x["ext"] = ext.to(x["local"].dtype)
+        st = opt._shard_state(x["p"], group, gi, x["i"], x["ext"], s0, x["e0"])
+        calls.append((x["i"], x["ext"], ext_grad.to(x["grad"].dtype), st, s0))
+
     pg, world = exchanged[0]["pg"], len(exchanged[0]["ranges"])
     width = max(x["block"] for x in exchanged)
-    # ---- the heads ([a, min(b, s0)): elements of blocks an earlier rank owns) go to every rank.
-    heads = torch.zeros(len(exchanged), 2, width, dtype=torch.float32, device=exchanged[0]["local"].device)
-    for j, x in enumerate(exchanged):
-        n = min(x["b"], x["s0"]) - x["a"]
-        heads[j, 0, :n] = x["local"][:n]
-        heads[j, 1, :n] = x["grad"][:n]
-    gathered = [torch.empty_like(heads) for _ in range(world)]
-    dist.all_gather(gathered, heads, group=pg)
-    for j, x in enumerate(exchanged):
-        s0, e0, a, b = x["s0"], x["e0"], x["a"], x["b"]
-        if e0 == s0:  # no block starts here: an empty state, stepped (its step count) like every rank's
-            x["ext"] = x["local"][:0]
-            st = opt._shard_state(x["p"], group, gi, x["i"], x["ext"], s0, e0)
-            calls.append((x["i"], x["ext"], x["grad"][:0], st, s0))
-            continue
-        p_parts, g_parts = [x["local"][s0 - a:]], [x["grad"][s0 - a:]]
-        need, k = e0 - b, x["rank"] + 1
-        while need > 0:  # the following ranks' heads, in order, up to e0
-            ka, kb = x["ranges"][k]
-            n = min(kb, owned(ka, kb, x["block"], x["p"].numel())[0]) - ka
-            take = min(n, need)
-            p_parts.append(gathered[k][j, 0, :take].to(x["local"].dtype))
-            g_parts.append(gathered[k][j, 1, :take].to(x["grad"].dtype))
-            need -= take
-            k += 1
-        x["ext"] = torch.cat(p_parts)
-        st = opt._shard_state(x["p"], group, gi, x["i"], x["ext"], s0, e0)
-        calls.append((x["i"], x["ext"], torch.cat(g_parts), st, s0))
 
     def finish():
         # ---- the owners' updated tails ([b, e0)) back to the ranks whose heads they are.
-        tails = torch.zeros(len(exchanged), width, dtype=torch.float32, device=heads.device)
+        tails = torch.zeros(len(exchanged), width, dtype=torch.float32, device=exchanged[0]["local"].device)
         for j, x in enumerate(exchanged):
             if "ext" in x:
                 n_local = max(0, x["b"] - x["s0"])
@@ -156,3 +138,83 @@ def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
             x["local"][:n].copy_(back[o][j, at:at + n].to(x["local"].dtype))
 
     return calls, finish
+
+
+def heads_to_owners(pieces, pg, device):
+    """Blocks cut by shard boundaries, made whole on the rank holding their first element. pieces: per parameter
+    (every rank's ranges of it, this rank's index, this rank's values: 1-D tensors of its shard, e.g. the parameter
+    and its gradient, the block size), the parameter cut into blocks from element 0. Returns per piece s0 and
+    the values of the blocks that start in this rank's range, [s0, e0), in float32 (exact for fp32, bf16, fp16):
+    this rank's from s0 on, then the next ranks' heads (what each holds before its first block start) up to e0,
+    all brought by one all_gather. Every rank calls it with the same parameters, in the same order."""
+    def head(ranges, k, block):
+        ka, kb = ranges[k]
+        return min(kb, owned(ka, kb, block, ranges[-1][1])[0]) - ka
+
+    world = len(pieces[0][0])
+    rows = len(pieces[0][2])
+    width = max(max(head(r, k, block) for k in range(world)) for r, _, _, block in pieces)
+    heads = torch.zeros(len(pieces), rows, max(width, 1), dtype=torch.float32, device=device)
+    for j, (ranges, rank, values, block) in enumerate(pieces):
+        n = head(ranges, rank, block)
+        for v, t in enumerate(values):
+            heads[j, v, :n] = t[:n]
+    gathered = [torch.empty_like(heads) for _ in range(world)]
+    dist.all_gather(gathered, heads, group=pg)
+    out = []
+    for j, (ranges, rank, values, block) in enumerate(pieces):
+        a, b = ranges[rank]
+        s0, e0 = owned(a, b, block, ranges[-1][1])
+        if e0 == s0:
+            out.append((s0, [t[:0].float() for t in values]))
+            continue
+        ext = []
+        for v, t in enumerate(values):
+            parts, need, k = [t[s0 - a:].float()], e0 - b, rank + 1
+            while need > 0:  # the following ranks' heads, in order, up to e0
+                take = min(head(ranges, k, block), need)
+                parts.append(gathered[k][j, v, :take])
+                need -= take
+                k += 1
+            ext.append(torch.cat(parts))
+        out.append((s0, ext))
+    return out
+
+
+def exact_sumsq(items) -> float:
+    """The sum of squares of a param group's gradients (items: (index, param, grad) in the group's order, DTensor or
+    not) with one process's bits: grad_check's own chunk sums (each chunk given to it as a gradient of its own),
+    the chunks of a sharded gradient summed by their owners and gathered, then added in grad_sums.h's order."""
+    ops = torch.ops.lowbit
+    sharded = [(i, p, g) for i, p, g in items if is_dtensor(g)]
+    pg, world, device = None, 1, None
+    pieces = []
+    for _, p, g in sharded:
+        ranges, rank, pg = rank_ranges(p)
+        world, device = len(ranges), g.to_local().device
+        pieces.append((ranges, rank, [g.to_local().reshape(-1)], GRAD_CHUNK))
+    mine = heads_to_owners(pieces, pg, device) if pieces else []
+    counts = [[(owned(a, b, GRAD_CHUNK, r[-1][1])[1] - owned(a, b, GRAD_CHUNK, r[-1][1])[0] + GRAD_CHUNK - 1)
+               // GRAD_CHUNK for a, b in r] for r, _, _, _ in pieces]
+    most = max([c for cs in counts for c in cs] + [1])
+    sums = torch.zeros(len(pieces), most, dtype=torch.float64, device=device or "cpu")
+    for j, (_, (ext,)) in enumerate(mine):
+        chunks = list(ext.split(GRAD_CHUNK)) if ext.numel() else []
+        if chunks:
+            sums[j, :len(chunks)] = ops.grad_check(chunks, list(range(len(chunks))), len(chunks), True)[1]
+    every = [torch.empty_like(sums) for _ in range(world)]
+    if pieces:
+        dist.all_gather(every, sums, group=pg)
+    every = [e.tolist() for e in every]
+    total, j = 0.0, 0
+    for _, p, g in items:
+        if is_dtensor(g):
+            s = 0.0
+            for k in range(world):  # the ranks' owned chunks, in element order
+                for c in every[k][j][:counts[j][k]]:
+                    s += c
+            j += 1
+        else:
+            s = float(ops.grad_check([g], [0], 1, True)[1][0]) if g.numel() else 0.0
+        total += s
+    return total

@@ -391,6 +391,12 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if sharded_group is not None:  # DTensor parameters: skip on every rank where any rank saw Inf / NaN
             for found, _ in checks.values():
                 dtensor_shards.agree_on_found_inf(found, sharded_group)
+            # ... and clip by one process's norm of the whole gradients (the local sums above are the shards').
+            for gi, group in enumerate(groups):
+                if group["max_grad_norm"] > 0 and any(dtensor_shards.is_dtensor(g) for _, _, g in work[gi]):
+                    first = work[gi][0][2]
+                    device = (first.to_local() if dtensor_shards.is_dtensor(first) else first).device
+                    checks[device][1][gi] = dtensor_shards.exact_sumsq(work[gi])
         if len(checks) > 1:
             # Several devices: the skip and the norms cover all of them (as the C++ optimizers do).
             first = next(iter(checks.values()))

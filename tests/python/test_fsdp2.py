@@ -32,7 +32,10 @@ CONFIGS = [("AdamW", dict(state_format="Q8", min_quant_numel=64), F32),
            ("AdamW", dict(state_format="Q8", min_quant_numel=64, master_weight_bits=32), BF16),
            # Clipping by the norm of the whole gradients (about 19 here: every step clips), one process's bits.
            ("AdamW", dict(state_format="Q8", min_quant_numel=64, max_grad_norm=0.5), F32),
-           ("SGD", dict(momentum=0.9, state_format="FP32", max_grad_norm=1.0, bf16_stochastic_round=True), BF16)]
+           ("SGD", dict(momentum=0.9, state_format="FP32", max_grad_norm=1.0, bf16_stochastic_round=True), BF16),
+           # LAMB: its trust ratios take whole parameters' norms (blocks summed by their owners, added in its order).
+           ("LAMB", dict(state_format="Q8", min_quant_numel=64, weight_decay=0.01), F32),
+           ("LAMB", dict(state_format="FP32", max_grad_norm=0.5), F32)]
 
 
 def free_port():
@@ -160,7 +163,7 @@ def test_a_dcp_checkpoint_saved_at_n_ranks_goes_on_at_m_ranks(tmp_path):
 
 
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="ranks under the sanitizer run")
-def test_lamb_over_shards_is_refused_and_changes_nothing(tmp_path):
-    # Its per-parameter norms summed over ranks would not be one process's bits (dtensor_shards.py).
+def test_a_dtensor_not_sharded_as_fully_shard_does_is_refused_and_changes_nothing(tmp_path):
+    # Shard(1): its ranks' pieces are not ranges of the flattened parameter (dtensor_shards.rank_ranges).
     run_ranks(2, "fsdp2_refusal_worker.py", tmp_path / "out.pt")
     assert torch.load(tmp_path / "out.pt") == []

@@ -16,11 +16,11 @@ The non-finite skip is agreed over the mesh (a max of the flags, exact). Clippin
 (exact_sumsq): one process adds squares per chunk of GRAD_CHUNK elements of a gradient, the chunks in order, the
 gradients in order (kernels/common/grad_sums.h); a chunk cut by a shard boundary is summed whole by the rank
 holding its first element (the next ranks' heads sent to it, as for quantization blocks), every rank gets every
-chunk's sum, and each adds them in one process's order. LAMB's per-parameter norms are refused for DTensor
-parameters.
+chunk's sum, and each adds them in one process's order. LAMB's per-parameter norms likewise: every LAMB parameter is
+stepped by block owners, each owner sums its blocks, and the blocks' sums are added in LAMB's order on every rank.
 """
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -69,13 +69,19 @@ def owned(a: int, b: int, block: int, numel: int) -> Tuple[int, int]:
     return (s0, min(-(-b // block) * block, numel)) if s0 < b else (s0, s0)
 
 
+def by_blocks(opt, slots) -> bool:
+    """Whether a DTensor parameter is stepped by the owners of whole blocks: quantized state (a block's scale covers
+    it), and any state under LAMB (its norms add per-block sums); else each rank steps its shard element by element."""
+    return opt.rule == "LAMB" or not all(s in QUANTIZED_NOT for s in slots)
+
+
 def state_range(opt, group: Dict, p) -> Tuple[int, int]:
-    """The elements of DTensor parameter p whose state this rank keeps: its shard (dense state), or the blocks that
-    start in it (quantized state; empty where none does)."""
+    """The elements of DTensor parameter p whose state this rank keeps: its shard (by_blocks false), or the blocks
+    that start in it (empty where none does)."""
     ranges, rank, _ = rank_ranges(p)
     a, b = ranges[rank]
     slots, block = opt._layout(group, p.numel())
-    if all(s in QUANTIZED_NOT for s in slots):
+    if not by_blocks(opt, slots):
         return a, b
     return owned(a, b, block, p.numel())
 
@@ -84,19 +90,16 @@ def agree_on_found_inf(found: torch.Tensor, group) -> None:
     dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
 
 
-def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
-    """The op's items (index, param, grad, state, offset) for DTensor parameters, and what to run after the op."""
-    who = f"lowbit.optim.{type(opt).__name__}: DTensor parameters (group {gi})"
-    if opt.rule == "LAMB":
-        raise RuntimeError(f"{who} cannot step with LAMB: its per-parameter norms summed over ranks would not be one "
-                           "process's bits. Use another rule for sharded parameters")
+def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, Optional["BlockOwners"]]:
+    """The op's items (index, param, grad, state, offset) for DTensor parameters, and what the op calls need around
+    them where blocks are exchanged (BlockOwners)."""
     calls, exchanged = [], []
     for i, p, grad in items:
         ranges, rank, pg = rank_ranges(p)
         a, b = ranges[rank]
         local, local_grad = p.to_local(), grad.to_local()
         slots, block = opt._layout(group, p.numel())
-        if all(s in QUANTIZED_NOT for s in slots):
+        if not by_blocks(opt, slots):
             st = opt._shard_state(p, group, gi, i, local, a, b)
             calls.append((i, local, local_grad, st, a))
             continue
@@ -114,19 +117,73 @@ def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
         st = opt._shard_state(x["p"], group, gi, x["i"], x["ext"], s0, x["e0"])
         calls.append((x["i"], x["ext"], ext_grad.to(x["grad"].dtype), st, s0))
 
-    pg, world = exchanged[0]["pg"], len(exchanged[0]["ranges"])
-    width = max(x["block"] for x in exchanged)
+    return calls, BlockOwners(exchanged)
 
-    def finish():
+
+class BlockOwners:
+    """A group's DTensor parameters stepped by block owners (prepare): LAMB's whole-parameter norms before the op
+    (lamb_rows), the owners' updated tails back to the ranks they belong to after it (calling it)."""
+
+    def __init__(self, exchanged):
+        self.exchanged = exchanged
+        self.by_index = {x["i"]: x for x in exchanged}
+        self.pg, self.world = exchanged[0]["pg"], len(exchanged[0]["ranges"])
+
+    def lamb_rows(self, args, kwargs, indices):
+        """optim_lamb_norms' rows for an op call (its args, kwargs, each item's index in the group) with one process's
+        bits: this rank's items as the op sums them, the DTensor ones replaced by their whole parameter's sums, each
+        block summed by its owner and the blocks added in LAMB's order (lamb_add_block_sums), as the C++ sharded
+        optimizer does. Every rank calls it for the same calls, in the same order."""
+        ops = torch.ops.lowbit
+        params, grads, state, counters, lr = args
+        rows = ops.optim_lamb_norms(params, grads, state, counters, lr, **kwargs)
+        mine = [(k, self.by_index[i]) for k, i in enumerate(indices) if i in self.by_index]
+        if not mine:
+            return rows
+        from .dtensor_state import block_state  # (it imports this module)
+        per_item = len(state) // max(len(params), 1)
+        blocks = {key: [] for key in ("params", "grads", "state", "counters", "offsets", "rng_keys")}
+        base, first, count = 0, [], []
+        for k, x in mine:
+            block, numel = kwargs["block_size"], x["p"].numel()
+            first.append(base)
+            count.append(-(-numel // block))
+            base += count[-1]
+            for at in range(0, x["e0"] - x["s0"], block):
+                end = min(at + block, x["e0"] - x["s0"])
+                blocks["params"].append(params[k][at:end])
+                blocks["grads"].append(grads[k][at:end])
+                blocks["state"] += block_state(state[k * per_item:(k + 1) * per_item], kwargs["slots"], at, end, block)
+                blocks["counters"].append(counters[k])
+                blocks["offsets"].append(x["s0"] + at)
+                blocks["rng_keys"].append(kwargs["rng_keys"][k])
+        table = torch.zeros(base, 2, dtype=torch.float64, device=rows.device)
+        if blocks["params"]:
+            sums = ops.optim_lamb_norms(blocks["params"], blocks["grads"], blocks["state"], blocks["counters"], lr,
+                                        **dict(kwargs, offsets=blocks["offsets"], rng_keys=blocks["rng_keys"]))
+            at = 0
+            for (k, x), f in zip(mine, first):
+                n = -(-(x["e0"] - x["s0"]) // kwargs["block_size"])
+                table[f + x["s0"] // kwargs["block_size"]:][:n] = sums[at:at + n]
+                at += n
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=self.pg)  # each block's sums from its one owner
+        whole = ops.lamb_add_block_sums(table, first, count)
+        rows = rows.clone()
+        for j, (k, _) in enumerate(mine):
+            rows[k] = whole[j]
+        return rows
+
+    def __call__(self):
         # ---- the owners' updated tails ([b, e0)) back to the ranks whose heads they are.
+        exchanged = self.exchanged
+        width = max(x["block"] for x in exchanged)
         tails = torch.zeros(len(exchanged), width, dtype=torch.float32, device=exchanged[0]["local"].device)
         for j, x in enumerate(exchanged):
-            if "ext" in x:
-                n_local = max(0, x["b"] - x["s0"])
-                x["local"][x["s0"] - x["a"]:].copy_(x["ext"][:n_local])
-                tails[j, :x["e0"] - x["s0"] - n_local] = x["ext"][n_local:]
-        back = [torch.empty_like(tails) for _ in range(world)]
-        dist.all_gather(back, tails, group=pg)
+            n_local = max(0, x["b"] - x["s0"])
+            x["local"][x["s0"] - x["a"]:].copy_(x["ext"][:n_local])
+            tails[j, :x["e0"] - x["s0"] - n_local] = x["ext"][n_local:]
+        back = [torch.empty_like(tails) for _ in range(self.world)]
+        dist.all_gather(back, tails, group=self.pg)
         for j, x in enumerate(exchanged):
             a, b = x["a"], x["b"]
             n = min(b, x["s0"]) - a
@@ -136,8 +193,6 @@ def prepare(opt, group: Dict, gi: int, items) -> Tuple[list, callable]:
             o = next(k for k, (ka, kb) in enumerate(x["ranges"]) if ka <= start < kb)
             at = a - x["ranges"][o][1]
             x["local"][:n].copy_(back[o][j, at:at + n].to(x["local"].dtype))
-
-    return calls, finish
 
 
 def heads_to_owners(pieces, pg, device):

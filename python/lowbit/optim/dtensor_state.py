@@ -52,6 +52,22 @@ def _pieces(slots, names, numel: int, block: int, begin: int, end: int):
     return out
 
 
+def block_state(tensors, slots, begin: int, end: int, block: int):
+    """One item's state tensors (in optim_step_'s order for `slots`) cut to its elements [begin, end), begin a
+    multiple of `block`: per-element tensors at begin, codes at begin * bits / 8, absmax at begin / block."""
+    out, it = [], iter(tensors)
+    for storage in slots:
+        if storage == "none":
+            continue
+        if storage in FORMATS_WITHOUT_CODES:
+            out.append(next(it)[begin:end])
+            continue
+        bits = code_bits(storage)
+        out.append(next(it)[begin * bits // 8:-(-end * bits // 8)])
+        out.append(next(it)[begin // block:-(-end // block)])
+    return out
+
+
 def _wrapper_class():
     from torch.distributed.checkpoint import metadata
     from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper

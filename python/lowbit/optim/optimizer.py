@@ -427,7 +427,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if calls[gi] is None or amp_found_cpu or (group["skip_nonfinite"] and own_found_cpu):
                 continue
             buckets, finish, _, _ = calls[gi]
-            self._run_calls(gi, group, buckets, checks, amp_found, amp_scale)
+            self._run_calls(gi, group, buckets, checks, amp_found, amp_scale, finish)
             if finish is not None:
                 finish()
             ran.append(gi)
@@ -481,10 +481,12 @@ class LowbitOptimizer(torch.optim.Optimizer):
             b[7].append(i)
         return buckets, finish, True, indices
 
-    def _run_calls(self, gi, group, buckets, checks, amp_found, amp_scale) -> None:
+    def _run_calls(self, gi, group, buckets, checks, amp_found, amp_scale, owners=None) -> None:
+        """The group's op calls; owners (dtensor_shards.BlockOwners): its DTensor parameters stepped by block owners,
+        whose LAMB norms are the whole parameters'."""
         ops = torch.ops.lowbit
         hyper = self.op_hyper_parameters(group)
-        for (device, slots, block), (params, grads, state, counters, keys, offsets, _, _) in buckets.items():
+        for (device, slots, block), (params, grads, state, counters, keys, offsets, _, indices) in buckets.items():
             found = sumsq = None
             if device in checks:
                 if group["skip_nonfinite"]:
@@ -495,8 +497,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 a = amp_found.to(device)
                 found = a if found is None else torch.maximum(found, a)
             scale = None if amp_scale is None else amp_scale.reshape(1).to(device, torch.float32)
-            ops.optim_step_(params, grads, state, counters, self._lr_tensor(gi, group, device), rule=self.rule,
-                            slots=list(slots), block_size=block, offsets=offsets, rng_keys=keys,
-                            seed=self.seed, stochastic_round=group["bf16_stochastic_round"], found_inf=found,
-                            grad_sumsq=sumsq, max_grad_norm=group["max_grad_norm"] if sumsq is not None else 0.0,
-                            grad_scale=scale, **hyper)
+            args = (params, grads, state, counters, self._lr_tensor(gi, group, device))
+            kwargs = dict(rule=self.rule, slots=list(slots), block_size=block, offsets=offsets, rng_keys=keys,
+                          seed=self.seed, stochastic_round=group["bf16_stochastic_round"], found_inf=found,
+                          grad_sumsq=sumsq, max_grad_norm=group["max_grad_norm"] if sumsq is not None else 0.0,
+                          grad_scale=scale, **hyper)
+            lamb = owners.lamb_rows(args, kwargs, indices) if owners is not None and self.rule == "LAMB" else None
+            ops.optim_step_(*args, lamb_norms=lamb, **kwargs)

@@ -1,7 +1,8 @@
-"""One rank of test_fsdp2.py: parameters sharded by FSDP2's fully_shard over Gloo, stepped by lowbit.optim with the
-gradients the test gives (the same values one process steps), then the whole parameters and every rank's state
-written for the test to compare (taken before a last step that checks a state_dict() round trip).
-    python fsdp2_worker.py RANK WORLD PORT IN OUT"""
+"""One rank of test_fsdp2.py: parameters sharded by FSDP2's fully_shard over Gloo (CPU) or NCCL (one GPU a rank),
+stepped by lowbit.optim with the gradients the test gives (the same values one process steps), then the whole
+parameters and every rank's state written (on the CPU) for the test to compare (taken before a last step that checks
+a state_dict() round trip).
+    python fsdp2_worker.py RANK WORLD PORT IN OUT [gloo|nccl]"""
 import io
 import sys
 
@@ -15,9 +16,12 @@ import lowbit
 from lowbit.optim import dtensor_shards
 
 
+DEVICE = torch.device("cpu")
+
+
 def sharded(cls_name, options, dtype, values):
     module = torch.nn.Module()
-    module.params = torch.nn.ParameterList([torch.nn.Parameter(t.detach().to(dtype).clone()) for t in values])
+    module.params = torch.nn.ParameterList([torch.nn.Parameter(t.detach().to(DEVICE, dtype).clone()) for t in values])
     fully_shard(module)
     params = list(module.params)
     return params, getattr(lowbit.optim, cls_name)(params, **options)
@@ -25,20 +29,29 @@ def sharded(cls_name, options, dtype, values):
 
 def step(params, opt, grads, dtype):
     for p, g in zip(params, grads):
-        p.grad = distribute_tensor(g.to(dtype), p.device_mesh, [Shard(0)])
+        p.grad = distribute_tensor(g.to(DEVICE, dtype), p.device_mesh, [Shard(0)])
     opt.step()
 
 
-def main(rank, world, port, src, dst):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def cpu(x):
+    return x.cpu() if isinstance(x, torch.Tensor) else x
+
+
+def main(rank, world, port, src, dst, backend="gloo"):
+    global DEVICE
+    if backend == "nccl":
+        DEVICE = torch.device("cuda", rank)
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=DEVICE if backend == "nccl" else None)
     spec = torch.load(src, weights_only=False)
     results = []
     for cls_name, options, dtype in spec["configs"]:
         params, opt = sharded(cls_name, options, dtype, spec["init"])
         for grads in spec["grads"]:
             step(params, opt, grads, dtype)
-        whole = [p.full_tensor().detach().clone() for p in params]  # (one rank: a view of the shard)
-        mine = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+        whole = [p.full_tensor().detach().cpu().clone() for p in params]  # (one rank: a view of the shard)
+        mine = {i: {k: cpu(v).clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
                 for i, p in enumerate(params) if p in opt.state}
         states = [None] * world
         dist.all_gather_object(states, mine)
@@ -54,15 +67,15 @@ def main(rank, world, port, src, dst):
         resumed = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(params, params2)) and all(
             all(torch.equal(v, opt2.state[b][k]) for k, v in opt.state[a].items() if isinstance(v, torch.Tensor))
             for a, b in zip(params, params2) if a in opt.state)
-        everywhere = torch.tensor([int(resumed)])
+        everywhere = torch.tensor([int(resumed)], device=DEVICE)
         dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
         results.append(dict(params=whole, states=states, skipped=opt.skipped_steps(), resumed=bool(everywhere)))
     # Clipping's norm alone: each step's gradients, fp32 and bf16, sharded; the sum of squares exact_sumsq makes.
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE.type, (world,))
     norms = []
-    for grads in spec["grads"]:
+    for grads in spec["grads"] + spec["norm_grads"]:
         for dtype in (torch.float32, torch.bfloat16):
-            shards = [distribute_tensor(g.to(dtype), mesh, [Shard(0)]) for g in grads]
+            shards = [distribute_tensor(g.to(DEVICE, dtype), mesh, [Shard(0)]) for g in grads]
             norms.append(dtensor_shards.exact_sumsq([(i, g, g) for i, g in enumerate(shards)]))
     if rank == 0:
         torch.save(dict(configs=results, norms=norms), dst)
@@ -70,4 +83,4 @@ def main(rank, world, port, src, dst):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])

@@ -76,21 +76,35 @@ def merged_state(states, i):
 
 # The sanitizer run (scripts/sanitize) preloads ASan into Python: Gloo ranks under it would only repeat, far slower,
 # what the normal run checks here (the step op itself runs under ASan in the other tests).
+# Gloo on the CPU everywhere; NCCL with one GPU a rank where there are enough (the one process it is compared with
+# steps on the CPU: the CUDA step's bits are the CPU's).
+WORLDS = [("gloo", 1), ("gloo", 2), ("gloo", 3), ("nccl", 1), ("nccl", 2)]
+
+
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="ranks under the sanitizer run")
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_fully_sharded_steps_equal_one_process(tmp_path, world):
+@pytest.mark.parametrize("backend,world", WORLDS, ids=[f"{b}-{w}" for b, w in WORLDS])
+def test_fully_sharded_steps_equal_one_process(tmp_path, backend, world):
+    if backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < world):
+        pytest.skip(f"NCCL over {world} GPU(s) needs that many")
     gen = torch.Generator().manual_seed(world)
     init = [torch.randn(s, generator=gen) for s in SHAPES]
     grads = [[torch.randn(s, generator=gen) * 0.1 for s in SHAPES] for _ in range(3)]
     grads[1][0][7, 3] = float("nan")  # a non-finite gradient on one rank's shard: every rank skips that step
-    spec = dict(init=init, grads=grads, configs=CONFIGS)
+    # For clipping's sum of squares alone: gradients whose squares span many magnitudes (so that adding the chunks'
+    # sums in another order would change the bits).
+    norm_grads = [[torch.randn(s, generator=gen) * 10.0 ** torch.randint(-4, 4, s, generator=gen) for s in SHAPES]
+                  for _ in range(8)]
+    spec = dict(init=init, grads=grads, configs=CONFIGS, norm_grads=norm_grads)
     torch.save(spec, tmp_path / "in.pt")
-    run_ranks(world, "fsdp2_worker.py", tmp_path / "in.pt", tmp_path / "out.pt")
+    run_ranks(world, "fsdp2_worker.py", tmp_path / "in.pt", tmp_path / "out.pt", backend)
     out = torch.load(tmp_path / "out.pt", weights_only=False)
-    # Clipping's sum of squares from the shards: one process's bits (grad_check over the whole gradients).
+    # Clipping's sum of squares from the shards: one process's bits (grad_check over the whole gradients), for the
+    # steps without Inf or NaN (a chunk with one sums to 0 on the CPU, to NaN on a GPU; the step is skipped anyway).
+    every = grads + norm_grads
+    finite = [all(torch.isfinite(g).all() for g in step) for step in every for _ in range(2)]
     want = [float(torch.ops.lowbit.grad_check([g.to(dtype) for g in step], [0] * len(step), 1, True)[1][0])
-            for step in grads for dtype in (torch.float32, torch.bfloat16)]
-    assert out["norms"] == want
+            for step in every for dtype in (torch.float32, torch.bfloat16)]
+    assert [x for x, f in zip(out["norms"], finite) if f] == [x for x, f in zip(want, finite) if f]
     for (cls_name, _, _), (params, opt), got in zip(CONFIGS, single_process(spec), out["configs"]):
         assert got["skipped"] == opt.skipped_steps() == 1, cls_name
         assert got["resumed"], f"{cls_name}: a state_dict() round trip on the ranks changed the next step"

@@ -69,6 +69,12 @@ def owned(a: int, b: int, block: int, numel: int) -> Tuple[int, int]:
     return (s0, min(-(-b // block) * block, numel)) if s0 < b else (s0, s0)
 
 
+def owned_blocks(a: int, b: int, block: int, numel: int) -> int:
+    """How many blocks start in [a, b) (owned's range in blocks)."""
+    s0, e0 = owned(a, b, block, numel)
+    return -(-(e0 - s0) // block)
+
+
 def by_blocks(opt, slots) -> bool:
     """Whether a DTensor parameter is stepped by the owners of whole blocks: quantized state (a block's scale covers
     it), and any state under LAMB (its norms add per-block sums); else each rank steps its shard element by element."""
@@ -145,9 +151,9 @@ class BlockOwners:
         blocks = {key: [] for key in ("params", "grads", "state", "counters", "offsets", "rng_keys")}
         base, first, count = 0, [], []
         for k, x in mine:
-            block, numel = kwargs["block_size"], x["p"].numel()
+            block = x["block"]
             first.append(base)
-            count.append(-(-numel // block))
+            count.append(-(-x["p"].numel() // block))
             base += count[-1]
             for at in range(0, x["e0"] - x["s0"], block):
                 end = min(at + block, x["e0"] - x["s0"])
@@ -163,8 +169,8 @@ class BlockOwners:
                                         **dict(kwargs, offsets=blocks["offsets"], rng_keys=blocks["rng_keys"]))
             at = 0
             for (k, x), f in zip(mine, first):
-                n = -(-(x["e0"] - x["s0"]) // kwargs["block_size"])
-                table[f + x["s0"] // kwargs["block_size"]:][:n] = sums[at:at + n]
+                n = owned_blocks(x["a"], x["b"], x["block"], x["p"].numel())
+                table[f + x["s0"] // x["block"]:][:n] = sums[at:at + n]
                 at += n
         dist.all_reduce(table, op=dist.ReduceOp.SUM, group=self.pg)  # each block's sums from its one owner
         whole = ops.lamb_add_block_sums(table, first, count)
@@ -249,8 +255,7 @@ def exact_sumsq(items) -> float:
         world, device = len(ranges), g.to_local().device
         pieces.append((ranges, rank, [g.to_local().reshape(-1)], GRAD_CHUNK))
     mine = heads_to_owners(pieces, pg, device) if pieces else []
-    counts = [[(owned(a, b, GRAD_CHUNK, r[-1][1])[1] - owned(a, b, GRAD_CHUNK, r[-1][1])[0] + GRAD_CHUNK - 1)
-               // GRAD_CHUNK for a, b in r] for r, _, _, _ in pieces]
+    counts = [[owned_blocks(a, b, GRAD_CHUNK, r[-1][1]) for a, b in r] for r, _, _, _ in pieces]
     most = max([c for cs in counts for c in cs] + [1])
     sums = torch.zeros(len(pieces), most, dtype=torch.float64, device=device or "cpu")
     for j, (_, (ext,)) in enumerate(mine):

@@ -9,14 +9,13 @@ the device: the step counts (in each state's `counters`), lr (a float64 tensor p
 group["lr"] when that changes: schedulers work), the skip flag and GradScaler's scale. Nothing waits for a GPU.
 """
 import functools
-import operator
 import sys
 from typing import Dict, Iterable, Optional, Set
 
 import torch
 
 from . import call_checks, dtensor_shards, param_state, state_dict_io, step_args
-from .step_graph import StepGraph
+from .step_graph import StepGraph, same_tensors
 from .option_checks import check_options
 
 # The C++ optimizers' stochastic-rounding seed ("lowbit", LowbitOptimizer::seed_) and parameter keys
@@ -454,7 +453,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         indices = tuple(item[0] for item in plain)
         plan = self._plans.get(gi)
         if (len(plain) == len(items) and plan is not None and plan[0] == self._epoch and plan[1] == indices
-                and all(map(operator.is_, plan[3], (item[1] for item in plain)))):
+                and same_tensors(plan[3], [item[1] for item in plain])):
             # The same parameters as the last step (the very tensors: one may have been swapped in its group's
             # list), with the same state: only the gradients are new.
             buckets = {key: (b[0], [plain[k][2] for k in b[6]]) + b[2:] for key, b in plan[2].items()}

@@ -23,6 +23,11 @@ from . import dtensor_shards
 MAX_DROPPED = 8
 
 
+def same_tensors(a, b) -> bool:
+    """Whether two lists hold the very same tensors, in order (identity: a tensor's == compares values)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
 class StepGraph:
     def __init__(self):
         self.enabled = True
@@ -67,8 +72,7 @@ class StepGraph:
         A recording that does not do their work is dropped."""
         recorded = self._recorded[1] if self._graph is not None and self._recorded[0] == head else None
         held = self._inputs
-        # The list held in C++ while it has these very tensors (identity: a tensor's == compares values).
-        if held is None or len(held[0]) != len(params) or not all(map(operator.is_, held[0], params)):
+        if held is None or not same_tensors(held[0], params):  # (the list held in C++ while it has these tensors)
             held = self._inputs = (params, torch.classes.lowbit.StepGraphInputs(params))
         rows, same = held[1].look(recorded)
         if same:

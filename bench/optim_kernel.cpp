@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <lowbit/kernels/common/float_convert.h>
 #include <lowbit/kernels/cpu/grad_stats_cpu.h>
 #include <lowbit/kernels/cpu/optim_step_cpu.h>
 
@@ -31,11 +32,15 @@ struct Case {
   k::SlotStorage storage;
   lowbit::QuantFormat m_format, v_format;
   int64_t block;
+  k::ElemType param_type = k::ElemType::F32;    // and the gradient's
+  k::SlotStorage correction = k::SlotStorage::None;  // bf16's master-weight correction (Int8: 24 bits)
 };
 
 // One AdamW parameter with its state, in the kernel's raw form.
 struct Problem {
   std::vector<float> param, grad;
+  std::vector<uint16_t> param16, grad16;  // bf16 cases
+  std::vector<int8_t> correction;
   std::vector<float> dense[2];
   std::vector<uint8_t> codes[2];
   std::vector<float> absmax[2];
@@ -59,6 +64,23 @@ struct Problem {
     }
     ref.param = param.data();
     ref.grad = grad.data();
+    if (c.param_type == k::ElemType::BF16) {
+      param16.resize(n);
+      grad16.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        param16[i] = k::from_f32<k::bf16_t>(param[i]).bits;
+        grad16[i] = k::from_f32<k::bf16_t>(grad[i]).bits;
+      }
+      ref.param = param16.data();
+      ref.grad = grad16.data();
+      ref.grad_type = k::ElemType::BF16;
+      launch.param_type = k::ElemType::BF16;
+    }
+    if (c.correction == k::SlotStorage::Int8) {
+      correction.assign(n, 0);
+      ref.correction = correction.data();
+      launch.slots[k::kCorrectionSlot] = {k::SlotStorage::Int8, c.m_format};
+    }
     ref.numel = n;
     ref.counters = counters;
     launch.config.rule = c.rule;
@@ -115,6 +137,12 @@ int main(int argc, char** argv) {
       {"AdamW Q4", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::DE4Signed, QF::Linear4Unsigned, 128},
       {"AdamW C8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::Pow8Signed, QF::Pow8Unsigned, 64},
       {"AdamW FP32", k::Rule::AdamW, 2, k::SlotStorage::F32, QF::Dyn8Signed, QF::Dyn8Unsigned, 256},
+      // bf16 parameters and gradients, alone and with the 24-bit mode's int8 correction (host offload's).
+      {"bf16 Q8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Unsigned, 256, k::ElemType::BF16},
+      {"m24 Q8", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Unsigned, 256, k::ElemType::BF16,
+       k::SlotStorage::Int8},
+      {"m24 Q4", k::Rule::AdamW, 2, k::SlotStorage::Quant, QF::DE4Signed, QF::Linear4Unsigned, 128, k::ElemType::BF16,
+       k::SlotStorage::Int8},
       // One 8-bit slot without (SGD) and with (Adagrad) a sqrt and a division per element.
       {"SGD Q8", k::Rule::SGD, 1, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Signed, 256},
       {"Adagrad Q8", k::Rule::Adagrad, 1, k::SlotStorage::Quant, QF::Dyn8Unsigned, QF::Dyn8Unsigned, 256},
@@ -125,7 +153,7 @@ int main(int argc, char** argv) {
     if (!only.empty() && only != c.name) continue;
     Problem pb(c, n);
     const k::StepLaunch& step = pb.launch;
-    const k::GradRef gref{pb.grad.data(), k::ElemType::F32, n};
+    const k::GradRef gref{pb.ref.grad, pb.ref.grad_type, n};
     uint8_t finite = 0;
     for (int i = 0; i < 3; ++i) k::optim_step_cpu(step);  // state away from all-zero
     std::vector<double> mc, pre, st, r_step, r_all;

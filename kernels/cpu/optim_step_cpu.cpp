@@ -47,7 +47,11 @@ StepPlan::StepPlan(const StepLaunch& s)
     if (s.lamb_norms) t.hyper.trust = lamb_trust(s.lamb_norms[2 * i], s.lamb_norms[2 * i + 1]);
     t.stochastic_round = s.stochastic_round && s.param_type == ElemType::BF16;
     t.seed = step_seed(s.seed, steps[i], r.rng_key);
+    // The moment slots in use: a master-weight correction makes the launch's count kMaxSlots, with
+    // the slots between the rule's last moment and the correction empty. Counted without them, a
+    // corrected parameter whose moments are all quantized takes the vector loops' pipelined path.
     t.num_slots = std::min(s.num_slots, kMomentSlots);
+    while (t.num_slots > 0 && s.slots[t.num_slots - 1].storage == SlotStorage::None) --t.num_slots;
     for (int k = 0; k < s.num_slots; ++k) {
       StateSlotRef& ref = t.slots[k];
       ref.storage = s.slots[k].storage;

@@ -8,7 +8,7 @@
 //   optim_step [numel=2^26] [reps=10] [rows]   (default: past the last-level cache of a server CPU)
 //     rows: a comma-separated list of the rows to run, each "optimizer:state" as printed (e.g.
 //     "AdamW:Q4,AdamW nocheck:FP32"; the 4096 small tensors: "small:Q8"); ATen fused always runs
-//     (the yardstick). Default: all rows but "offload:Q8" / "offload-pinned:Q8" (the host offload's
+//     (the yardstick). Default: all rows but "offload:Q8" / "offload:Q4" / "offload-pinned:..." (the host offload's
 //     CPU work at 1.21B parameters, named only).
 //   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
@@ -227,14 +227,16 @@ int main(int argc, char** argv) {
                 tms, fms, oms, oms / fms);
   }
   // The host offload's CPU work alone: the GPT example's block matrices at 1.21B parameters (24 blocks
-  // of width 2048: qkv, projection, the two MLP matrices), bf16 with a 24-bit master and Q8 state,
+  // of width 2048: qkv, projection, the two MLP matrices), bf16 with a 24-bit master and Q8 or Q4 state,
   // stepped one parameter at a time as HostOffload steps them, each with its non-finite flag made
   // beforehand (the offload makes it on the accelerator); "offload-pinned:Q8" puts the weights and
-  // gradients in pinned memory, as the offload's host copies and staging buffers are. Only when
+  // gradients in pinned memory, as the offload's host copies and staging buffers are ("offload:Q4", ...
+  // the same with Q4 state). Only when
   // named in ROWS (9 GB of host memory).
-  for (const bool pinned : {false, true}) {
+  for (const bool pinned : {false, true})
+  for (const StateFormat format : {StateFormat::Q8, StateFormat::Q4}) {
     const std::string name = pinned ? "offload-pinned" : "offload";
-    if (only.find("," + name + ":Q8,") == std::string::npos) continue;
+    if (only.find("," + name + ":" + lowbit::state_format_name(format) + ",") == std::string::npos) continue;
     if (pinned && !at::globalContext().hasCUDA()) {
       std::printf("%s: no accelerator, so no pinned memory\n", name.c_str());
       continue;
@@ -248,7 +250,7 @@ int main(int argc, char** argv) {
         params.back().mutable_grad() = at::empty({numel}, options).copy_(at::randn({numel}) * 1e-3);
         total += numel;
       }
-    lo::AdamW opt(params, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).master_weight_bits(24));
+    lo::AdamW opt(params, lo::AdamWOptions(1e-3).state_format(format).master_weight_bits(24));
     std::vector<at::Tensor> found;
     for (size_t k = 0; k < params.size(); ++k) found.push_back(at::zeros({1}));  // randn gradients: finite
     const auto each = [&] {
@@ -262,8 +264,9 @@ int main(int argc, char** argv) {
       if (i >= 2) ms.push_back(lowbit_bench::now_ms() - t0);
     }
     const double med = lowbit_bench::median(ms);
-    std::printf("%s: %lld parameters in %zu tensors, one at a time: %.1f ms a step, %.3f ns/param\n", name.c_str(),
-                static_cast<long long>(total), params.size(), med, med * 1e6 / static_cast<double>(total));
+    std::printf("%s:%s: %lld parameters in %zu tensors, one at a time: %.1f ms a step, %.3f ns/param\n", name.c_str(),
+                lowbit::state_format_name(format), static_cast<long long>(total), params.size(), med,
+                med * 1e6 / static_cast<double>(total));
   }
   const double memcpy_ms = lowbit_bench::median(all_memcpy), fused_ms = rows[want("torch", "FP32") ? 1 : 0].t.ms;
   const double torch_ms = want("torch", "FP32") ? rows[0].t.ms : fused_ms;

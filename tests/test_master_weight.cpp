@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <lowbit/kernels/common/master_weight.h>
+#include <lowbit/kernels/cpu/optim_step_parts.h>
 #include <lowbit/optim/step_testing.h>
 #include <lowbit/tensors/optim_ops.h>
 
@@ -326,6 +327,45 @@ TEST(MasterWeight, CheckpointsCarryTheCorrectionAndResumeBitExactly) {
 }
 
 // memory_report: each kind in bytes and per parameter, corrections apart from the state.
+// The CPU plan counts a corrected parameter's moment slots in use, not the launch's slots up to the
+// correction: AdamW's two quantized moments with an int8 correction make a two-slot task, which the
+// vector loops step in their pipelined loop (with the empty third slot counted they fell to the
+// per-block loop: the same bits, at about half the speed).
+TEST(MasterWeight, CorrectedTasksCountOnlyTheirMoments) {
+  const int64_t n = 1000;
+  std::vector<uint16_t> param(n, 0x3F80), grad(n, 0x3A83);
+  std::vector<int8_t> correction(n, 0);
+  std::vector<uint8_t> codes[2] = {std::vector<uint8_t>(n), std::vector<uint8_t>(n)};
+  std::vector<float> absmax[2] = {std::vector<float>(4), std::vector<float>(4)};
+  int64_t counters[2] = {0, 0};
+  double lr = 1e-3;
+  lk::StepParamRef ref;
+  ref.param = param.data();
+  ref.grad = grad.data();
+  ref.grad_type = lk::ElemType::BF16;
+  ref.numel = n;
+  ref.counters = counters;
+  ref.correction = correction.data();
+  for (int k = 0; k < 2; ++k) {
+    ref.slot[k] = codes[k].data();
+    ref.absmax[k] = absmax[k].data();
+  }
+  lk::StepLaunch launch;
+  launch.config.rule = lk::Rule::AdamW;
+  launch.param_type = lk::ElemType::BF16;
+  launch.block_size = 256;
+  launch.lr = &lr;
+  launch.slots[0] = {lk::SlotStorage::Quant, lowbit::QuantFormat::Dyn8Signed};
+  launch.slots[1] = {lk::SlotStorage::Quant, lowbit::QuantFormat::Dyn8Unsigned};
+  launch.slots[lk::kCorrectionSlot] = {lk::SlotStorage::Int8, lowbit::QuantFormat::Dyn8Signed};
+  launch.num_slots = lk::kMaxSlots;  // as the ops make it: the correction is the last slot
+  launch.params = &ref;
+  launch.n = 1;
+  const lk::StepPlan plan(launch);
+  EXPECT_EQ(plan.tasks[0].num_slots, 2);
+  EXPECT_EQ(plan.tasks[0].slots[lk::kCorrectionSlot].storage, lk::SlotStorage::Int8);
+}
+
 TEST(MasterWeight, MemoryReportCountsEachKind) {
   const int64_t big = 5000, small = 100;  // small: below min_quant_numel, fp32 state
   at::Tensor a = at::randn({big}).to(at::kBFloat16), b = at::randn({small}).to(at::kBFloat16);

@@ -75,8 +75,7 @@ struct StepPlan {
   }
 };
 
-// A parameter with a master-weight correction takes the scalar loops (their vector versions are
-// not written yet).
+// Whether a parameter carries a master-weight correction (master_weight.h), in slot kCorrectionSlot.
 inline bool has_correction(const ParamTask& t) { return is_correction(t.slots[kCorrectionSlot].storage); }
 
 // ---- the loops ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ namespace distributed {
 
 namespace {
 
-constexpr const char* kWho = "FullyShardedModule";
+constexpr const char* kModule = "FullyShardedModule";
 
 // Identity in forward; in backward it first has the unit's parameters gathered again.
 struct UnitBoundary : public torch::autograd::Function<UnitBoundary> {
@@ -40,12 +40,13 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
                                        std::shared_ptr<optim::LowbitOptimizer> optimizer,
                                        std::shared_ptr<Communicator> comm, FullyShardedOptions options)
     : root_(std::move(root)), options_(options) {
-  TORCH_CHECK(root_, kWho, ": root is null");
-  TORCH_CHECK(optimizer, kWho, ": optimizer is null");
+  TORCH_CHECK(root_, kModule, ": root is null");
+  TORCH_CHECK(optimizer, kModule, ": optimizer is null");
   const auto floating = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; };
-  TORCH_CHECK(!options_.param_dtype || floating(*options_.param_dtype), kWho, ": FullyShardedOptions::param_dtype is ",
-              *options_.param_dtype, "; parameters compute in float32, bfloat16 or float16");
-  TORCH_CHECK(!options_.reduce_dtype || floating(*options_.reduce_dtype), kWho,
+  TORCH_CHECK(!options_.param_dtype || floating(*options_.param_dtype), kModule,
+              ": FullyShardedOptions::param_dtype is ", *options_.param_dtype,
+              "; parameters compute in float32, bfloat16 or float16");
+  TORCH_CHECK(!options_.reduce_dtype || floating(*options_.reduce_dtype), kModule,
               ": FullyShardedOptions::reduce_dtype is ", *options_.reduce_dtype,
               "; gradients are reduced in float32, bfloat16 or float16");
   // The optimizer's parameters, numbered as ShardedOptimizer numbers them: (group, index) order.
@@ -58,15 +59,15 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
   std::vector<size_t> unit_of(index.size(), n);
   std::vector<ShardedOptimizer::Unit> in_forward(n + 1);
   for (size_t u = 0; u < n; ++u) {
-    TORCH_CHECK(units[u], kWho, ": unit ", u, " is null");
+    TORCH_CHECK(units[u], kModule, ": unit ", u, " is null");
     for (const auto& item : units[u]->named_parameters(true)) {
       const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
       const auto name = names.find(impl);
-      TORCH_CHECK(name != names.end(), kWho, ": parameter '", item.key(), "' of unit ", u,
+      TORCH_CHECK(name != names.end(), kModule, ": parameter '", item.key(), "' of unit ", u,
                   " is not a parameter of the root module; units are submodules of it");
       const auto m = index.find(impl);
       if (m == index.end()) continue;  // not trained: stays whole
-      TORCH_CHECK(unit_of[m->second] == n, kWho, ": parameter '", name->second, "' is in unit ", unit_of[m->second],
+      TORCH_CHECK(unit_of[m->second] == n, kModule, ": parameter '", name->second, "' is in unit ", unit_of[m->second],
                   " and in unit ", u, "; a parameter belongs to one unit (leave a shared one to the root)");
       unit_of[m->second] = u;
       in_forward[u].members.push_back(m->second);
@@ -88,7 +89,7 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root,
     for (const auto& g : optimizer->param_groups())
       for (const at::Tensor& p : g.params()) {
         const auto name = names.find(p.unsafeGetTensorImpl());
-        TORCH_CHECK(name != names.end(), kWho, ": FullyShardedOptions::initialize fills parameters by their name in "
+        TORCH_CHECK(name != names.end(), kModule, ": FullyShardedOptions::initialize fills parameters by their name in "
                     "the root module, and parameter ", index.at(p.unsafeGetTensorImpl()), " of the optimizer (shape ",
                     p.sizes(), ") is not one of its parameters");
         named[index.at(p.unsafeGetTensorImpl())] = {name->second, p};
@@ -144,7 +145,7 @@ void FullyShardedModule::release_unit(size_t u) {
 }
 
 at::Tensor FullyShardedModule::forward(const std::function<at::Tensor()>& fn) {
-  TORCH_CHECK(!in_forward_, kWho, ": forward() inside forward()");
+  TORCH_CHECK(!in_forward_, kModule, ": forward() inside forward()");
   const bool grad = at::GradMode::is_enabled();
   {
     torch::NoGradGuard no_grad;  // gathering is not part of the graph
@@ -164,8 +165,8 @@ at::Tensor FullyShardedModule::forward(const std::function<at::Tensor()>& fn) {
 }
 
 at::Tensor FullyShardedModule::unit(size_t u, const std::function<at::Tensor()>& fn) {
-  TORCH_CHECK(in_forward_, kWho, ": unit(", u, ") outside forward(); run the units from forward()'s function");
-  TORCH_CHECK(u < units(), kWho, ": unit ", u, " does not exist; there are ", units());
+  TORCH_CHECK(in_forward_, kModule, ": unit(", u, ") outside forward(); run the units from forward()'s function");
+  TORCH_CHECK(u < units(), kModule, ": unit ", u, " does not exist; there are ", units());
   const bool grad = at::GradMode::is_enabled();
   {
     torch::NoGradGuard no_grad;
@@ -194,7 +195,7 @@ void FullyShardedModule::before_backward(size_t u) {
 }
 
 void FullyShardedModule::step() {
-  TORCH_CHECK(!in_forward_, kWho, ": step() inside forward()");
+  TORCH_CHECK(!in_forward_, kModule, ": step() inside forward()");
   sharded_->step();
   release_all();
 }
@@ -202,7 +203,7 @@ void FullyShardedModule::step() {
 void FullyShardedModule::zero_grad(bool set_to_none) { sharded_->zero_grad(set_to_none); }
 
 void FullyShardedModule::load(const std::string& prefix, const optim::LoadOptions& options) {
-  TORCH_CHECK(!in_forward_, kWho, ": load() inside forward()");
+  TORCH_CHECK(!in_forward_, kModule, ": load() inside forward()");
   sharded_->load(prefix, options);  // the units come back released: the next use gathers the loaded shards
   std::fill(prefetched_.begin(), prefetched_.end(), 0);
 }
@@ -215,15 +216,15 @@ void FullyShardedModule::gather_all() {
 }
 
 void FullyShardedModule::gather(size_t u) {
-  TORCH_CHECK(u < unit_buckets_.size(), kWho, ": unit ", u, " does not exist; there are ", units(), " (and the root, ",
-              units(), ")");
+  TORCH_CHECK(u < unit_buckets_.size(), kModule, ": unit ", u, " does not exist; there are ", units(),
+              " (and the root, ", units(), ")");
   torch::NoGradGuard no_grad;
   gather_unit(u);
 }
 
 void FullyShardedModule::release(size_t u) {
-  TORCH_CHECK(u < unit_buckets_.size(), kWho, ": unit ", u, " does not exist; there are ", units(), " (and the root, ",
-              units(), ")");
+  TORCH_CHECK(u < unit_buckets_.size(), kModule, ": unit ", u, " does not exist; there are ", units(),
+              " (and the root, ", units(), ")");
   release_unit(u);
 }
 
@@ -291,7 +292,7 @@ int64_t FullyShardedModule::gathered_bytes() const {
 }
 
 bool FullyShardedModule::gathered(size_t u) const {
-  TORCH_CHECK(u < unit_buckets_.size(), kWho, ": unit ", u, " does not exist; there are ", units(),
+  TORCH_CHECK(u < unit_buckets_.size(), kModule, ": unit ", u, " does not exist; there are ", units(),
               " (and the root, ", units(), ")");
   for (size_t b : unit_buckets_[u])
     if (!sharded_->buckets_[b].gathered) return false;

@@ -3,12 +3,12 @@
 
 #include <c10/util/Exception.h>
 
+#include <unistd.h>  // environ
+
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
 #include <vector>
-
-extern char** environ;
 
 namespace lowbit {
 namespace distributed {

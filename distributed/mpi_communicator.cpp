@@ -12,7 +12,7 @@ namespace distributed {
 
 namespace {
 
-constexpr const char* kWho = "MpiCommunicator";
+constexpr const char* kMpi = "MpiCommunicator";
 
 MPI_Datatype mpi_type(at::ScalarType t) {
   switch (t) {
@@ -25,13 +25,13 @@ MPI_Datatype mpi_type(at::ScalarType t) {
     case at::kBool: return MPI_UINT8_T;
     case at::kBFloat16:
     case at::kHalf: return MPI_UINT16_T;  // moved as bits; reductions go through float32
-    default: TORCH_CHECK(false, kWho, ": dtype ", t, " is not supported");
+    default: TORCH_CHECK(false, kMpi, ": dtype ", t, " is not supported");
   }
 }
 
 // MPI counts are int: larger tensors need several calls, which lowbit does not make yet.
 int count_of(const char* collective, int64_t numel) {
-  TORCH_CHECK(numel <= INT32_MAX, kWho, ": ", collective, ": ", numel, " elements exceed MPI's int count (",
+  TORCH_CHECK(numel <= INT32_MAX, kMpi, ": ", collective, ": ", numel, " elements exceed MPI's int count (",
               INT32_MAX, ")");
   return static_cast<int>(numel);
 }
@@ -53,16 +53,16 @@ void init_mpi() {
   // thread (nccl_communicator.cpp, end_job). MpiCommunicator itself calls MPI from one thread at a
   // time. A lower level provided is not an error.
   const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  TORCH_CHECK(rc == MPI_SUCCESS, kWho, ": MPI_Init_thread failed with code ", rc);
+  TORCH_CHECK(rc == MPI_SUCCESS, kMpi, ": MPI_Init_thread failed with code ", rc);
   std::atexit(finalize_at_exit);
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options) : options_(options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  TORCH_CHECK(initialized, kWho, ": MPI is not initialized; call lowbit::distributed::init_mpi() or MPI_Init first");
+  TORCH_CHECK(initialized, kMpi, ": MPI is not initialized; call lowbit::distributed::init_mpi() or MPI_Init first");
   set_timeout(options.timeout_s);
-  TORCH_CHECK(MPI_Comm_dup(comm, &comm_) == MPI_SUCCESS, kWho, ": MPI_Comm_dup failed");
+  TORCH_CHECK(MPI_Comm_dup(comm, &comm_) == MPI_SUCCESS, kMpi, ": MPI_Comm_dup failed");
   // Errors come back as return codes (then reported with the collective's name), not MPI's abort.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
@@ -77,7 +77,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::set_timeout(double seconds) {
-  TORCH_CHECK(seconds > 0, kWho, ": the timeout must be > 0 seconds, got ", seconds);
+  TORCH_CHECK(seconds > 0, kMpi, ": the timeout must be > 0 seconds, got ", seconds);
   options_.timeout_s = seconds;
 }
 
@@ -92,7 +92,7 @@ void MpiCommunicator::fail(const std::string& message) {
 }
 
 void MpiCommunicator::check_usable(const char* collective) const {
-  TORCH_CHECK(broken_.empty(), kWho, ": ", collective, " on a communicator that failed before: ", broken_);
+  TORCH_CHECK(broken_.empty(), kMpi, ": ", collective, " on a communicator that failed before: ", broken_);
 }
 
 void MpiCommunicator::check_rc(int rc, const char* collective) {
@@ -100,7 +100,7 @@ void MpiCommunicator::check_rc(int rc, const char* collective) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  fail(c10::str(kWho, ": ", collective, " failed on rank ", rank_, " of ", size_, ": ", text));
+  fail(c10::str(kMpi, ": ", collective, " failed on rank ", rank_, " of ", size_, ": ", text));
 }
 
 void MpiCommunicator::wait(MPI_Request& request, const char* collective, int64_t numel) {
@@ -112,7 +112,7 @@ void MpiCommunicator::wait(MPI_Request& request, const char* collective, int64_t
     if (done) return;
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
     if (waited > options_.timeout_s)
-      fail(c10::str(kWho, ": ", collective, " of ", numel, " elements did not finish within ", options_.timeout_s,
+      fail(c10::str(kMpi, ": ", collective, " of ", numel, " elements did not finish within ", options_.timeout_s,
                     " s on rank ", rank_, " of ", size_, " (a peer rank died, hangs, or skipped the collective)"));
     // Spin briefly (short collectives), then yield the core: ranks may share cores (--oversubscribe).
     if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 500 : 20));
@@ -122,8 +122,8 @@ void MpiCommunicator::wait(MPI_Request& request, const char* collective, int64_t
 void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   const char* name = "all_reduce";
   check_usable(name);
-  check_collective_tensor(kWho, name, "tensor", tensor);
-  TORCH_CHECK(tensor.is_cpu(), kWho, ": ", name, ": tensor is on ", tensor.device(), "; MPI carries CPU tensors");
+  check_collective_tensor(kMpi, name, "tensor", tensor);
+  TORCH_CHECK(tensor.is_cpu(), kMpi, ": ", name, ": tensor is on ", tensor.device(), "; MPI carries CPU tensors");
   at::Tensor buf = host_sums_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
   MPI_Request req;
   check_rc(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), count_of(name, buf.numel()), mpi_type(buf.scalar_type()),
@@ -137,8 +137,8 @@ void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
 void MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   const char* name = "reduce_scatter";
   check_usable(name);
-  check_chunked_collective(kWho, name, input, output, size_, /*input_is_whole=*/true);
-  TORCH_CHECK(input.is_cpu(), kWho, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
+  check_chunked_collective(kMpi, name, input, output, size_, /*input_is_whole=*/true);
+  TORCH_CHECK(input.is_cpu(), kMpi, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
   const bool native = host_sums_natively(input.scalar_type());
   const at::Tensor in = native ? input : input.to(at::kFloat);
   at::Tensor out = native ? output : at::empty({output.numel()}, input.options().dtype(at::kFloat));
@@ -154,8 +154,8 @@ void MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output
 void MpiCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_gather";
   check_usable(name);
-  check_chunked_collective(kWho, name, input, output, size_, /*input_is_whole=*/false);
-  TORCH_CHECK(input.is_cpu(), kWho, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
+  check_chunked_collective(kMpi, name, input, output, size_, /*input_is_whole=*/false);
+  TORCH_CHECK(input.is_cpu(), kMpi, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
   const bool in_place = is_chunk_of(input, output, rank_);
   const MPI_Datatype type = mpi_type(input.scalar_type());
   MPI_Request req;
@@ -168,8 +168,8 @@ void MpiCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
 void MpiCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_to_all";
   check_usable(name);
-  check_all_to_all(kWho, input, output, size_);
-  TORCH_CHECK(input.is_cpu(), kWho, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
+  check_all_to_all(kMpi, input, output, size_);
+  TORCH_CHECK(input.is_cpu(), kMpi, ": ", name, ": input is on ", input.device(), "; MPI carries CPU tensors");
   const int chunk = count_of(name, input.numel()) / size_;
   const MPI_Datatype type = mpi_type(input.scalar_type());
   MPI_Request req;
@@ -180,9 +180,9 @@ void MpiCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
 void MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
   const char* name = "broadcast";
   check_usable(name);
-  check_collective_tensor(kWho, name, "tensor", tensor);
-  TORCH_CHECK(tensor.is_cpu(), kWho, ": ", name, ": tensor is on ", tensor.device(), "; MPI carries CPU tensors");
-  TORCH_CHECK(root >= 0 && root < size_, kWho, ": ", name, ": root must be in [0, ", size_, "), got ", root);
+  check_collective_tensor(kMpi, name, "tensor", tensor);
+  TORCH_CHECK(tensor.is_cpu(), kMpi, ": ", name, ": tensor is on ", tensor.device(), "; MPI carries CPU tensors");
+  TORCH_CHECK(root >= 0 && root < size_, kMpi, ": ", name, ": root must be in [0, ", size_, "), got ", root);
   MPI_Request req;
   check_rc(MPI_Ibcast(tensor.data_ptr(), count_of(name, tensor.numel()), mpi_type(tensor.scalar_type()), root,
                       comm_, &req),

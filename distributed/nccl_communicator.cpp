@@ -25,7 +25,7 @@ namespace distributed {
 
 namespace {
 
-constexpr const char* kWho = "NcclCommunicator";
+constexpr const char* kNccl = "NcclCommunicator";
 
 using Clock = std::chrono::steady_clock;
 
@@ -55,7 +55,7 @@ ncclDataType_t nccl_type(at::ScalarType t) {
     case at::kChar: return ncclInt8;
     case at::kHalf: return ncclFloat16;
     case at::kBFloat16: return ncclBfloat16;
-    default: TORCH_CHECK(false, kWho, ": dtype ", t, " is not supported");
+    default: TORCH_CHECK(false, kNccl, ": dtype ", t, " is not supported");
   }
 }
 
@@ -175,7 +175,7 @@ NcclCommunicator::Impl::~Impl() {
 
 cudaEvent_t NcclCommunicator::Impl::timing_event() {
   cudaEvent_t e = nullptr;
-  TORCH_CHECK(cudaEventCreate(&e) == cudaSuccess, kWho, ": cudaEventCreate failed", where());
+  TORCH_CHECK(cudaEventCreate(&e) == cudaSuccess, kNccl, ": cudaEventCreate failed", where());
   return e;
 }
 
@@ -189,7 +189,7 @@ cudaEvent_t NcclCommunicator::Impl::take_event() {
     }
   }
   cudaEvent_t e = nullptr;
-  TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kWho,
+  TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kNccl,
               ": cudaEventCreate failed", where());
   std::lock_guard<std::mutex> lock(mu);
   events.push_back(e);
@@ -248,7 +248,7 @@ void NcclCommunicator::Impl::watch() {
       const cudaError_t q = cudaEventQuery(f.done);
       if (q == cudaErrorNotReady) break;
       if (q != cudaSuccess) {
-        failure = c10::str(kWho, ": ", f.collective, " of ", f.numel, " elements failed", where(), ": ",
+        failure = c10::str(kNccl, ": ", f.collective, " of ", f.numel, " elements failed", where(), ": ",
                            cudaGetErrorString(q));
         break;
       }
@@ -259,7 +259,7 @@ void NcclCommunicator::Impl::watch() {
     if (in_flight.empty() && !busy) continue;
     const bool stuck = busy && seconds_since(busy_since) > timeout_s;
     if (stuck)
-      failure = c10::str(kWho, ": ", busy, " did not finish within ", timeout_s, " s", where(),
+      failure = c10::str(kNccl, ": ", busy, " did not finish within ", timeout_s, " s", where(),
                          " (inside NCCL, connecting to a peer rank that died or hangs)");
     if (failure.empty() && !in_flight.empty()) {
       const InFlight oldest = in_flight.front();  // only this thread removes entries
@@ -277,10 +277,10 @@ void NcclCommunicator::Impl::watch() {
       lock.lock();
       if (!broken.empty()) continue;  // a calling thread failed meanwhile
       if (async != ncclSuccess && async != ncclInProgress)
-        failure = c10::str(kWho, ": ", oldest.collective, " of ", oldest.numel, " elements failed", where(), ": ",
+        failure = c10::str(kNccl, ": ", oldest.collective, " of ", oldest.numel, " elements failed", where(), ": ",
                            ncclGetErrorString(async));
       else if (seconds_since(oldest.start) > timeout_s && cudaEventQuery(oldest.done) == cudaErrorNotReady)
-        failure = c10::str(kWho, ": ", oldest.collective, " of ", oldest.numel, " elements did not finish within ",
+        failure = c10::str(kNccl, ": ", oldest.collective, " of ", oldest.numel, " elements did not finish within ",
                            timeout_s, " s", where(), " (a peer rank died, hangs, or skipped the collective)");
     }
     if (!failure.empty()) {
@@ -309,10 +309,10 @@ void NcclCommunicator::Impl::watch() {
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, int device, NcclOptions options)
     : bootstrap_(std::move(bootstrap)), device_(device), options_(options) {
-  TORCH_CHECK(bootstrap_, kWho, ": the MPI bootstrap communicator is null");
-  TORCH_CHECK(options.timeout_s > 0, kWho, ": the timeout must be > 0 seconds, got ", options.timeout_s);
+  TORCH_CHECK(bootstrap_, kNccl, ": the MPI bootstrap communicator is null");
+  TORCH_CHECK(options.timeout_s > 0, kNccl, ": the timeout must be > 0 seconds, got ", options.timeout_s);
   int devices = 0;
-  TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices, kWho, ": device ",
+  TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices, kNccl, ": device ",
               device, " is not one of the ", devices, " visible CUDA devices");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   impl_ = std::make_unique<Impl>(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device)));
@@ -330,10 +330,10 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   if (is_main) m.mpi_main = std::this_thread::get_id();
   TORCH_CHECK(cudaEventCreateWithFlags(&m.ready, cudaEventDisableTiming) == cudaSuccess &&
                   cudaEventCreateWithFlags(&m.joined, cudaEventDisableTiming) == cudaSuccess,
-              kWho, ": cudaEventCreate failed");
+              kNccl, ": cudaEventCreate failed");
   for (int k = 0; k < kInitialEvents; ++k) {
     cudaEvent_t e = nullptr;
-    TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kWho, ": cudaEventCreate failed");
+    TORCH_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess, kNccl, ": cudaEventCreate failed");
     m.events.push_back(e);
     m.pool.push_back(e);
   }
@@ -342,7 +342,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   at::Tensor id_bytes = at::zeros({static_cast<int64_t>(sizeof(id))}, at::kByte);
   if (m.rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
-    TORCH_CHECK(r == ncclSuccess, kWho, ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
+    TORCH_CHECK(r == ncclSuccess, kNccl, ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
     std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
   }
   bootstrap_->broadcast(id_bytes, 0);
@@ -360,7 +360,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
            }())) {
       if (seconds_since(start) > options_.timeout_s) {
         m.abort_comm();
-        TORCH_CHECK(false, kWho, ": setting up NCCL (", what, ") did not finish within ", options_.timeout_s, " s",
+        TORCH_CHECK(false, kNccl, ": setting up NCCL (", what, ") did not finish within ", options_.timeout_s, " s",
                     m.where());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -368,7 +368,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
     }
     if (r != ncclSuccess) {
       m.abort_comm();
-      TORCH_CHECK(false, kWho, ": NCCL setup (", what, ") failed", m.where(), ": ", ncclGetErrorString(r));
+      TORCH_CHECK(false, kNccl, ": NCCL setup (", what, ") failed", m.where(), ": ", ncclGetErrorString(r));
     }
   };
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -377,12 +377,12 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
   blocking.blocking = 1;
   settle(ncclCommSplit(m.setup, 0, m.rank, &m.comm, &blocking), "ncclCommSplit");
-  TORCH_CHECK(m.comm, kWho, ": NCCL setup (ncclCommSplit) made no communicator", m.where());
+  TORCH_CHECK(m.comm, kNccl, ": NCCL setup (ncclCommSplit) made no communicator", m.where());
   m.watchdog = std::thread([&m] {
     try {
       m.watch();
     } catch (const std::exception& e) {  // nothing may escape a thread; the next call reports it
-      m.record(c10::str(kWho, ": the watchdog failed", m.where(), ": ", e.what()));
+      m.record(c10::str(kNccl, ": the watchdog failed", m.where(), ": ", e.what()));
     }
   });
 }
@@ -433,7 +433,7 @@ void NcclCommunicator::check_usable(const char* collective) const {
   // The watchdog is ending the job already; this ends it too should the watchdog be held up (in
   // ncclCommAbort).
   if (impl_->abort_on_failure) impl_->end_job();
-  TORCH_CHECK(false, kWho, ": ", collective, " on a communicator that failed before: ", broken);
+  TORCH_CHECK(false, kNccl, ": ", collective, " on a communicator that failed before: ", broken);
 }
 
 void NcclCommunicator::synchronize() {
@@ -458,7 +458,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
   Impl& m = *impl_;
   const Clock::time_point called = Clock::now();
   for (const at::Tensor& t : tensors)
-    TORCH_CHECK(t.is_cuda() && t.get_device() == device_, kWho, ": ", collective, ": a tensor is on ", t.device(),
+    TORCH_CHECK(t.is_cuda() && t.get_device() == device_, kNccl, ": ", collective, ": a tensor is on ", t.device(),
                 "; this communicator carries tensors of cuda:", device_);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
@@ -467,7 +467,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
   // for during the capture: refused, before anything is enqueued (the communicator stays usable).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const cudaError_t c = cudaStreamIsCapturing(caller, &capture);
-  TORCH_CHECK(c == cudaSuccess && capture == cudaStreamCaptureStatusNone, kWho, ": ", collective,
+  TORCH_CHECK(c == cudaSuccess && capture == cudaStreamCaptureStatusNone, kNccl, ": ", collective,
               ": the caller's stream is capturing a CUDA graph (",
               c == cudaSuccess ? "capture status " + std::to_string(static_cast<int>(capture)) : cudaGetErrorString(c),
               "); NcclCommunicator's collectives cannot be captured: run them outside the capture");
@@ -487,10 +487,10 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
     std::lock_guard<std::mutex> nccl(m.nccl_mu);
     if (!m.comm) {  // aborted by the watchdog since the collective's check_usable
       check_usable(collective);
-      TORCH_CHECK(false, kWho, ": ", collective, ": the NCCL communicator is gone");
+      TORCH_CHECK(false, kNccl, ": ", collective, ": the NCCL communicator is gone");
     }
     if (cudaEventRecord(m.ready, caller) != cudaSuccess || cudaStreamWaitEvent(own, m.ready, 0) != cudaSuccess)
-      failure = c10::str(kWho, ": ", collective, ": ordering after the caller's stream failed", m.where());
+      failure = c10::str(kNccl, ": ", collective, ": ordering after the caller's stream failed", m.where());
     ncclResult_t r = ncclSuccess;
     // On the timeline: its entry stays m.timed.back() to the end, nccl_mu being held throughout.
     const bool timed = failure.empty() && m.timing;
@@ -505,7 +505,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
       if (timed) cudaEventRecord(m.timed.back().end, own);
     }
     if (failure.empty() && r != ncclSuccess)
-      failure = c10::str(kWho, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
+      failure = c10::str(kNccl, ": ", collective, " of ", numel, " elements failed", m.where(), ": ",
                          ncclGetErrorString(r));
     // The collective is on the own stream from here: the caching allocator must not hand these
     // tensors' memory to others before that stream is done, whatever happens next.
@@ -521,14 +521,14 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
         c10::cuda::CUDAStreamGuard on_own(m.stream);
         post();
       } catch (const std::exception& e) {
-        failure = c10::str(kWho, ": ", collective, " of ", numel, " elements: its result's post-processing failed",
+        failure = c10::str(kNccl, ": ", collective, " of ", numel, " elements: its result's post-processing failed",
                            m.where(), ": ", e.what());
       }
     }
     if (failure.empty()) {
       if (cudaEventRecord(done, own) != cudaSuccess ||
           (!m.defer.load() && cudaStreamWaitEvent(caller, done, 0) != cudaSuccess))
-        failure = c10::str(kWho, ": ", collective, ": ordering the caller's stream after it failed", m.where());
+        failure = c10::str(kNccl, ": ", collective, ": ordering the caller's stream after it failed", m.where());
     }
     if (failure.empty() && timed) m.timed.back().host_end = Clock::now();
     if (failure.empty()) {
@@ -549,7 +549,7 @@ void NcclCommunicator::run(const char* collective, int64_t numel, const std::vec
 void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   const char* name = "all_reduce";
   check_usable(name);
-  check_collective_tensor(kWho, name, "tensor", tensor);
+  check_collective_tensor(kNccl, name, "tensor", tensor);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   at::Tensor buf = reduces_natively(tensor.scalar_type()) ? tensor : tensor.to(at::kFloat);
   run(name, buf.numel(), {buf, tensor}, [&](void* s) {
@@ -565,7 +565,7 @@ void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
 void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   const char* name = "reduce_scatter";
   check_usable(name);
-  check_chunked_collective(kWho, name, input, output, impl_->size, /*input_is_whole=*/true);
+  check_chunked_collective(kNccl, name, input, output, impl_->size, /*input_is_whole=*/true);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const bool native = reduces_natively(input.scalar_type());
   const at::Tensor in = native ? input : input.to(at::kFloat);
@@ -582,7 +582,7 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
 void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_gather";
   check_usable(name);
-  check_chunked_collective(kWho, name, input, output, impl_->size, /*input_is_whole=*/false);
+  check_chunked_collective(kNccl, name, input, output, impl_->size, /*input_is_whole=*/false);
   // In place when input is output's own chunk (NCCL reads sendbuff == recvbuff + rank * count).
   run(name, output.numel(), {input, output}, [&](void* s) {
     return static_cast<int>(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
@@ -593,13 +593,13 @@ void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
 void NcclCommunicator::all_gather_many(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   const char* name = "all_gather_many";
   check_usable(name);
-  TORCH_CHECK(inputs.size() == outputs.size(), kWho, ": ", name, ": ", inputs.size(), " inputs but ", outputs.size(),
+  TORCH_CHECK(inputs.size() == outputs.size(), kNccl, ": ", name, ": ", inputs.size(), " inputs but ", outputs.size(),
               " outputs");
   if (inputs.empty()) return;
   int64_t numel = 0;
   std::vector<at::Tensor> tensors;
   for (size_t k = 0; k < inputs.size(); ++k) {
-    check_chunked_collective(kWho, name, inputs[k], outputs[k], impl_->size, /*input_is_whole=*/false);
+    check_chunked_collective(kNccl, name, inputs[k], outputs[k], impl_->size, /*input_is_whole=*/false);
     numel += outputs[k].numel();
     tensors.push_back(inputs[k]);
     tensors.push_back(outputs[k]);
@@ -617,7 +617,7 @@ void NcclCommunicator::all_gather_many(const std::vector<at::Tensor>& inputs, co
 void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
   const char* name = "all_to_all";
   check_usable(name);
-  check_all_to_all(kWho, input, output, impl_->size);
+  check_all_to_all(kNccl, input, output, impl_->size);
   if (input.numel() == 0) return;  // every rank has the same numel: none of them sends anything
   const int n = impl_->size;
   const size_t chunk = static_cast<size_t>(input.numel() / n);
@@ -640,8 +640,8 @@ void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
 void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
   const char* name = "broadcast";
   check_usable(name);
-  check_collective_tensor(kWho, name, "tensor", tensor);
-  TORCH_CHECK(root >= 0 && root < impl_->size, kWho, ": ", name, ": root must be in [0, ", impl_->size, "), got ", root);
+  check_collective_tensor(kNccl, name, "tensor", tensor);
+  TORCH_CHECK(root >= 0 && root < impl_->size, kNccl, ": ", name, ": root must be in [0, ", impl_->size, "), got ", root);
   run(name, tensor.numel(), {tensor}, [&](void* s) {
     return static_cast<int>(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                                           nccl_type(tensor.scalar_type()), root, impl_->comm, static_cast<cudaStream_t>(s)));
@@ -654,7 +654,7 @@ void NcclCommunicator::start_timeline() {
   std::lock_guard<std::mutex> nccl(m.nccl_mu);
   if (!m.origin) m.origin = m.timing_event();
   TORCH_CHECK(cudaEventRecord(m.origin, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream()) ==
-                  cudaSuccess, kWho, ": start_timeline: cudaEventRecord failed", m.where());
+                  cudaSuccess, kNccl, ": start_timeline: cudaEventRecord failed", m.where());
   m.timing = true;
   m.host_origin = Clock::now();
 }
@@ -668,7 +668,7 @@ void NcclCommunicator::mark(const std::string& label) {
   const Clock::time_point now = Clock::now();
   m.timed.push_back({label, 0, e, e, now, now});
   TORCH_CHECK(cudaEventRecord(e, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream()) ==
-                  cudaSuccess, kWho, ": mark: cudaEventRecord failed", m.where());
+                  cudaSuccess, kNccl, ": mark: cudaEventRecord failed", m.where());
 }
 
 std::vector<NcclCommunicator::TimelineEntry> NcclCommunicator::timeline() {
@@ -688,7 +688,7 @@ std::vector<NcclCommunicator::TimelineEntry> NcclCommunicator::timeline() {
   std::vector<TimelineEntry> out;
   const auto ms = [&](cudaEvent_t e) {
     float v = 0;
-    TORCH_CHECK(cudaEventSynchronize(e) == cudaSuccess && cudaEventElapsedTime(&v, origin, e) == cudaSuccess, kWho,
+    TORCH_CHECK(cudaEventSynchronize(e) == cudaSuccess && cudaEventElapsedTime(&v, origin, e) == cudaSuccess, kNccl,
                 ": timeline: a timing event failed", m.where());
     return static_cast<double>(v);
   };
@@ -710,7 +710,7 @@ void NcclCommunicator::order_after_collectives() {
     std::lock_guard<std::mutex> nccl(m.nccl_mu);
     TORCH_CHECK(cudaEventRecord(m.joined, m.stream.stream()) == cudaSuccess &&
                     cudaStreamWaitEvent(caller, m.joined, 0) == cudaSuccess,
-                kWho, ": order_after_collectives: ordering the caller's stream failed", m.where());
+                kNccl, ": order_after_collectives: ordering the caller's stream failed", m.where());
   }
   // A deferred collective that failed already is this call's error too: the caller is about to use
   // the results.
@@ -730,12 +730,12 @@ void NcclCommunicator::order_after_collective(int64_t n) {
     // Under mu the watchdog cannot hand the event back to the pool (and a later collective record
     // it again) between the lookup and the wait. A collective no longer in flight has finished.
     std::lock_guard<std::mutex> lock(m.mu);
-    TORCH_CHECK(n >= 0 && n <= m.issued, kWho, ": order_after_collective(", n, "): ", m.issued,
+    TORCH_CHECK(n >= 0 && n <= m.issued, kNccl, ": order_after_collective(", n, "): ", m.issued,
                 " collectives were issued", m.where());
     for (const InFlight& f : m.in_flight) {
       if (f.number < n) continue;
       if (f.number == n)
-        TORCH_CHECK(cudaStreamWaitEvent(caller, f.done, 0) == cudaSuccess, kWho, ": order_after_collective: ordering "
+        TORCH_CHECK(cudaStreamWaitEvent(caller, f.done, 0) == cudaSuccess, kNccl, ": order_after_collective: ordering "
                     "the caller's stream after ", f.collective, " failed", m.where());
       break;
     }
@@ -747,7 +747,7 @@ void NcclCommunicator::wait_for_collective(int64_t n) {
   Impl& m = *impl_;
   {
     std::unique_lock<std::mutex> lock(m.mu);
-    TORCH_CHECK(n >= 0 && n <= m.issued, kWho, ": wait_for_collective(", n, "): ", m.issued,
+    TORCH_CHECK(n >= 0 && n <= m.issued, kNccl, ": wait_for_collective(", n, "): ", m.issued,
                 " collectives were issued", m.where());
     // Bounded: the watchdog ends every collective in flight within the timeout.
     ++m.waiters;

@@ -21,7 +21,7 @@ using optim::FragmentAccess;
 
 namespace {
 
-constexpr const char* kWho = "ShardedOptimizer";
+constexpr const char* kSharded = "ShardedOptimizer";
 // step() all-gathers the buckets in groups of at least this many bytes (one NCCL group each):
 // smaller all-gathers run well under the bus bandwidth (32 MiB ones took 0.10 ms against 0.058 ms
 // at the rate of one 1 GiB all-gather, 2 x H200), while a group's all-gather still overlaps the
@@ -44,14 +44,14 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
       units_(std::move(units)),
       step_in_backward_(step_in_backward),
       precision_(precision) {
-  TORCH_CHECK(optimizer_, kWho, ": optimizer is null");
-  TORCH_CHECK(comm_, kWho, ": communicator is null");
-  TORCH_CHECK(options_.bucket_bytes >= 0, kWho, ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ",
-              options_.bucket_bytes);
+  TORCH_CHECK(optimizer_, kSharded, ": optimizer is null");
+  TORCH_CHECK(comm_, kSharded, ": communicator is null");
+  TORCH_CHECK(options_.bucket_bytes >= 0, kSharded,
+              ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ", options_.bucket_bytes);
   const char* grad_wire_option = gradient_wire_option();
   if (options_.gradient_wire) {
     check_wire_compression(*options_.gradient_wire, grad_wire_option);
-    TORCH_CHECK(!options_.zero1, kWho, ": ShardedOptions::gradient_wire compresses the reduce-scatter; with zero1 "
+    TORCH_CHECK(!options_.zero1, kSharded, ": ShardedOptions::gradient_wire compresses the reduce-scatter; with zero1 "
                 "the gradients are all-reduced, which it does not compress (unset one of the two)");
     TORCH_CHECK(!fully_sharded() || !options_.gradient_wire->error_feedback, "FullyShardedModule: ", grad_wire_option,
                 " with error_feedback would keep on every rank what quantization lost of each unit's whole gradient "
@@ -75,22 +75,22 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     for (size_t i = 0; i < groups[gi].params().size(); ++i) {
       const at::Tensor& p = groups[gi].params()[i];
       const auto where = [&] { return c10::str("parameter ", i, " of group ", gi, " (shape ", p.sizes(), ")"); };
-      TORCH_CHECK(p.defined() && p.layout() == at::kStrided, kWho, ": ", where(), " is not a dense tensor");
+      TORCH_CHECK(p.defined() && p.layout() == at::kStrided, kSharded, ": ", where(), " is not a dense tensor");
       const auto t = p.scalar_type();
-      TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, kWho, ": ", where(), " has dtype ", t,
+      TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, kSharded, ": ", where(), " has dtype ", t,
                   "; supported: float32, bfloat16, float16");
       if (first) device_ = device ? *device : p.device();
       first = false;
       // Fully sharded onto a device: the parameters may start on the host (a model larger than one
       // device is built there and sharded onto the devices).
-      TORCH_CHECK(p.device() == device_ || (device && p.is_cpu()), kWho, ": ", where(), " is on ", p.device(),
+      TORCH_CHECK(p.device() == device_ || (device && p.is_cpu()), kSharded, ": ", where(), " is on ", p.device(),
                   " but parameter 0 is on ", device_, "; shard parameters of one device per optimizer");
       TORCH_CHECK(compute_dtype(t) == t || FragmentAccess::group_step(*optimizer_, gi).common.master_weight_bits == 0,
                   "FullyShardedModule: FullyShardedOptions::param_dtype ", *precision_.compute, " with group ", gi,
                   "'s master_weight_bits ", FragmentAccess::group_step(*optimizer_, gi).common.master_weight_bits,
                   ": ", where(), " stays a float32 shard, its own master weight; set master_weight_bits 0 (or "
                   "build the model in bfloat16 for a bfloat16 shard with a correction)");
-      TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kWho, ": ", where(),
+      TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kSharded, ": ", where(),
                   " already has optimizer state; wrap a fresh optimizer and load checkpoints into the ShardedOptimizer");
       params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p), at::Tensor()});
     }
@@ -110,7 +110,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     try {
       comm_->all_to_all(probe, out);
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, fully_sharded() ? "FullyShardedModule" : kWho, ": ", grad_wire_option,
+      TORCH_CHECK(false, fully_sharded() ? "FullyShardedModule" : kSharded, ": ", grad_wire_option,
                   " exchanges quantized chunks with all_to_all, which the ",
                   comm_->backend(), " communicator refused on rank ", comm_->rank(), ": ", e.what_without_backtrace());
     }
@@ -122,7 +122,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     std::vector<at::Tensor> ps;
     for (const Param& pr : params_) ps.push_back(pr.param);
     hooks_ = std::make_unique<optim::GradHooks>(
-        c10::str(kWho, " (ShardedOptions::overlap)"), std::move(ps), [this](size_t m) { return name(m); },
+        c10::str(kSharded, " (ShardedOptions::overlap)"), std::move(ps), [this](size_t m) { return name(m); },
         [this](size_t m, const at::Tensor& param) { on_gradient(m, param); });
   }
   // Buckets: the parameters are copied in, made identical on every rank (or each rank fills what
@@ -337,7 +337,7 @@ void ShardedOptimizer::check_ranks_agree() {
         const auto show = [&](int64_t x) {
           return is_format ? std::string(format_name(static_cast<QuantFormat>(x))) : std::to_string(x);
         };
-        const char* who = fully_sharded() ? "FullyShardedModule" : kWho;
+        const char* who = fully_sharded() ? "FullyShardedModule" : kSharded;
         TORCH_CHECK(a[r * n + i] == a[i], who, ": the ranks disagree on ", what, ": rank 0 has ", show(a[i]),
                     ", rank ", r, " has ", show(a[r * n + i]), "; every rank must construct its ", who,
                     " with the same options, units and parameters");
@@ -440,14 +440,14 @@ std::vector<std::vector<size_t>> ShardedOptimizer::plan_buckets() const {
 // ---- gradients into the buckets, reduced in bucket order ----------------------------------------
 
 void ShardedOptimizer::set_accumulating(bool on) {
-  TORCH_CHECK(options_.overlap, kWho, ": set_accumulating is for ShardedOptions::overlap (without it, gradients "
+  TORCH_CHECK(options_.overlap, kSharded, ": set_accumulating is for ShardedOptions::overlap (without it, gradients "
               "add up in .grad until step() as usual)");
   accumulating_ = on;
 }
 
 void ShardedOptimizer::on_gradient(size_t m, const at::Tensor& param) {
   if (accumulating_ || !param.grad().defined()) return;
-  TORCH_CHECK(!params_[m].taken, kWho, ": ", name(m), " received a second gradient before step(); with "
+  TORCH_CHECK(!params_[m].taken, kSharded, ": ", name(m), " received a second gradient before step(); with "
               "ShardedOptions::overlap call set_accumulating(true) before every backward() of a step but the last");
   torch::NoGradGuard no_grad;
   take_gradient(m, param.grad());
@@ -456,7 +456,7 @@ void ShardedOptimizer::on_gradient(size_t m, const at::Tensor& param) {
 
 void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .grad may be reset below
   Param& pr = params_[m];
-  TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kWho, ": the gradient of ", name(m), " has shape ",
+  TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kSharded, ": the gradient of ", name(m), " has shape ",
               g.sizes(), "; expected ", pr.param.sizes());
   Bucket& b = buckets_[pr.bucket];
   ensure_flat_grad(b);
@@ -825,10 +825,10 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     const Param& pr = params_[m];
     if (pr.taken) continue;
     const at::Tensor& g = pr.param.grad();
-    TORCH_CHECK(g.defined() || options_.overlap, kWho, ": ", name(m),
+    TORCH_CHECK(g.defined() || options_.overlap, kSharded, ": ", name(m),
                 " has no gradient; every rank needs a gradient for every parameter (zero it where unused, or "
                 "use ShardedOptions::overlap, which counts a missing gradient as zeros)");
-    TORCH_CHECK(!g.defined() || (g.sizes() == pr.param.sizes() && !g.is_sparse()), kWho, ": the gradient of ",
+    TORCH_CHECK(!g.defined() || (g.sizes() == pr.param.sizes() && !g.is_sparse()), kSharded, ": the gradient of ",
                 name(m), " has shape ", g.sizes(), "; expected ", pr.param.sizes());
   }
   reduce_buckets_before(buckets_.size());
@@ -940,7 +940,7 @@ void ShardedOptimizer::report_overflow() {
     if (!f.state.counters.defined() || !f.state.counters.is_cpu()) continue;
     const optim::Overflow fresh = optim::fresh_overflow(f.state);
     if (fresh.blocks == 0) continue;
-    TORCH_WARN(kWho, ": rank ", comm_->rank(), ": the state of parameter ", f.index, " of group ", f.group,
+    TORCH_WARN(kSharded, ": rank ", comm_->rank(), ": the state of parameter ", f.index, " of group ", f.group,
                " (elements ", f.offset, "..", f.offset + f.numel, ") overflowed to Inf/NaN in ", fresh.blocks,
                " block(s) at step ", fresh.step);
   }

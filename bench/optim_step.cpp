@@ -8,8 +8,8 @@
 //   optim_step [numel=2^26] [reps=10] [rows]   (default: past the last-level cache of a server CPU)
 //     rows: a comma-separated list of the rows to run, each "optimizer:state" as printed (e.g.
 //     "AdamW:Q4,AdamW nocheck:FP32"; the 4096 small tensors: "small:Q8"); ATen fused always runs
-//     (the yardstick). Default: all rows but "offload:Q8" / "offload:Q4" / "offload-pinned:..." (the host offload's
-//     CPU work at 1.21B parameters, named only).
+//     (the yardstick). Default: all rows but "offload:Q8", "offload:Q4" and "offload-pinned:Q8" /
+//     "offload-pinned:Q4" (the host offload's CPU work at 1.21B parameters, named only).
 //   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
 
@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
   // gradients in pinned memory, as the offload's host copies and staging buffers are ("offload:Q4", ...
   // the same with Q4 state). Only when
   // named in ROWS (9 GB of host memory).
-  for (const bool pinned : {false, true})
+  for (const bool pinned : {false, true}) {
   for (const StateFormat format : {StateFormat::Q8, StateFormat::Q4}) {
     const std::string name = pinned ? "offload-pinned" : "offload";
     if (only.find("," + name + ":" + lowbit::state_format_name(format) + ",") == std::string::npos) continue;
@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
     std::printf("%s:%s: %lld parameters in %zu tensors, one at a time: %.1f ms a step, %.3f ns/param\n", name.c_str(),
                 lowbit::state_format_name(format), static_cast<long long>(total), params.size(), med,
                 med * 1e6 / static_cast<double>(total));
+  }
   }
   const double memcpy_ms = lowbit_bench::median(all_memcpy), fused_ms = rows[want("torch", "FP32") ? 1 : 0].t.ms;
   const double torch_ms = want("torch", "FP32") ? rows[0].t.ms : fused_ms;

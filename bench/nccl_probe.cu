@@ -226,6 +226,83 @@ int main(int argc, char** argv) {
       std::printf("  %-24s %9.3f %9.1f   %9.3f / %9.3f   (background +%.3f ms, op +%.3f ms)\n", row.what.c_str(), alone,
                   gb * row.busbw_factor / (alone * 1e-3), op_end, bg_end, bg_end - bg_ms, op_end - alone);
   }
+  // The overlap as the sharded optimizer makes it: backward's stand-in in `buckets` pieces on s2, and
+  // after each piece that bucket's reduce-scatter on s1 (waiting for the piece); the time from the
+  // start until both streams are done, against max(background, reduce-scatters alone). Per row.
+  const int buckets = 32;
+  const size_t bucket = chunk / buckets;  // elements of each rank's chunk per bucket
+  std::vector<cudaEvent_t> ready(buckets);
+  for (auto& e : ready) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const auto bucket_rs = [&](int how, int b, cudaStream_t s) {  // 0 plain, 1 window, 2 ce a2a + sum
+    Buffers& buf = how == 0 ? plain : sym;
+    ncclComm_t c = how == 2 ? ce_comm : plain_comm;
+    // Bucket b: the b-th slice of every rank's chunk; a strided layout as a flat buffer per bucket
+    // would have, here slice b of `whole` laid out as n pieces of `bucket` elements.
+    float* in = buf.whole + size_t(b) * bucket * n;
+    float* out = buf.shard + size_t(b) * bucket;
+    if (how < 2) {
+      NCCL_OK(ncclReduceScatter(in, out, bucket, ncclFloat, ncclSum, c, s));
+    } else {
+      float* rec = buf.received + size_t(b) * bucket * n;
+      NCCL_OK(ncclAlltoAll(in, rec, bucket, ncclFloat, c, s));
+      sum_chunks<<<sms, 256, 0, s>>>(out, rec, bucket, n);
+    }
+  };
+  const auto piece = [&](int b) {  // backward's stand-in, piece b: bg_passes triads over 1/buckets of it
+    const size_t m = bg_n / buckets;
+    for (int k = 0; k < bg_passes; ++k) triad<<<sms * 8, 256, 0, s2>>>(by + b * m, bx + b * m, m, 0.5f);
+  };
+  const auto overlap = [&](int how, double* total, double* rs_only, double* bg_only) {
+    std::vector<double> t, r, g;
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      // Reduce-scatters alone, then the background alone in pieces, then both.
+      MPI_Barrier(MPI_COMM_WORLD);
+      CUDA_OK(cudaEventRecord(e0, s1));
+      for (int b = 0; b < buckets; ++b) bucket_rs(how, b, s1);
+      CUDA_OK(cudaEventRecord(e1, s1));
+      CUDA_OK(cudaEventSynchronize(e1));
+      float rs_ms = 0;
+      CUDA_OK(cudaEventElapsedTime(&rs_ms, e0, e1));
+      CUDA_OK(cudaEventRecord(e0, s2));
+      for (int b = 0; b < buckets; ++b)
+        piece(b);
+      CUDA_OK(cudaEventRecord(e2, s2));
+      CUDA_OK(cudaEventSynchronize(e2));
+      float bg = 0;
+      CUDA_OK(cudaEventElapsedTime(&bg, e0, e2));
+      MPI_Barrier(MPI_COMM_WORLD);
+      CUDA_OK(cudaEventRecord(e0, s2));
+      for (int b = 0; b < buckets; ++b) {
+        piece(b);
+        CUDA_OK(cudaEventRecord(ready[b], s2));
+        CUDA_OK(cudaStreamWaitEvent(s1, ready[b], 0));
+        bucket_rs(how, b, s1);
+      }
+      CUDA_OK(cudaEventRecord(e1, s1));
+      CUDA_OK(cudaEventSynchronize(e1));
+      float both = 0;
+      CUDA_OK(cudaEventElapsedTime(&both, e0, e1));
+      if (rep == 0) continue;  // warm-up
+      t.push_back(both);
+      r.push_back(rs_ms);
+      g.push_back(bg);
+    }
+    *total = median(t);
+    *rs_only = median(r);
+    *bg_only = median(g);
+  };
+  if (rank == 0)
+    std::printf("  overlap: %d buckets, backward's stand-in in %d pieces (%d triad passes), each bucket's reduce-scatter "
+                "after its piece\n", buckets, buckets, bg_passes);
+  for (int how = 0; how < 3; ++how) {
+    double total = 0, rs_only = 0, bg_only = 0;
+    overlap(how, &total, &rs_only, &bg_only);
+    if (rank == 0)
+      std::printf("    %-26s both %8.3f ms   reduce-scatters alone %8.3f   background alone %8.3f   both / max %.2f\n",
+                  how == 0 ? "plain reduce_scatter" : how == 1 ? "window reduce_scatter" : "ce all_to_all + sum", total,
+                  rs_only, bg_only, total / std::max(rs_only, bg_only));
+  }
+  for (auto& e : ready) CUDA_OK(cudaEventDestroy(e));
   CUDA_OK(cudaDeviceSynchronize());
   size_t k = 0;
   for (ncclComm_t c : {plain_comm, ce_comm})

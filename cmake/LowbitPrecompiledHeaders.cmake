@@ -5,8 +5,8 @@
 # without it by the install test.
 option(LOWBIT_PRECOMPILE_TORCH "Precompile <torch/torch.h> for the targets that include it" ON)
 
-# lowbit_precompile_torch(TARGET...): each target gets its own precompiled header (its flags differ:
-# -fPIC, -fopenmp), built once and used by every C++ file of the target.
+# lowbit_precompile_torch(TARGET...): each target gets its own precompiled header, built once and
+# used by every C++ file of the target (the library: its -fPIC shapes the header).
 function(lowbit_precompile_torch)
   if(NOT LOWBIT_PRECOMPILE_TORCH)
     return()
@@ -16,12 +16,14 @@ function(lowbit_precompile_torch)
   endforeach()
 endfunction()
 
-# lowbit_reuse_torch_pch(TARGET...): the programs of one or two source files (CLI, tools, examples,
-# benches) share one precompiled header instead of each parsing libtorch's headers again (~15 s of
-# CPU a program). GCC uses a precompiled header only where the flags that shape it match, so there
-# are two: with OpenMP (_OPENMP reaches ATen's headers) and without; each program takes the one of
-# its flags (call it after target_link_libraries). A header that does not match is ignored by GCC,
-# which then parses the headers as before: slower, never wrong.
+# lowbit_reuse_torch_pch(TARGET...): every program (the tests, the GPT example, the CLI, tools,
+# benches) shares one precompiled header instead of parsing libtorch's headers again (~15 s of CPU
+# a program, ~70 s for a header of its own). GCC uses a precompiled header only where the flags that
+# shape it match, so there are two: with OpenMP (_OPENMP reaches ATen's headers) and without; each
+# program takes the one of its flags (call it after target_link_libraries). Options that only steer
+# code generation (-ffp-contract=off, warnings) and macros ATen never reads leave it usable; one that
+# does not match is ignored by GCC (-Winvalid-pch says so), which then parses the headers as before:
+# slower, never wrong.
 function(lowbit_reuse_torch_pch)
   if(NOT LOWBIT_PRECOMPILE_TORCH)
     return()

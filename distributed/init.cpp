@@ -1,6 +1,9 @@
 // init_from_env: launcher variables -> MPI -> the communicator of the requested device type.
 #include "init.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <lowbit/build_config.h>
@@ -41,6 +44,23 @@ std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
 #else
   TORCH_CHECK(false, "init_from_env: device_type CUDA needs NCCL, and this build of lowbit has none (LOWBIT_NCCL)");
 #endif
+}
+
+void abort_job(int status, const std::string& why) {
+  int initialized = 0, finalized = 0, rank = -1, size = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  const bool live = initialized && !finalized;
+  if (live) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::fprintf(stderr, "lowbit: rank %d of %d ends the job: %s\n", rank, size, why.c_str());
+  } else {
+    std::fprintf(stderr, "lowbit: %s\n", why.c_str());
+  }
+  std::fflush(stderr);
+  if (live) MPI_Abort(MPI_COMM_WORLD, status);
+  std::_Exit(status);
 }
 
 }  // namespace distributed

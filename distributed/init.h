@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <c10/core/DeviceType.h>
 
@@ -20,6 +21,13 @@ struct InitOptions {
 };
 
 std::shared_ptr<Communicator> init_from_env(const InitOptions& options = {});
+
+// Ends every rank of the job now (MPI_Abort), after printing `why` with this rank's number: for an
+// error one rank meets and the others cannot know of (out of memory, a bad file). Returning from
+// main instead would leave the others waiting in their next collective until its timeout, and this
+// rank in its communicator's destructor, which waits for the collectives in flight. Without MPI (or
+// after MPI_Finalize) the process alone exits with `status`.
+[[noreturn]] void abort_job(int status, const std::string& why);
 
 }  // namespace distributed
 }  // namespace lowbit

@@ -79,6 +79,7 @@ std::string usage() {
          "            --param-dtype bf16 (with --dtype fp32: float32 shards, units computing in bfloat16) --reduce-dtype fp32|bf16\n"
          "            --timeline STEP (over NCCL, rank 0: that step's collectives on the GPU beside forward / backward / step)\n"
          "  output    --out PREFIX --log-every N --eval-every N --eval-batches N --sample N --quiet\n"
+         "            --no-digest (no parameter digest at the end: it copies the whole model to rank 0's host)\n"
          "            --save DIR --resume DIR --stop-after STEP --save-moments FILE (AdamW / Adam moments, fp32)\n"
          "  presets   --tiny (CPU, seconds)\n"
          "  checks    --check-decreases --check-resume --check-recompute --check-release\n"
@@ -148,6 +149,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--offload") f.offload = true;
     else if (a == "--offload-threads") f.offload_threads = static_cast<int>(to_int(a, next(), 1, 4096));
     else if (a == "--no-step-graphs") f.step_graphs = false;
+    else if (a == "--no-digest") f.digest = false;
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
     else if (a == "--compare") f.compare = next();
@@ -236,6 +238,9 @@ Flags parse_flags(int argc, char** argv) {
     throw std::invalid_argument("--param-dtype / --reduce-dtype are the mixed precision of --fully-sharded; add it");
   if (f.param_dtype == "bf16" && f.dtype != "fp32")
     throw std::invalid_argument("--param-dtype bf16 computes float32 parameters in bfloat16; they are --dtype " + f.dtype);
+  if (!f.digest && (f.check_resume || f.check_recompute || f.check_release || f.check_offload))
+    throw std::invalid_argument("--check-resume / --check-recompute / --check-release / --check-offload compare the "
+                                "runs' parameter digests: drop --no-digest");
   if (!f.compare.empty() && f.stop_after)
     throw std::invalid_argument("--compare checks a whole run's curve: drop --stop-after");
   if (f.stop_after > f.steps)

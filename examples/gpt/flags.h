@@ -33,6 +33,7 @@ struct Flags {
   bool offload = false;             // lowbit::optim::HostOffload: state on the host, stepped by the CPU in backward
   int offload_threads = 0;          // HostOffloadOptions::host_threads (0: as many as --threads)
   bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)
+  bool digest = true;               // the parameters' digest at the end (off: --no-digest)
   uint64_t seed = 1;
   // The initial weights: "torch" (torch's generator) or "keyed" (a function of the parameter, the
   // seed and the element's index, ModelConfig::keyed_init: --fully-sharded ranks fill only their

@@ -128,9 +128,11 @@ int main(int argc, char** argv) {
     if (f.check_offload) return check_hook_step("offload", "offloaded", &gpt::Flags::offload, f, c);
     gpt::train(f, c);
   } catch (const c10::Error& e) {
+    gpt::end_job_on_error(f, e.what_without_backtrace());
     std::fprintf(stderr, "gpt: %s\n", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
+    gpt::end_job_on_error(f, e.what());
     std::fprintf(stderr, "gpt: %s\n", e.what());
     return 1;
   }

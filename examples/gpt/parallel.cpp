@@ -163,14 +163,19 @@ const Job& job(const Flags& f) {
   if (!f.sharded || communicator()) return j;
   ld::InitOptions io;
   io.device_type = at::Device(f.device).type();
-  // --fully-sharded: rank 0 builds the whole model on the host before the first collective, which
-  // takes minutes at tens of billions of parameters; the others wait in that collective meanwhile.
-  if (f.fully_sharded) io.timeout_s = std::max(io.timeout_s, 1800.0);
+  // --fully-sharded --init torch: rank 0 builds the whole model on the host before the first
+  // collective, which takes minutes at tens of billions of parameters; the others wait in that
+  // collective meanwhile. With --init keyed every rank fills its own shards (seconds).
+  if (f.fully_sharded && f.init != "keyed") io.timeout_s = std::max(io.timeout_s, 1800.0);
   communicator() = ld::init_from_env(io);
   j.rank = communicator()->rank();
   j.size = communicator()->size();
   j.local_rank = ld::launch_env().local_rank;
   return j;
+}
+
+void end_job_on_error(const Flags& f, const std::string& what) {
+  if (f.sharded && communicator() && communicator()->size() > 1) ld::abort_job(1, "gpt: " + what);
 }
 
 #if LOWBIT_WITH_NCCL
@@ -242,6 +247,8 @@ const Job& job(const Flags& f) {
   if (f.sharded) throw std::invalid_argument("--sharded: lowbit was built without MPI (LOWBIT_MPI=OFF)");
   return j;
 }
+
+void end_job_on_error(const Flags&, const std::string&) {}
 
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer>,
                                              std::string, GPTImpl*) {

@@ -22,6 +22,11 @@ struct Job {
 // --device; CUDA ranks use cuda:<local rank>).
 const Job& job(const Flags& f);
 
+// An error on one rank of a job of several ends the whole job at once (lowbit::distributed::
+// abort_job): returning would leave the other ranks in their collectives until the timeout. Nothing
+// without --sharded, or before the job's communicator was made.
+void end_job_on_error(const Flags& f, const std::string& what);
+
 // --fully-sharded: `model`'s blocks become the units of a FullyShardedModule.
 std::unique_ptr<TrainOptimizer> make_sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt,
                                              std::string what, GPTImpl* model);

@@ -352,7 +352,9 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
   csv.close();
   if (!f.save.empty()) save_checkpoint(f.save, f, c, model, *opt, r.last_step, dev);
   if (!f.save_moments.empty()) opt->save_moments(f.save_moments, params, r.last_step);
-  r.digest = digest_of(opt->whole_parameters(params));
+  // The digest copies every parameter to the host (rank 0 gathers a fully sharded model whole):
+  // minutes at tens of billions of parameters, so --no-digest skips it.
+  if (f.digest) r.digest = digest_of(opt->whole_parameters(params));
   if (!f.quiet) {
     const std::string report = opt->memory_report();
     if (!report.empty()) std::printf("optimizer memory report:\n%s", report.c_str());
@@ -363,8 +365,11 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
       std::printf("host memory of the offloaded optimizer: %s (%.3f B/param); host peak resident set %s\n",
                   gib(host).c_str(), double(host) / double(std::max<int64_t>(1, n)), gib(host_peak_rss()).c_str());
     }
-    std::printf("steps %lld..%lld in %.1f s; parameter digest %016llx\n", (long long)start + 1, (long long)r.last_step,
-                r.seconds, (unsigned long long)r.digest);
+    if (f.digest)
+      std::printf("steps %lld..%lld in %.1f s; parameter digest %016llx\n", (long long)start + 1, (long long)r.last_step,
+                  r.seconds, (unsigned long long)r.digest);
+    else
+      std::printf("steps %lld..%lld in %.1f s (--no-digest)\n", (long long)start + 1, (long long)r.last_step, r.seconds);
     if (const int64_t replays = opt->step_graph_replays())
       std::printf("optimizer steps replayed from a recorded CUDA graph: %lld\n", static_cast<long long>(replays));
     if (r.last_step == f.steps) std::printf("final validation loss %.4f\n", r.final_val);

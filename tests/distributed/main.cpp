@@ -27,11 +27,12 @@ at::Device device() { return g_device; }
 
 namespace {
 
-// --failure=hang|kill|hang_first: a job that must end with an error rather than hang. The last rank
-// stops taking part in the middle of a run (it sleeps, or is killed), or (hang_first) right after
+// --failure=hang|kill|hang_first|abort: a job that must end with an error rather than hang. The last
+// rank stops taking part in the middle of a run (it sleeps, or is killed), or (hang_first) right after
 // the communicator is made, so that the others' first collective is stuck inside NCCL connecting to
 // it; the other ranks' next collective must fail within --timeout seconds and end the whole job
-// with an error naming it.
+// with an error naming it. With abort the last rank calls abort_job mid-run, which must end the job
+// at once, long before the timeout.
 int run_failure(const std::string& mode, double timeout, bool cuda) {
   ld::InitOptions o;
   o.timeout_s = timeout;
@@ -64,6 +65,8 @@ int run_failure(const std::string& mode, double timeout, bool cuda) {
         std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-3)), comm);
   }
   for (int s = 1; s <= 3; ++s) {
+    if (s == 2 && victim && mode == "abort")  // an error only this rank meets: it ends the job at once
+      ld::abort_job(4, "an error only this rank met (the failure test)");
     if (s == 2 && victim && mode != "hang_first") {
       const bool kill = mode == "kill" || mode == "kill_fsdp";
       std::fprintf(stderr, "rank %d: %s now\n", comm->rank(), kill ? "killed" : "hanging");

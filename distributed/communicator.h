@@ -43,6 +43,15 @@ class Communicator {
   virtual void broadcast(at::Tensor& tensor, int root = 0) = 0;
   virtual void barrier() = 0;
 
+  // A flat buffer of `numel` elements that all_gather will fill and read again and again (the
+  // sharded optimizer's parameters). A backend that gathers faster into memory of its own gives
+  // that (NcclOptions::copy_engine_gathers: NCCL symmetric memory, gathered by the copy engines
+  // without taking compute units from the kernels beside them); the others at::empty. Collective:
+  // every rank asks for the same sizes in the same order. Uninitialized.
+  virtual at::Tensor gather_buffer(int64_t numel, const at::TensorOptions& options) {
+    return at::empty({numel}, options);
+  }
+
   // Overlap (CUDA streams): a collective orders the caller's current stream after itself before it
   // returns, so its results are ready for the caller's next kernel. While defer_stream_waits(true)
   // is in effect, collectives skip that, so the caller's stream runs on (computing what does not

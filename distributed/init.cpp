@@ -40,6 +40,7 @@ std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
   guard->setDevice(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
   NcclOptions no;
   no.timeout_s = options.timeout_s;
+  no.copy_engine_gathers = options.copy_engine_gathers;
   return std::make_shared<NcclCommunicator>(mpi, device, no);
 #else
   TORCH_CHECK(false, "init_from_env: device_type CUDA needs NCCL, and this build of lowbit has none (LOWBIT_NCCL)");

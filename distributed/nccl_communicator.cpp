@@ -12,8 +12,10 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -89,6 +91,53 @@ struct InFlight {
   int64_t numel;
 };
 
+// NcclOptions::copy_engine_gathers: the buffers gather_buffer() gave out, registered as symmetric
+// windows on the copy-engine communicator. Shared with the tensors' deleters, which may run after
+// the communicator is gone: a buffer dropped before that waits for the next request of its size (a
+// second registration would be collective, and deregistration too); one dropped after it is freed.
+struct SymmetricBuffers {
+  struct Buffer {
+    char* base;
+    size_t bytes;
+    bool in_use;
+  };
+  std::mutex mu;
+  std::vector<Buffer> buffers;
+  bool communicator_gone = false;
+
+  // [p, p + bytes) lies in one buffer in use. mu held.
+  bool holds(const void* p, size_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    for (const Buffer& b : buffers)
+      if (b.in_use && c >= b.base && c + bytes <= b.base + b.bytes) return true;
+    return false;
+  }
+  void drop(void* p) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      if (buffers[k].base != p) continue;
+      if (communicator_gone) {
+        ncclMemFree(p);
+        buffers.erase(buffers.begin() + static_cast<std::ptrdiff_t>(k));
+      } else {
+        buffers[k].in_use = false;
+      }
+      return;
+    }
+  }
+  // With the communicator (and the windows with it) gone: free what nobody holds.
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    communicator_gone = true;
+    std::vector<Buffer> kept;
+    for (const Buffer& b : buffers) {
+      if (b.in_use) kept.push_back(b);
+      else ncclMemFree(b.base);
+    }
+    buffers = std::move(kept);
+  }
+};
+
 struct NcclCommunicator::Impl {
   explicit Impl(c10::cuda::CUDAStream s) : stream(s) {}
   ~Impl();
@@ -106,6 +155,10 @@ struct NcclCommunicator::Impl {
   // initialization the timeout bounds; `comm`, split from it, the blocking one every collective uses.
   ncclComm_t setup = nullptr;
   ncclComm_t comm = nullptr;
+  // copy_engine_gathers: split from `comm` at the first gather_buffer(), with NCCL_CTA_POLICY_ZERO;
+  // the all-gathers whose tensors lie in `symmetric` buffers run on it (same own stream).
+  ncclComm_t ce = nullptr;
+  std::shared_ptr<SymmetricBuffers> symmetric = std::make_shared<SymmetricBuffers>();
   cudaEvent_t ready = nullptr;  // under nccl_mu: the caller's stream position, for the next enqueue
   cudaEvent_t joined = nullptr;  // under nccl_mu: the own stream's position, for order_after_collectives
   std::atomic<bool> defer{false};  // defer_stream_waits
@@ -143,9 +196,19 @@ struct NcclCommunicator::Impl {
   void record(const std::string& message);
   // Ends this rank's NCCL kernels, which would otherwise spin on a dead peer. nccl_mu held.
   void abort_comm() {
+    if (ce) ncclCommAbort(ce);
     if (comm) ncclCommAbort(comm);
     if (setup) ncclCommAbort(setup);
-    comm = setup = nullptr;
+    comm = setup = ce = nullptr;
+  }
+  // The copy-engine communicator when every tensor lies in one of its buffers; else `comm`.
+  // nccl_mu held.
+  ncclComm_t gather_comm(const std::vector<at::Tensor>& tensors) {
+    if (!ce) return comm;
+    std::lock_guard<std::mutex> lock(symmetric->mu);
+    for (const at::Tensor& t : tensors)
+      if (!symmetric->holds(t.data_ptr(), t.nbytes())) return comm;
+    return ce;
   }
   // Brackets a blocking NCCL call (nccl_mu held) for the watchdog's timeout.
   void enter(const char* call) {
@@ -410,12 +473,14 @@ NcclCommunicator::~NcclCommunicator() {
     std::lock_guard<std::mutex> nccl(m.nccl_mu);
     // ncclCommDestroy waits for the communicator's work, so only after all of it finished.
     if (clean) {
+      if (m.ce) ncclCommDestroy(m.ce);
       if (m.comm) ncclCommDestroy(m.comm);
       if (m.setup) ncclCommDestroy(m.setup);
-      m.comm = m.setup = nullptr;
+      m.comm = m.setup = m.ce = nullptr;
     } else {
       m.abort_comm();
     }
+    m.symmetric->release();
   } catch (...) {  // a destructor must not throw (std::thread::join, lock failures: not expected)
   }
 }
@@ -586,7 +651,8 @@ void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
   // In place when input is output's own chunk (NCCL reads sendbuff == recvbuff + rank * count).
   run(name, output.numel(), {input, output}, [&](void* s) {
     return static_cast<int>(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
-                                          nccl_type(input.scalar_type()), impl_->comm, static_cast<cudaStream_t>(s)));
+                                          nccl_type(input.scalar_type()), impl_->gather_comm({input, output}),
+                                          static_cast<cudaStream_t>(s)));
   });
 }
 
@@ -605,10 +671,11 @@ void NcclCommunicator::all_gather_many(const std::vector<at::Tensor>& inputs, co
     tensors.push_back(outputs[k]);
   }
   run(name, numel, tensors, [&](void* s) {
+    const ncclComm_t c = impl_->gather_comm(tensors);  // one communicator for the whole group
     ncclResult_t first = ncclGroupStart();
     for (size_t k = 0; k < inputs.size() && first == ncclSuccess; ++k)
       first = ncclAllGather(inputs[k].data_ptr(), outputs[k].data_ptr(), static_cast<size_t>(inputs[k].numel()),
-                            nccl_type(inputs[k].scalar_type()), impl_->comm, static_cast<cudaStream_t>(s));
+                            nccl_type(inputs[k].scalar_type()), c, static_cast<cudaStream_t>(s));
     const ncclResult_t end = ncclGroupEnd();  // always: a group once started must be ended
     return static_cast<int>(first != ncclSuccess ? first : end);
   });
@@ -635,6 +702,72 @@ void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
     const ncclResult_t end = ncclGroupEnd();  // always: a group once started must be ended
     return static_cast<int>(first != ncclSuccess ? first : end);
   });
+}
+
+at::Tensor NcclCommunicator::gather_buffer(int64_t numel, const at::TensorOptions& options) {
+  if (!options_.copy_engine_gathers) return Communicator::gather_buffer(numel, options);
+  const char* name = "gather_buffer";
+  check_usable(name);
+  TORCH_CHECK(numel >= 0, kNccl, ": ", name, ": numel must be >= 0, got ", numel);
+  TORCH_CHECK(options.device().is_cuda() && options.device().index() == device_, kNccl, ": ", name,
+              ": the buffer must be on this communicator's device cuda:", device_, ", got ", options.device());
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+  TORCH_CHECK(false, kNccl, ": NcclOptions::copy_engine_gathers needs NCCL 2.28 or later (symmetric windows and ",
+              "the zero-CTA policy); this build has NCCL ", NCCL_VERSION_CODE);
+#else
+  Impl& m = *impl_;
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType()));
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  char* base = nullptr;
+  {
+    std::lock_guard<std::mutex> nccl(m.nccl_mu);
+    TORCH_CHECK(m.comm, kNccl, ": ", name, ": the NCCL communicator is gone", m.where());
+    {
+      std::lock_guard<std::mutex> lock(m.symmetric->mu);
+      for (SymmetricBuffers::Buffer& b : m.symmetric->buffers)
+        if (!b.in_use && b.bytes == bytes) {
+          b.in_use = true;
+          base = b.base;
+          break;
+        }
+    }
+    if (!base) {
+      ncclResult_t r = ncclSuccess;
+      if (!m.ce) {  // collective, as the split of `comm` at setup; bounded by the watchdog
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 1;
+        config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+        m.enter("ncclCommSplit (copy-engine gathers)");
+        r = ncclCommSplit(m.comm, 0, m.rank, &m.ce, &config);
+        m.leave();
+        TORCH_CHECK(r == ncclSuccess && m.ce, kNccl, ": ", name, ": splitting the copy-engine communicator failed",
+                    m.where(), ": ", ncclGetErrorString(r));
+      }
+      void* p = nullptr;
+      r = ncclMemAlloc(&p, bytes);
+      TORCH_CHECK(r == ncclSuccess && p, kNccl, ": ", name, ": ncclMemAlloc of ", bytes, " bytes failed", m.where(),
+                  ": ", ncclGetErrorString(r));
+      ncclWindow_t window = nullptr;
+      m.enter("ncclCommWindowRegister");
+      r = ncclCommWindowRegister(m.ce, p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+      m.leave();
+      if (r != ncclSuccess) {
+        ncclMemFree(p);
+        TORCH_CHECK(false, kNccl, ": ", name, ": registering ", bytes, " bytes as a symmetric window failed", m.where(),
+                    ": ", ncclGetErrorString(r));
+      }
+      std::lock_guard<std::mutex> lock(m.symmetric->mu);
+      m.symmetric->buffers.push_back({static_cast<char*>(p), bytes, true});
+      base = static_cast<char*>(p);
+    }
+  }
+  // A buffer given back may still be read by a collective on the own stream: the caller's work
+  // with it comes after every collective issued so far.
+  order_after_collectives();
+  std::shared_ptr<SymmetricBuffers> symmetric = m.symmetric;
+  return at::from_blob(
+      base, {numel}, [symmetric](void* p) { symmetric->drop(p); }, options);
+#endif
 }
 
 void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {

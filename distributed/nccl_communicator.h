@@ -28,6 +28,15 @@ struct NcclOptions {
   // inside NCCL past the timeout (connecting to a dead peer at an algorithm's first use) ends the
   // job either way: NCCL cannot abort a communicator another thread is inside.
   bool abort_on_failure = true;
+  // gather_buffer() memory from ncclMemAlloc, registered as NCCL symmetric windows on a third
+  // communicator whose CTA policy is NCCL_CTA_POLICY_ZERO: an all_gather whose input and output lie
+  // in such buffers runs on the copy engines (NCCL >= 2.28 on one node with NVLink; elsewhere NCCL
+  // runs its kernels), leaving every SM to the kernels beside it. Measured on 2 H200s
+  // (bench/nccl_probe): 1.19x the kernels' all-gather, and a memory-bound kernel beside it slowed
+  // 2.5x less. The buffers are held by the communicator until it is destroyed (registration is
+  // collective, so they are not registered again): one dropped is given to the next request of its
+  // size, which every rank must make at the same point.
+  bool copy_engine_gathers = false;
 };
 
 class NcclCommunicator : public Communicator {
@@ -51,6 +60,7 @@ class NcclCommunicator : public Communicator {
   // One NCCL group of a send and a receive per rank (NCCL's own all-to-all is the same underneath).
   void all_to_all(const at::Tensor& input, at::Tensor& output) override;
   void broadcast(at::Tensor& tensor, int root = 0) override;
+  at::Tensor gather_buffer(int64_t numel, const at::TensorOptions& options) override;
   // Waits on the host too (it ends with synchronize()): every rank has reached it when it returns.
   void barrier() override;
 

@@ -147,7 +147,9 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     b.members = std::move(members);
     b.layout = layout_of(b.members);
     const auto opts = at::TensorOptions().dtype(b.dtype).device(device_);
-    b.flat_param = at::zeros({b.layout.total}, opts);
+    // ZeRO-1/2: the parameters live in flat_param and are all-gathered into it every step, in memory
+    // the communicator gathers into fastest (gather_buffer); fully sharded: a transient buffer.
+    b.flat_param = fully_sharded() ? at::zeros({b.layout.total}, opts) : comm_->gather_buffer(b.layout.total, opts).zero_();
     b.flat_grad = at::zeros({b.layout.total}, opts.dtype(b.reduce));
     if (options_.zero1) {
       b.grad_shard = b.flat_grad.narrow(0, rank * b.layout.chunk, b.layout.chunk);

@@ -1,0 +1,99 @@
+// NcclOptions::copy_engine_gathers: gather_buffer() memory is NCCL symmetric memory, and an
+// all-gather within it runs on the copy-engine communicator. The values are the plain
+// communicator's, bit for bit; buffers dropped are given to the next request of their size; the
+// sharded optimizer over such a communicator matches one process as over the plain one. Over NCCL
+// only (--cuda).
+#include "dist_util.h"
+
+#include <lowbit/build_config.h>
+
+#if LOWBIT_WITH_NCCL
+
+#include <memory>
+#include <vector>
+
+#include <lowbit/distributed/mpi_communicator.h>
+#include <lowbit/distributed/nccl_communicator.h>
+
+namespace lowbit_test {
+namespace {
+
+std::shared_ptr<ld::NcclCommunicator> make_copy_engine_nccl() {
+  ld::MpiOptions mo;
+  mo.timeout_s = 120;
+  auto bootstrap = std::make_shared<ld::MpiCommunicator>(MPI_COMM_WORLD, mo);
+  ld::NcclOptions no;
+  no.timeout_s = 120;
+  no.copy_engine_gathers = true;
+  return std::make_shared<ld::NcclCommunicator>(bootstrap, device().index(), no);
+}
+
+#define SKIP_WITHOUT_NCCL() \
+  if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
+
+TEST(NcclCopyEngine, GathersIntoItsBuffersWhatThePlainCommunicatorGathers) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_copy_engine_nccl();
+  const int r = c->rank(), n = c->size();
+  const auto opts = at::TensorOptions().device(device());
+  for (const int64_t chunk : {int64_t{1}, int64_t{4097}, int64_t{1} << 20}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor mine = (at::arange(chunk, opts.dtype(at::kFloat)) * 3 + r * 1000003).to(dtype);
+      // In place, as the sharded optimizer gathers: the input is the buffer's own chunk.
+      at::Tensor buf = c->gather_buffer(chunk * n, opts.dtype(dtype));
+      buf.narrow(0, r * chunk, chunk).copy_(mine);
+      c->all_gather(buf.narrow(0, r * chunk, chunk), buf);
+      at::Tensor want = at::empty({chunk * n}, opts.dtype(dtype));
+      comm().all_gather(mine, want);
+      EXPECT_TRUE(bitwise_equal(buf.cpu(), want.cpu())) << "chunk " << chunk << " " << dtype;
+      // A group of two, one of them out of place; and one output outside the buffers (the plain path).
+      at::Tensor other = c->gather_buffer(chunk * n, opts.dtype(dtype));
+      at::Tensor plain = at::empty({chunk * n}, opts.dtype(dtype));
+      c->all_gather_many({buf.narrow(0, r * chunk, chunk), mine}, {other, plain});
+      EXPECT_TRUE(bitwise_equal(other.cpu(), want.cpu())) << "chunk " << chunk << " " << dtype;
+      EXPECT_TRUE(bitwise_equal(plain.cpu(), want.cpu())) << "chunk " << chunk << " " << dtype;
+    }
+  }
+  c->synchronize();
+}
+
+TEST(NcclCopyEngine, ADroppedBufferIsGivenToTheNextRequestOfItsSize) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_copy_engine_nccl();
+  const auto opts = at::TensorOptions().device(device());
+  at::Tensor a = c->gather_buffer(1000 * c->size(), opts);
+  const void* first = a.data_ptr();
+  a = at::Tensor();
+  at::Tensor b = c->gather_buffer(1000 * c->size(), opts);
+  EXPECT_EQ(b.data_ptr(), first);
+  at::Tensor d = c->gather_buffer(1000 * c->size(), opts);  // b still held: a new one
+  EXPECT_NE(d.data_ptr(), first);
+  at::Tensor e = c->gather_buffer(999 * c->size(), opts);  // another size
+  EXPECT_NE(e.data_ptr(), first);
+  EXPECT_NE(e.data_ptr(), d.data_ptr());
+  // Held past the communicator: still usable memory, freed when dropped.
+  c->synchronize();
+  c.reset();
+  b.fill_(1.0f);
+  EXPECT_EQ(b.sum().item<double>(), static_cast<double>(b.numel()));
+  b = d = e = at::Tensor();
+}
+
+TEST(NcclCopyEngine, BadBufferRequestsAreClearErrors) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_copy_engine_nccl();
+  const std::string neg = error_of([&] { c->gather_buffer(-1, at::TensorOptions().device(device())); });
+  EXPECT_NE(neg.find("gather_buffer: numel must be >= 0, got -1"), std::string::npos) << neg;
+  const std::string cpu = error_of([&] { c->gather_buffer(4, at::TensorOptions()); });
+  EXPECT_NE(cpu.find("gather_buffer: the buffer must be on this communicator's device"), std::string::npos) << cpu;
+}
+
+TEST(NcclCopyEngine, TheShardedOptimizerOverItMatchesOneProcess) {
+  SKIP_WITHOUT_NCCL();
+  expect_sharded_over_matches_one_process(make_copy_engine_nccl());
+}
+
+}  // namespace
+}  // namespace lowbit_test
+
+#endif  // LOWBIT_WITH_NCCL

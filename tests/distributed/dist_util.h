@@ -5,8 +5,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <lowbit/build_config.h>
 #include <lowbit/distributed/distributed.h>
 #include <lowbit/optim/fragment_access.h>
+#if LOWBIT_WITH_NCCL
+#include <lowbit/distributed/mpi_communicator.h>
+#include <lowbit/distributed/nccl_communicator.h>
+#endif
 
 #include "../rule_cases.h"
 #include "../test_util.h"
@@ -19,6 +24,17 @@ namespace ld = lowbit::distributed;
 ld::Communicator& comm();
 std::shared_ptr<ld::Communicator> comm_ptr();
 at::Device device();
+
+#if LOWBIT_WITH_NCCL
+// A NCCL communicator of the job's ranks of its own (collective: every rank makes it) with `options`,
+// bootstrapped by an MPI communicator of its own.
+inline std::unique_ptr<ld::NcclCommunicator> nccl_of_the_job(const ld::NcclOptions& options) {
+  ld::MpiOptions mo;
+  mo.timeout_s = 120;
+  auto bootstrap = std::make_shared<ld::MpiCommunicator>(MPI_COMM_WORLD, mo);
+  return std::make_unique<ld::NcclCommunicator>(bootstrap, device().index(), options);
+}
+#endif
 
 // Rank r's gradient of parameter k at step s: small integers / 64, so the ranks' sum is exact in
 // float32 whatever order the collective adds them in, and sum / N is one rounding everywhere.

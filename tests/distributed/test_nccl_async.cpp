@@ -77,13 +77,10 @@ class StreamHold {
 
 // A communicator of the job's ranks of its own (collective: every rank makes it), failures thrown.
 std::unique_ptr<ld::NcclCommunicator> make_nccl(double timeout_s) {
-  ld::MpiOptions mo;
-  mo.timeout_s = 120;
-  auto bootstrap = std::make_shared<ld::MpiCommunicator>(MPI_COMM_WORLD, mo);
   ld::NcclOptions no;
   no.timeout_s = timeout_s;
   no.abort_on_failure = false;
-  return std::make_unique<ld::NcclCommunicator>(bootstrap, device().index(), no);
+  return nccl_of_the_job(no);
 }
 
 #define SKIP_WITHOUT_NCCL() \

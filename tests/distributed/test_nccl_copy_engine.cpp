@@ -12,20 +12,14 @@
 #include <memory>
 #include <vector>
 
-#include <lowbit/distributed/mpi_communicator.h>
-#include <lowbit/distributed/nccl_communicator.h>
-
 namespace lowbit_test {
 namespace {
 
 std::shared_ptr<ld::NcclCommunicator> make_copy_engine_nccl() {
-  ld::MpiOptions mo;
-  mo.timeout_s = 120;
-  auto bootstrap = std::make_shared<ld::MpiCommunicator>(MPI_COMM_WORLD, mo);
   ld::NcclOptions no;
   no.timeout_s = 120;
   no.copy_engine_gathers = true;
-  return std::make_shared<ld::NcclCommunicator>(bootstrap, device().index(), no);
+  return nccl_of_the_job(no);
 }
 
 #define SKIP_WITHOUT_NCCL() \

@@ -25,6 +25,10 @@ ld::Communicator& comm();
 std::shared_ptr<ld::Communicator> comm_ptr();
 at::Device device();
 
+// The tests of NcclCommunicator itself: over NCCL only (--cuda).
+#define SKIP_WITHOUT_NCCL() \
+  if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
+
 #if LOWBIT_WITH_NCCL
 // A NCCL communicator of the job's ranks of its own (collective: every rank makes it) with `options`,
 // bootstrapped by an MPI communicator of its own.

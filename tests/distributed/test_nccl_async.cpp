@@ -83,8 +83,6 @@ std::unique_ptr<ld::NcclCommunicator> make_nccl(double timeout_s) {
   return nccl_of_the_job(no);
 }
 
-#define SKIP_WITHOUT_NCCL() \
-  if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
 
 TEST(NcclAsync, ACollectiveThatCannotFinishFailsTheCommunicatorAfterTheTimeout) {
   SKIP_WITHOUT_NCCL();

@@ -22,8 +22,6 @@ std::shared_ptr<ld::NcclCommunicator> make_copy_engine_nccl() {
   return nccl_of_the_job(no);
 }
 
-#define SKIP_WITHOUT_NCCL() \
-  if (!device().is_cuda()) GTEST_SKIP() << "NcclCommunicator only (--cuda)"
 
 TEST(NcclCopyEngine, GathersIntoItsBuffersWhatThePlainCommunicatorGathers) {
   SKIP_WITHOUT_NCCL();

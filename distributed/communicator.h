@@ -48,8 +48,9 @@ class Communicator {
   // that (NcclOptions::copy_engine_gathers: NCCL symmetric memory, gathered by the copy engines
   // without taking compute units from the kernels beside them); the others at::empty. Collective:
   // every rank asks for the same sizes in the same order. Uninitialized.
-  virtual at::Tensor gather_buffer(int64_t numel, const at::TensorOptions& options) {
-    return at::empty({numel}, options);
+  at::Tensor gather_buffer(int64_t numel, const at::TensorOptions& options) {
+    TORCH_CHECK(numel >= 0, backend(), ": gather_buffer: numel must be >= 0, got ", numel);
+    return make_gather_buffer(numel, options);
   }
 
   // Overlap (CUDA streams): a collective orders the caller's current stream after itself before it
@@ -72,6 +73,12 @@ class Communicator {
   virtual void order_after_collective(int64_t n) {
     (void)n;
     order_after_collectives();
+  }
+
+ protected:
+  // gather_buffer's memory, numel checked.
+  virtual at::Tensor make_gather_buffer(int64_t numel, const at::TensorOptions& options) {
+    return at::empty({numel}, options);
   }
 };
 

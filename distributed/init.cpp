@@ -17,6 +17,9 @@ namespace lowbit {
 namespace distributed {
 
 std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
+  // Before anything collective, so that every rank refuses alike.
+  TORCH_CHECK(!options.copy_engine_gathers || options.device_type == c10::DeviceType::CUDA,
+              "init_from_env: copy_engine_gathers is NCCL's (device_type CUDA); device_type is ", options.device_type);
   const LaunchEnv env = launch_env();
   init_mpi();
   int rank = 0, size = 1;

@@ -374,6 +374,9 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
     : bootstrap_(std::move(bootstrap)), device_(device), options_(options) {
   TORCH_CHECK(bootstrap_, kNccl, ": the MPI bootstrap communicator is null");
   TORCH_CHECK(options.timeout_s > 0, kNccl, ": the timeout must be > 0 seconds, got ", options.timeout_s);
+  TORCH_CHECK(!options.copy_engine_gathers || NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0), kNccl,
+              ": NcclOptions::copy_engine_gathers needs NCCL 2.28 or later (symmetric windows and the zero-CTA "
+              "policy); this build has NCCL ", NCCL_VERSION_CODE);
   int devices = 0;
   TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices, kNccl, ": device ",
               device, " is not one of the ", devices, " visible CUDA devices");
@@ -704,17 +707,13 @@ void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
   });
 }
 
-at::Tensor NcclCommunicator::gather_buffer(int64_t numel, const at::TensorOptions& options) {
-  if (!options_.copy_engine_gathers) return Communicator::gather_buffer(numel, options);
+at::Tensor NcclCommunicator::make_gather_buffer(int64_t numel, const at::TensorOptions& options) {
+  if (!options_.copy_engine_gathers) return Communicator::make_gather_buffer(numel, options);
   const char* name = "gather_buffer";
   check_usable(name);
-  TORCH_CHECK(numel >= 0, kNccl, ": ", name, ": numel must be >= 0, got ", numel);
   TORCH_CHECK(options.device().is_cuda() && options.device().index() == device_, kNccl, ": ", name,
               ": the buffer must be on this communicator's device cuda:", device_, ", got ", options.device());
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
-  TORCH_CHECK(false, kNccl, ": NcclOptions::copy_engine_gathers needs NCCL 2.28 or later (symmetric windows and ",
-              "the zero-CTA policy); this build has NCCL ", NCCL_VERSION_CODE);
-#else
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)  // the constructor refuses the option below that
   Impl& m = *impl_;
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType()));
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
@@ -767,6 +766,8 @@ at::Tensor NcclCommunicator::gather_buffer(int64_t numel, const at::TensorOption
   std::shared_ptr<SymmetricBuffers> symmetric = m.symmetric;
   return at::from_blob(
       base, {numel}, [symmetric](void* p) { symmetric->drop(p); }, options);
+#else
+  TORCH_INTERNAL_ASSERT(false, "copy_engine_gathers below NCCL 2.28");
 #endif
 }
 

@@ -60,7 +60,6 @@ class NcclCommunicator : public Communicator {
   // One NCCL group of a send and a receive per rank (NCCL's own all-to-all is the same underneath).
   void all_to_all(const at::Tensor& input, at::Tensor& output) override;
   void broadcast(at::Tensor& tensor, int root = 0) override;
-  at::Tensor gather_buffer(int64_t numel, const at::TensorOptions& options) override;
   // Waits on the host too (it ends with synchronize()): every rank has reached it when it returns.
   void barrier() override;
 
@@ -90,6 +89,10 @@ class NcclCommunicator : public Communicator {
   int64_t collectives_issued() const override;
   void order_after_collective(int64_t n) override;
   void wait_for_collective(int64_t n) override;
+
+
+ protected:
+  at::Tensor make_gather_buffer(int64_t numel, const at::TensorOptions& options) override;
 
  private:
   struct Impl;  // NCCL and CUDA handles, the watchdog: no nccl.h in this header

@@ -70,6 +70,8 @@ void expect_bad_arguments_named(ld::Communicator& c) {
     EXPECT_NE(std::string(e.what()).find("reduce_scatter: input has " + std::to_string(3 * n + 1) + " elements"),
               std::string::npos) << e.what();
   }
+  const std::string negative = error_of([&] { c.gather_buffer(-1, opts); });
+  EXPECT_NE(negative.find("gather_buffer: numel must be >= 0, got -1"), std::string::npos) << negative;
   at::Tensor nc = at::zeros({4, 4}, opts).t();
   EXPECT_THROW(c.all_reduce(nc), c10::Error);
   at::Tensor b = at::zeros({2}, opts);

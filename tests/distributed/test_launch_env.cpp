@@ -56,6 +56,14 @@ TEST(LaunchEnv, MissingOrInconsistentValuesAreClearErrors) {
   EXPECT_NE(l.find("local rank 1 but torchrun says 0"), std::string::npos) << l;
 }
 
+TEST(LaunchEnv, CopyEngineGathersOutsideCudaAreRefusedBeforeAnythingCollective) {
+  ld::InitOptions o;
+  o.copy_engine_gathers = true;  // device_type CPU
+  const std::string e = error_of([&] { ld::init_from_env(o); });
+  EXPECT_NE(e.find("init_from_env: copy_engine_gathers is NCCL's (device_type CUDA); device_type is cpu"),
+            std::string::npos) << e;
+}
+
 TEST(LaunchEnv, ThisJobAgreesWithTheCommunicator) {
   const ld::LaunchEnv e = ld::launch_env();
   EXPECT_EQ(e.rank, comm().rank());

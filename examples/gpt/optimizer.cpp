@@ -58,19 +58,23 @@ class Lowbit : public TrainOptimizer {
   std::string memory_report() const override {
     std::string s = opt_->memory_report().to_string();
     if (!offload_) return s;
+    return s + "host offload: all of the above on the host, beside the weights' host copies and staging buffers (" +
+           std::to_string(offload_->host_bytes()) + " B); device gradients in flight at most " +
+           std::to_string(offload_->peak_gradients_in_flight()) + "\n";
+  }
+  std::string interval_report() override {
+    if (!offload_) return "";
     const lo::HostOffloadStats st = offload_->stats();
+    offload_->reset_stats();
     const double n = static_cast<double>(std::max<int64_t>(1, st.steps));
     char line[512];
     std::snprintf(line, sizeof line,
-                  "host offload: all of the above on the host, beside the weights' host copies and staging buffers "
-                  "(%lld B); device gradients in flight at most %lld\n"
-                  "  per step (mean of %lld): host thread stepping %.1f ms, waiting for gradients' copies %.1f ms; "
-                  "backward held up for a staging buffer %.1f ms; step() waiting after backward %.1f ms; "
-                  "%.1f MB to the host, %.1f MB back\n",
-                  (long long)offload_->host_bytes(), (long long)offload_->peak_gradients_in_flight(), (long long)st.steps,
-                  1e3 * st.host_step_s / n, 1e3 * st.copy_wait_s / n, 1e3 * st.stall_s / n, 1e3 * st.step_wait_s / n,
-                  st.bytes_to_host / n / 1e6, st.bytes_to_device / n / 1e6);
-    return s + line;
+                  "  offload, per step (mean of %lld): host thread stepping %.1f ms, waiting for gradients' copies "
+                  "%.1f ms; backward held up for a staging buffer %.1f ms; step() waiting after backward %.1f ms; "
+                  "%.1f MB to the host, %.1f MB back",
+                  (long long)st.steps, 1e3 * st.host_step_s / n, 1e3 * st.copy_wait_s / n, 1e3 * st.stall_s / n,
+                  1e3 * st.step_wait_s / n, st.bytes_to_host / n / 1e6, st.bytes_to_device / n / 1e6);
+    return line;
   }
   int64_t step_graph_replays() const override { return opt_->step_graph_replays(); }
   void save(const std::string& path) override { torch::save(*opt_, path); }

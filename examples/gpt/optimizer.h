@@ -27,6 +27,10 @@ class TrainOptimizer {
   virtual int64_t gradient_bytes(const std::vector<at::Tensor>& params) const;
   // lowbit's per-kind report (LowbitOptimizer::memory_report); "" for ATen's optimizer.
   virtual std::string memory_report() const { return ""; }
+  // Where the steps since the last call went, as one line ("" when there is nothing to say: only
+  // --offload has), and a fresh count from here: called at each log line, so that a line shows the
+  // steady state and not the first steps' state creation.
+  virtual std::string interval_report() { return ""; }
   // Steps run by a recorded CUDA graph (LowbitOptimizer::step_graph_replays); 0 for ATen's optimizer.
   virtual int64_t step_graph_replays() const { return 0; }
   virtual void save(const std::string& path) = 0;

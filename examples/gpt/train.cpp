@@ -340,6 +340,8 @@ RunResult train(const Flags& f, const Corpus& c, bool record_losses) {
                     m.available ? "" : " (host)");
         if (eval_now) std::printf("  val %.4f", val);
         std::printf("\n");
+        const std::string split = opt->interval_report();
+        if (!split.empty()) std::printf("%s\n", split.c_str());
         std::fflush(stdout);
       }
       loss_sum.zero_();

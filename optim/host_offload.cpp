@@ -104,6 +104,12 @@ struct HostOffload::Shared {
   std::vector<at::Tensor> staging;  // bytes, each as large as the largest gradient
   std::vector<at::Tensor> found;    // float [1] each: the non-finite flag of the gradient in staging[s]
   std::vector<size_t> free_staging;
+  // stage_weights: staging_weights[s] (bytes, as large as the largest parameter) takes the weights
+  // with the gradient in staging[s]; returned[s] marks their copy back to the device, which the
+  // next copy into that buffer waits for.
+  bool stage_weights = false;
+  std::vector<at::Tensor> staging_weights;
+  std::vector<std::optional<c10::Event>> returned;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -123,9 +129,18 @@ struct HostOffload::Shared {
     TORCH_INTERNAL_ASSERT(false, "HostOffload: no copy streams for ", d);
   }
 
-  at::Tensor staging_view(size_t s, const at::Tensor& like) const {
-    const int64_t bytes = like.numel() * static_cast<int64_t>(like.element_size());
-    return staging[s].narrow(0, 0, bytes).view(like.scalar_type()).view(like.sizes());
+  at::Tensor staging_view(size_t s, const at::Tensor& like) const { return view_as(staging[s], like); }
+  static at::Tensor view_as(const at::Tensor& bytes, const at::Tensor& like) {
+    const int64_t n = like.numel() * static_cast<int64_t>(like.element_size());
+    return bytes.narrow(0, 0, n).view(like.scalar_type()).view(like.sizes());
+  }
+  // stage_weights: the host parameter of params[k] now lies in staging_weights[s] (the same tensor,
+  // so the optimizer's state stays its own).
+  void point_host_at(OffloadedParam& p, size_t s) {
+    const at::Tensor& w = staging_weights[s];
+    const int64_t elem = static_cast<int64_t>(p.host.element_size());
+    TORCH_INTERNAL_ASSERT(w.storage_offset() % elem == 0);
+    p.host.set_(w.storage(), w.storage_offset() / elem, p.device.sizes());
   }
 
   // The hook: the gradient of params[k] is final.
@@ -145,7 +160,8 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
   TORCH_CHECK(grad.scalar_type() == p.host.scalar_type() && grad.sizes() == p.host.sizes(), "HostOffload: the gradient "
               "of ", p.name, " has dtype ", grad.scalar_type(), " and shape ", grad.sizes(), "; its parameter has ",
               p.host.scalar_type(), " and ", p.host.sizes());
-  const bool weights_changed = version_of(p.device) != p.version;
+  // With stage_weights the weights go with every gradient; else only when changed on the device.
+  const bool weights_changed = !stage_weights && version_of(p.device) != p.version;
   size_t s;
   {
     const Clock::time_point t0 = Clock::now();
@@ -154,9 +170,10 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
     s = free_staging.back();
     free_staging.pop_back();
     stats.stall_s += seconds_since(t0);
-    stats.bytes_to_host += bytes_of(grad) + (weights_changed ? bytes_of(p.host) : 0);
+    stats.bytes_to_host += bytes_of(grad) + (weights_changed || stage_weights ? bytes_of(p.host) : 0);
   }
   const at::Tensor to = staging_view(s, grad);
+  const at::Tensor weights_to = stage_weights ? view_as(staging_weights[s], p.host) : at::Tensor();
   Task task;
   task.param = k;
   task.staging = s;
@@ -166,6 +183,7 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
   const at::Tensor found_inf = std::get<0>(ops::grad_check({grad}, {0}, 1, false));
   if (p.device.is_cpu()) {
     if (weights_changed) p.host.copy_(p.device.detach());
+    if (stage_weights) weights_to.copy_(p.device.detach());
     to.copy_(grad);
     found[s].copy_(found_inf);
   } else {
@@ -174,9 +192,11 @@ void HostOffload::Shared::release(size_t k, const at::Tensor& param) {
     c10::Event ready(p.device.device().type());
     ready.record(impl.getStream(p.device.device()));  // the gradient is computed on the current stream
     ready.block(cs.to_host);
+    if (returned[s]) returned[s]->block(cs.to_host);  // the buffer's last weights are back on their device
     {
       c10::StreamGuard on_copy_stream(cs.to_host);
       if (weights_changed) p.host.copy_(p.device.detach(), /*non_blocking=*/true);
+      if (stage_weights) weights_to.copy_(p.device.detach(), /*non_blocking=*/true);
       to.copy_(grad, /*non_blocking=*/true);
       found[s].copy_(found_inf, /*non_blocking=*/true);
     }
@@ -211,6 +231,9 @@ void HostOffload::Shared::run() {
     OffloadedParam& p = params[task.param];
     const bool on_device = task.device_grad.defined();
     bool counted = false;
+    // Whether the host parameter holds this step's weights (with stage_weights, once it points at
+    // the staging buffer they were copied to): only then do they go back.
+    bool weights_here = !stage_weights;
     try {
       const Clock::time_point t0 = Clock::now();
       if (task.copied) task.copied->synchronize();
@@ -224,6 +247,10 @@ void HostOffload::Shared::run() {
       }
       task.device_grad.reset();
       task.device_found.reset();
+      if (stage_weights) {
+        point_host_at(p, task.staging);
+        weights_here = true;
+      }
       if (step) {
         const Clock::time_point t1 = Clock::now();
         p.host.mutable_grad() = staging_view(task.staging, p.host);
@@ -240,24 +267,35 @@ void HostOffload::Shared::run() {
     task.device_grad.reset();
     task.device_found.reset();
     p.host.mutable_grad().reset();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      free_staging.push_back(task.staging);
-    }
-    cv.notify_all();
+    const auto free_buffer = [&] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        free_staging.push_back(task.staging);
+      }
+      cv.notify_all();
+    };
+    // A host copy of the weights of their own: the buffer is free as soon as the step has read it.
+    if (!stage_weights) free_buffer();
     try {
       // The weights back (unchanged ones too: a skipped or refused step leaves them as they were).
-      if (p.device.is_cpu()) {
+      if (weights_here && p.device.is_cpu()) {
         p.device.detach().copy_(p.host);
-      } else {
-        c10::StreamGuard on_copy_stream(streams_of(p.device.device()).to_device);
+      } else if (weights_here) {
+        const CopyStreams& cs = streams_of(p.device.device());
+        c10::StreamGuard on_copy_stream(cs.to_device);
         p.device.detach().copy_(p.host, /*non_blocking=*/true);
+        if (stage_weights) {
+          returned[task.staging].emplace(p.device.device().type());
+          returned[task.staging]->record(cs.to_device);
+        }
       }
       p.version = version_of(p.device);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
       if (!error) error = std::current_exception();
     }
+    // Staged weights: free once their copy back is enqueued (the next copy into it waits for it).
+    if (stage_weights) free_buffer();
     {
       std::lock_guard<std::mutex> lock(mu);
       stats.bytes_to_device += bytes_of(p.host);
@@ -300,22 +338,33 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
     largest = std::max(largest, bytes);
     total += bytes + 64;
   }
-  sh.arena = std::make_unique<HostArena>(pinned, total + options.staging_buffers() * (largest + 128));
+  sh.stage_weights = options.stage_weights();
+  const int64_t per_buffer = (sh.stage_weights ? 2 : 1) * (largest + 128);
+  sh.arena = std::make_unique<HostArena>(pinned, (sh.stage_weights ? 0 : total) + options.staging_buffers() * per_buffer);
+  for (int64_t s = 0; s < options.staging_buffers(); ++s) {
+    sh.staging.push_back(sh.arena->take({largest}, at::kByte));
+    sh.found.push_back(sh.arena->take({1}, at::kFloat));
+    if (sh.stage_weights) sh.staging_weights.push_back(sh.arena->take({largest}, at::kByte));
+    sh.returned.emplace_back();
+    sh.free_staging.push_back(static_cast<size_t>(s));
+  }
   for (OffloadedParam& p : sh.params) {
     const at::Device d = p.device.device();
-    p.host = sh.arena->take(p.device.sizes(), p.device.scalar_type());
-    p.host.copy_(p.device.detach());
+    if (sh.stage_weights) {
+      // A tensor of its own (the optimizer keys its state by it), pointed at a staging buffer for
+      // each step; its elements are never read before the weights are copied there.
+      p.host = at::empty({0}, at::TensorOptions().dtype(p.device.scalar_type()));
+      sh.point_host_at(p, 0);
+    } else {
+      p.host = sh.arena->take(p.device.sizes(), p.device.scalar_type());
+      p.host.copy_(p.device.detach());
+    }
     p.host.set_requires_grad(true);
     p.version = version_of(p.device);
     if (!d.is_cpu() && std::none_of(sh.streams.begin(), sh.streams.end(), [&](const CopyStreams& s) { return s.device == d; })) {
       c10::impl::VirtualGuardImpl impl(d.type());
       sh.streams.push_back({d, impl.getStreamFromGlobalPool(d), impl.getStreamFromGlobalPool(d)});
     }
-  }
-  for (int64_t s = 0; s < options.staging_buffers(); ++s) {
-    sh.staging.push_back(sh.arena->take({largest}, at::kByte));
-    sh.found.push_back(sh.arena->take({1}, at::kFloat));
-    sh.free_staging.push_back(static_cast<size_t>(s));
   }
   std::vector<at::Tensor> devices;
   for (size_t k = 0; k < sh.params.size(); ++k) {
@@ -387,6 +436,7 @@ void HostOffload::pull_weights() {
     std::unique_lock<std::mutex> lock(sh.mu);
     sh.wait_idle(lock);
   }
+  if (sh.stage_weights) return;  // every step takes the device's weights
   torch::NoGradGuard no_grad;
   for (OffloadedParam& p : sh.params) {
     p.host.copy_(p.device.detach());  // blocking: the device's current stream has written them

@@ -36,11 +36,17 @@ Model make(const RuleCase& rc, StateFormat f, at::ScalarType dtype = at::kFloat,
 }
 
 
-// `b` is offloaded through `off`; `a` steps its own parameters.
-void expect_same(const Model& a, const Model& b, const lo::HostOffload& off) {
+// `b` is offloaded through `off`; `a` steps its own parameters. With stage_weights the host
+// parameters lie in the staging buffers, which later parameters overwrote: each is given its
+// weights again to read its master weights.
+void expect_same(const Model& a, const Model& b, const lo::HostOffload& off, bool staged = false) {
   for (size_t i = 0; i < a.params.size(); ++i) {
     ASSERT_TRUE(bitwise_equal(a.params[i].detach(), b.params[i].detach())) << "parameter " << i;
     const at::Tensor& host = off.host_param(b.params[i]);
+    if (staged) {
+      torch::NoGradGuard no_grad;
+      host.detach().copy_(b.params[i].detach());
+    }
     ASSERT_TRUE(bitwise_equal(host.detach(), b.params[i].detach())) << "host copy of parameter " << i;
     const auto sa = a.opt->export_state_fp32(a.params[i]), sb = b.opt->export_state_fp32(host);
     ASSERT_EQ(sa.size(), sb.size());
@@ -65,20 +71,30 @@ void train(Model& a, Model& b, lo::HostOffload& off, int64_t steps, int64_t firs
 TEST(HostOffload, EqualsTheOptimizerOnTheModelForEveryRuleAndFormat) {
   for (const RuleCase& rc : rule_cases()) {
     for (StateFormat f : {StateFormat::FP32, StateFormat::Q8, StateFormat::Q4}) {
-      SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f));
-      Model a = make(rc, f), b = make(rc, f);
-      lo::HostOffload off(*b.opt);
-      train(a, b, off, 4);
-      EXPECT_EQ(off.released(), static_cast<int64_t>(4 * b.params.size()));
-      expect_same(a, b, off);
-      int64_t bytes = 0;
-      for (const auto& p : b.params) bytes += p.numel() * 4;
-      const lo::HostOffloadStats st = off.stats();
-      EXPECT_EQ(st.steps, 4);
-      EXPECT_EQ(st.host_steps, off.released());
-      EXPECT_EQ(st.bytes_to_host, 4 * bytes);
-      EXPECT_EQ(st.bytes_to_device, 4 * bytes);
-      EXPECT_GT(st.host_step_s, 0.0);
+      for (bool staged : {false, true}) {
+        SCOPED_TRACE(std::string(rc.name) + " " + lowbit::state_format_name(f) + (staged ? " stage_weights" : ""));
+        Model a = make(rc, f), b = make(rc, f);
+        lo::HostOffload off(*b.opt, lo::HostOffloadOptions().stage_weights(staged));
+        train(a, b, off, 4);
+        EXPECT_EQ(off.released(), static_cast<int64_t>(4 * b.params.size()));
+        expect_same(a, b, off, staged);
+        int64_t bytes = 0, largest = 0;
+        for (const auto& p : b.params) {
+          bytes += p.numel() * 4;
+          largest = std::max<int64_t>(largest, p.numel() * 4);
+        }
+        const lo::HostOffloadStats st = off.stats();
+        EXPECT_EQ(st.steps, 4);
+        EXPECT_EQ(st.host_steps, off.released());
+        EXPECT_EQ(st.bytes_to_host, (staged ? 8 : 4) * bytes);  // staged: the weights with every gradient
+        EXPECT_EQ(st.bytes_to_device, 4 * bytes);
+        EXPECT_GT(st.host_step_s, 0.0);
+        // Staged: no host copy of the weights, only the 4 staging buffers (a gradient and weights
+        // each; the arena rounds its one slab up to a power of two).
+        const int64_t buffers = 4 * 2 * (largest + 256);
+        if (staged) EXPECT_LE(off.host_bytes(), 2 * buffers);
+        else EXPECT_GE(off.host_bytes(), bytes + buffers / 2);
+      }
     }
   }
 }
@@ -90,6 +106,12 @@ TEST(HostOffload, Bf16WeightsWithMasterCorrectionAndStochasticRounding) {
     lo::HostOffload off(*b.opt, lo::HostOffloadOptions().staging_buffers(1));  // every hook waits for the last step
     train(a, b, off, 3);
     expect_same(a, b, off);
+    // Staged weights through one buffer: each parameter's weights overwrite the last one's.
+    Model e = make(rc, StateFormat::Q8, at::kBFloat16, 24);
+    lo::HostOffload off_staged(*e.opt, lo::HostOffloadOptions().staging_buffers(1).stage_weights(true));
+    Model a2 = make(rc, StateFormat::Q8, at::kBFloat16, 24);
+    train(a2, e, off_staged, 3);
+    expect_same(a2, e, off_staged, true);
     Model c = make(rc, StateFormat::Q4, at::kBFloat16), d = make(rc, StateFormat::Q4, at::kBFloat16);
     lo::HostOffload off_sr(*d.opt);
     train(c, d, off_sr, 3);
@@ -181,6 +203,18 @@ TEST(HostOffload, CheckpointsMoveBetweenOffloadedAndPlainOptimizers) {
 
 TEST(HostOffload, WeightsChangedOnTheDeviceArePulledBeforeTheNextStep) {
   const RuleCase rc = rule_cases()[1];
+  {  // staged weights: every step takes the device's
+    Model a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
+    lo::HostOffload off(*b.opt, lo::HostOffloadOptions().stage_weights(true));
+    train(a, b, off, 2);
+    {
+      torch::NoGradGuard no_grad;
+      a.params[2].mul_(0.5);
+      b.params[2].mul_(0.5);
+    }
+    train(a, b, off, 2, 2);
+    expect_same(a, b, off, true);
+  }
   Model a = make(rc, StateFormat::Q8), b = make(rc, StateFormat::Q8);
   lo::HostOffload off(*b.opt);
   train(a, b, off, 2);
@@ -269,6 +303,13 @@ TEST(HostOffload, OnAGpuEqualsTheGpuStepAndHoldsOnlyTheGradientsInFlight) {
       EXPECT_GE(off.peak_gradients_in_flight(), 1);
       expect_same(a, b, off);
       for (const auto& p : b.params) EXPECT_EQ(b.opt->state_of(p), nullptr) << "state on the device";
+      // Staged weights, two buffers taking turns: a buffer's next weights wait for its last ones' copy back.
+      Model c = make(rc, f, dtype, bits, cuda), d = make(rc, f, dtype, bits, cuda);
+      lo::HostOffload staged(*d.opt, lo::HostOffloadOptions().staging_buffers(2).stage_weights(true));
+      for (const auto& p : d.params) ASSERT_TRUE(staged.host_param(p).is_pinned());
+      train(c, d, staged, 3);
+      expect_same(c, d, staged, true);
+      EXPECT_LT(staged.host_bytes(), off.host_bytes());
     }
   }
 }

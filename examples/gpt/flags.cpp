@@ -70,7 +70,8 @@ std::string usage() {
          "            --gradient-release (each parameter steps in backward and frees its gradient; needs --clip 0)\n"
          "            --offload (optimizer state on the host: each gradient is copied there in backward and\n"
          "            stepped by the CPU, the weights copied back; needs --clip 0) --offload-threads N (the CPU\n"
-         "            steps' threads; default --threads)\n"
+         "            steps' threads; default --threads) --offload-stage-weights (no copy of the weights on the\n"
+         "            host: each goes there with its gradient; half the host memory)\n"
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
@@ -148,6 +149,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--gradient-release") f.gradient_release = true;
     else if (a == "--offload") f.offload = true;
     else if (a == "--offload-threads") f.offload_threads = static_cast<int>(to_int(a, next(), 1, 4096));
+    else if (a == "--offload-stage-weights") f.offload_stage_weights = true;
     else if (a == "--no-step-graphs") f.step_graphs = false;
     else if (a == "--no-digest") f.digest = false;
     else if (a == "--sharded") f.sharded = true;
@@ -226,6 +228,8 @@ Flags parse_flags(int argc, char** argv) {
                                 "releases the gradients itself), --sharded / --fully-sharded and --qat-steps");
   if (f.offload_threads && !f.offload)
     throw std::invalid_argument("--offload-threads sets the threads of --offload's CPU steps: pass --offload too");
+  if (f.offload_stage_weights && !f.offload && !f.check_offload)
+    throw std::invalid_argument("--offload-stage-weights is an option of --offload: pass --offload (or --check-offload) too");
   if (!f.sharded && (f.wire_gradients != "none" || f.wire_updates != "none"))
     throw std::invalid_argument("--wire-gradients / --wire-updates compress the collectives of --sharded; add it");
   if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))

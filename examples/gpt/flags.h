@@ -32,6 +32,7 @@ struct Flags {
   bool gradient_release = false;    // lowbit::optim::GradientRelease: step in backward, free each gradient
   bool offload = false;             // lowbit::optim::HostOffload: state on the host, stepped by the CPU in backward
   int offload_threads = 0;          // HostOffloadOptions::host_threads (0: as many as --threads)
+  bool offload_stage_weights = false;  // HostOffloadOptions::stage_weights: no host copy of the weights
   bool step_graphs = true;          // LowbitOptimizer::set_step_graphs (off: --no-step-graphs)
   bool digest = true;               // the parameters' digest at the end (off: --no-digest)
   uint64_t seed = 1;

@@ -3,6 +3,7 @@
 
 #include <lowbit/lowbit.h>
 
+#include <optional>
 #include <sstream>
 
 #include "parallel.h"
@@ -40,10 +41,11 @@ void write_moments(const std::string& path, const lo::LowbitOptimizer& opt, cons
 
 class Lowbit : public TrainOptimizer {
  public:
-  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release, bool offload, int offload_threads)
+  Lowbit(std::unique_ptr<lo::LowbitOptimizer> opt, std::string what, bool release,
+         const std::optional<lo::HostOffloadOptions>& offload)
       : opt_(std::move(opt)), what_(std::move(what)) {
     if (release) release_ = std::make_unique<lo::GradientRelease>(*opt_);
-    if (offload) offload_ = std::make_unique<lo::HostOffload>(*opt_, lo::HostOffloadOptions().host_threads(offload_threads));
+    if (offload) offload_ = std::make_unique<lo::HostOffload>(*opt_, *offload);
   }
   void step() override {
     if (offload_) offload_->step();  // waits for the host's steps of what backward() released
@@ -58,7 +60,8 @@ class Lowbit : public TrainOptimizer {
   std::string memory_report() const override {
     std::string s = opt_->memory_report().to_string();
     if (!offload_) return s;
-    return s + "host offload: all of the above on the host, beside the weights' host copies and staging buffers (" +
+    return s + "host offload: all of the above on the host, beside the weights' host copies (none with "
+               "--offload-stage-weights) and staging buffers (" +
            std::to_string(offload_->host_bytes()) + " B); device gradients in flight at most " +
            std::to_string(offload_->peak_gradients_in_flight()) + "\n";
   }
@@ -125,7 +128,9 @@ std::unique_ptr<TrainOptimizer> lowbit_opt(const Flags& f, const std::vector<at:
   opt->set_step_graphs(f.step_graphs);
   if (!f.step_graphs) s << ", no step graphs";
   if (f.sharded) return make_sharded(f, std::move(opt), s.str(), model);
-  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release, f.offload, f.offload_threads);
+  std::optional<lo::HostOffloadOptions> offload;
+  if (f.offload) offload = lo::HostOffloadOptions().host_threads(f.offload_threads).stage_weights(f.offload_stage_weights);
+  return std::make_unique<Lowbit>(std::move(opt), s.str(), f.gradient_release, offload);
 }
 
 // ---- ATen's fused AdamW ---------------------------------------------------------------------------

@@ -309,7 +309,11 @@ TEST(HostOffload, OnAGpuEqualsTheGpuStepAndHoldsOnlyTheGradientsInFlight) {
       for (const auto& p : d.params) ASSERT_TRUE(staged.host_param(p).is_pinned());
       train(c, d, staged, 3);
       expect_same(c, d, staged, true);
-      EXPECT_LT(staged.host_bytes(), off.host_bytes());
+      // No host copy of the weights: only the two buffers (a gradient and weights each; the arena
+      // rounds its slab up to a power of two, as the pinned allocator would).
+      int64_t largest = 0;
+      for (const auto& p : d.params) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
+      EXPECT_LE(staged.host_bytes(), 2 * (2 * 2 * (largest + 256)));
     }
   }
 }

@@ -157,10 +157,13 @@ TEST(HostOffload, NonFiniteGradientSkipsOnlyThatParameterAsGradientReleaseDoes) 
   EXPECT_EQ(b.opt->skipped_steps(), 2);
 }
 
-TEST(HostOffload, CheckpointsMoveBetweenOffloadedAndPlainOptimizers) {
+// With staged weights too: the host parameters then lie in the staging buffers, which a checkpoint
+// never reads (it holds state, not weights).
+void checkpoints_move(bool staged) {
   const RuleCase rc = rule_cases()[1];
+  const lo::HostOffloadOptions options = lo::HostOffloadOptions().stage_weights(staged);
   Model a = make(rc, StateFormat::Q4), b = make(rc, StateFormat::Q4);
-  auto off = std::make_unique<lo::HostOffload>(*b.opt);
+  auto off = std::make_unique<lo::HostOffload>(*b.opt, options);
   train(a, b, *off, 2);
   // The offloaded optimizer's checkpoint into a fresh plain one (and the weights with it), then both go on.
   std::stringstream saved;
@@ -186,7 +189,7 @@ TEST(HostOffload, CheckpointsMoveBetweenOffloadedAndPlainOptimizers) {
     out.save_to(plain);
   }
   Model d = make(rc, StateFormat::Q4);
-  lo::HostOffload off_d(*d.opt);
+  lo::HostOffload off_d(*d.opt, options);
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < d.params.size(); ++i) d.params[i].copy_(a.params[i]);
@@ -196,9 +199,16 @@ TEST(HostOffload, CheckpointsMoveBetweenOffloadedAndPlainOptimizers) {
   }
   train(a, b, *off, 2, 2);
   train(c, d, off_d, 2, 2);
-  expect_same(a, b, *off);
-  expect_same(c, d, off_d);
+  expect_same(a, b, *off, staged);
+  expect_same(c, d, off_d, staged);
   for (size_t i = 0; i < a.params.size(); ++i) ASSERT_TRUE(bitwise_equal(a.params[i].detach(), c.params[i].detach()));
+}
+
+TEST(HostOffload, CheckpointsMoveBetweenOffloadedAndPlainOptimizers) {
+  for (bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "stage_weights" : "weights on the host");
+    checkpoints_move(staged);
+  }
 }
 
 TEST(HostOffload, WeightsChangedOnTheDeviceArePulledBeforeTheNextStep) {

@@ -75,6 +75,7 @@ std::string usage() {
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
+         "            --copy-engine-gathers (--sharded on CUDA: the parameters' all-gathers on NCCL's copy engines)\n"
          "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
          "            the host by rank 0, or with --init keyed by no rank; with --gradient-release each unit steps in backward)\n"
          "            --param-dtype bf16 (with --dtype fp32: float32 shards, units computing in bfloat16) --reduce-dtype fp32|bf16\n"
@@ -154,6 +155,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--no-digest") f.digest = false;
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
+    else if (a == "--copy-engine-gathers") f.copy_engine_gathers = true;
     else if (a == "--compare") f.compare = next();
     else if (a == "--timeline") f.timeline = to_int(a, next(), 1, int64_t(1) << 40);
     else if (a == "--tolerance") f.tolerance = to_double(a, next(), 0, 1e9);
@@ -235,6 +237,9 @@ Flags parse_flags(int argc, char** argv) {
   if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))
     throw std::invalid_argument("--sharded / --fully-sharded take a lowbit optimizer, without --qat-steps or "
                                 "--probe-max-size (and --sharded without --gradient-release)");
+  if (f.copy_engine_gathers && (!f.sharded || f.fully_sharded || at::Device(f.device).type() != at::kCUDA))
+    throw std::invalid_argument("--copy-engine-gathers puts --sharded's parameter all-gathers on NCCL's copy engines: "
+                                "it needs --sharded (not --fully-sharded) and --device cuda");
   if (f.fully_sharded && f.wire_updates != "none")
     throw std::invalid_argument("--fully-sharded gathers the parameters themselves in their compute dtype, not "
                                 "updates: --wire-updates is for --sharded (--wire-gradients works with both)");

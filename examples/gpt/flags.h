@@ -49,6 +49,7 @@ struct Flags {
   // update_wire): "none" or a signed QuantFormat name (Dyn8Signed, DE4Signed, ...)
   bool sharded = false;
   std::string wire_gradients = "none", wire_updates = "none";
+  bool copy_engine_gathers = false;  // InitOptions::copy_engine_gathers (--sharded over NCCL)
   // --fully-sharded: the same data parallelism with parameters, gradients and state sharded
   // (lowbit::distributed::FullyShardedModule, one unit per block; the embeddings, final norm and
   // tied head in the root): each rank holds about 1/N of the model between its uses.

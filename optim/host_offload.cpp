@@ -278,16 +278,20 @@ void HostOffload::Shared::run() {
     if (!stage_weights) free_buffer();
     try {
       // The weights back (unchanged ones too: a skipped or refused step leaves them as they were).
-      if (weights_here && p.device.is_cpu()) {
-        p.device.detach().copy_(p.host);
-      } else if (weights_here) {
-        const CopyStreams& cs = streams_of(p.device.device());
-        c10::StreamGuard on_copy_stream(cs.to_device);
-        p.device.detach().copy_(p.host, /*non_blocking=*/true);
-        if (stage_weights) {
-          returned[task.staging].emplace(p.device.device().type());
-          returned[task.staging]->record(cs.to_device);
+      if (weights_here) {
+        if (p.device.is_cpu()) {
+          p.device.detach().copy_(p.host);
+        } else {
+          const CopyStreams& cs = streams_of(p.device.device());
+          c10::StreamGuard on_copy_stream(cs.to_device);
+          p.device.detach().copy_(p.host, /*non_blocking=*/true);
+          if (stage_weights) {
+            returned[task.staging].emplace(p.device.device().type());
+            returned[task.staging]->record(cs.to_device);
+          }
         }
+        std::lock_guard<std::mutex> lock(mu);
+        stats.bytes_to_device += bytes_of(p.host);
       }
       p.version = version_of(p.device);
     } catch (...) {
@@ -298,7 +302,6 @@ void HostOffload::Shared::run() {
     if (stage_weights) free_buffer();
     {
       std::lock_guard<std::mutex> lock(mu);
-      stats.bytes_to_device += bytes_of(p.host);
       ++released;
       --pending;
     }

@@ -56,27 +56,6 @@ inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, s.out + i);  // 8-bit: decoded before the loop
 }
 
-// Software prefetch of a block further along each stream (param, grad, state): with every core
-// streaming several arrays the hardware prefetchers fall behind.
-inline void prefetch_ahead(const ParamTask& t, int64_t begin, int64_t len) {
-  if (begin >= t.numel) return;
-  len = std::min(len, t.numel - begin);
-  const int64_t pe = t.param_type == ElemType::F32 ? 4 : 2, ge = t.grad_type == ElemType::F32 ? 4 : 2;
-  prefetch_range(static_cast<const char*>(t.param) + begin * pe, len * pe);
-  prefetch_range(static_cast<const char*>(t.grad) + begin * ge, len * ge);
-  for (int k = 0; k < kMaxSlots; ++k) {
-    const StateSlotRef& s = t.slots[k];
-    if (k >= t.num_slots && k != kCorrectionSlot) continue;
-    if (s.storage == SlotStorage::Quant) {
-      const bool four = format_bits(s.format) == 4;
-      prefetch_range(s.codes + (four ? begin / 2 : begin), four ? (len + 1) / 2 : len);
-    } else if (s.storage != SlotStorage::None) {
-      const int64_t se = s.storage == SlotStorage::F32 ? 4 : s.storage == SlotStorage::Int8 ? 1 : 2;
-      prefetch_range(static_cast<const char*>(s.values) + begin * se, len * se);
-    }
-  }
-}
-
 template <Rule R>
 int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
   const int64_t B = t.block_size;

@@ -357,8 +357,11 @@ TEST(OptimCuda, GradientCheckFindsEveryNonFiniteValue) {
   SKIP_WITHOUT_CUDA();
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (const auto dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    // More small gradients than one launch checks (600 on CUDA): the marked places below sit on both
+    // sides of every launch's edge.
+    constexpr int kSmall = 1250;
     std::vector<at::Tensor> grads;
-    for (int i = 0; i < 450; ++i) grads.push_back(at::randn({i % 7 == 0 ? 37 : 8 + i % 5}).to(dt));
+    for (int i = 0; i < kSmall; ++i) grads.push_back(at::randn({i % 7 == 0 ? 37 : 8 + i % 5}).to(dt));
     grads.push_back(at::randn({1 << 20}).to(dt));
     grads.push_back(at::randn({70001}).to(dt));
     const at::Tensor backing = at::randn({4099}).to(dt);
@@ -386,8 +389,10 @@ TEST(OptimCuda, GradientCheckFindsEveryNonFiniteValue) {
     struct Where {
       int64_t tensor, index;
     };
-    const std::vector<Where> places = {{0, 0}, {0, 36}, {299, 3}, {449, 8}, {450, 0}, {450, (1 << 20) - 1},
-                                       {450, 12345}, {451, 70000}, {451, 69999}, {last, 0}, {last, 4096}, {last, 2001}};
+    const std::vector<Where> places = {{0, 0},          {0, 36},           {299, 3},           {599, 7},
+                                       {600, 0},        {1199, 5},         {1200, 2},          {kSmall - 1, 7},
+                                       {kSmall, 0},     {kSmall, (1 << 20) - 1}, {kSmall, 12345}, {kSmall + 1, 70000},
+                                       {kSmall + 1, 69999}, {last, 0},     {last, 4096},       {last, 2001}};
     for (const Where w : places) {
       for (const float bad : {inf, -inf, nan}) {
         std::vector<at::Tensor> g = all;

@@ -13,13 +13,18 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kGrads = kDescriptorsPerLaunch;
+// Gradients one launch checks: as many as its parameters hold (48 bytes each, 600 on CUDA). Over
+// thousands of small gradients every launch costs its start and its last wave's tail.
+constexpr int kGrads = (kKernelParamBytes - 256) / (sizeof(GpuGrad) + sizeof(int64_t)) > 600
+                           ? 600
+                           : (kKernelParamBytes - 256) / (sizeof(GpuGrad) + sizeof(int64_t));
 
 struct GradChunk {
   GpuGrad g[kGrads];
   int64_t first[kGrads + 1];  // finite check: items (kItemBytes); sums: chunks of kGradChunk
   int count;
 };
+static_assert(sizeof(GradChunk) + 2 * sizeof(void*) <= kKernelParamBytes, "a launch's gradients fit its parameters");
 
 template <typename T>
 __device__ __forceinline__ float load1(const void* p, int64_t i) {

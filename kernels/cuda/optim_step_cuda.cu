@@ -316,6 +316,31 @@ cudaError_t launch_prologue(const StepLaunch& s, int64_t first, int64_t count, c
   return cudaGetLastError();
 }
 
+// A second stream per device and host thread, with the two events that fork it from a launch's
+// stream and join it back (thread_local: two host threads stepping at once each fork their own).
+// Never destroyed: one per thread that steps, and CUDA may be torn down before thread exit.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+constexpr int kMaxDevices = 64;
+
+cudaError_t side_stream(SideStream** out) {
+  thread_local SideStream side[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidValue;
+  SideStream& x = side[dev];
+  if (!x.stream) {
+    if ((e = cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking)) != cudaSuccess) return e;
+    if ((e = cudaEventCreateWithFlags(&x.fork, cudaEventDisableTiming)) != cudaSuccess) return e;
+    if ((e = cudaEventCreateWithFlags(&x.join, cudaEventDisableTiming)) != cudaSuccess) return e;
+  }
+  *out = &x;
+  return cudaSuccess;
+}
+
 const char* run(const StepLaunch& s, cudaStream_t stream, double* lamb_out) {
   if (s.n == 0) return nullptr;
   Plan plan;
@@ -335,9 +360,30 @@ const char* run(const StepLaunch& s, cudaStream_t stream, double* lamb_out) {
       if (e != cudaSuccess) return cudaGetErrorString(e);
     }
   }
+  // The step kernels of a launch group's chunks take turns on two streams: each fills one wave of
+  // the device, and while its last blocks finish, the next chunk's kernel starts on the SMs they
+  // leave. Chunks write disjoint memory, so the order between them changes no bit. LAMB's chunks
+  // share their norm scratch and stay on one stream. Under stream capture, fork and join are edges.
+  SideStream* side = nullptr;
+  if (!lamb_pass && s.n > kChunk) {
+    cudaError_t e = side_stream(&side);
+    if (e == cudaSuccess) e = cudaEventRecord(side->fork, stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(side->stream, side->fork, 0);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  // The side stream's work joins the launch's stream whatever happens next (an unjoined fork would
+  // also end a stream capture with an error).
+  const auto join = [&]() -> cudaError_t {
+    if (!side) return cudaSuccess;
+    cudaError_t e = cudaEventRecord(side->join, side->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, side->join, 0);
+    side = nullptr;
+    return e;
+  };
   for (int64_t first = 0; first < s.n; first += kChunk) {
     fill_chunk(s, plan, first, &chunk);
     cudaError_t e = cudaSuccess;
+    const cudaStream_t on = side && (first / kChunk) % 2 == 1 ? side->stream : stream;
     if (lamb_pass) {
       e = launch_prologue(s, first, chunk.count, sc, a, stream);
       if (e != cudaSuccess) return cudaGetErrorString(e);
@@ -353,10 +399,14 @@ const char* run(const StepLaunch& s, cudaStream_t stream, double* lamb_out) {
     }
     if (lamb_out) continue;
     const int64_t wanted = blocks_for(chunk.first_unit[chunk.count], kThreads / plan.warp);
-    e = launch_rule(s.config.rule, chunk, a, s.param_type, plan.family, plan.warp, wanted, stream);
-    if (e != cudaSuccess) return cudaGetErrorString(e);
+    e = launch_rule(s.config.rule, chunk, a, s.param_type, plan.family, plan.warp, wanted, on);
+    if (e != cudaSuccess) {
+      join();
+      return cudaGetErrorString(e);
+    }
   }
-  return nullptr;
+  const cudaError_t e = join();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
 }  // namespace

@@ -24,6 +24,13 @@
 #define cudaStreamIsCapturing hipStreamIsCapturing
 #define cudaErrorStreamCaptureUnsupported hipErrorStreamCaptureUnsupported
 #define cudaMemsetAsync hipMemsetAsync
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDisableTiming hipEventDisableTiming
+#define cudaEventRecord hipEventRecord
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamWaitEvent hipStreamWaitEvent
 #define LOWBIT_SHFL_XOR(v, lane_mask, width) __shfl_xor((v), (lane_mask), (width))
 #define LOWBIT_SHFL(v, src_lane, width) __shfl((v), (src_lane), (width))
 #define LOWBIT_SYNCWARP() __builtin_amdgcn_wave_barrier()
@@ -52,8 +59,10 @@ namespace kernels {
 // them (Volta and later), HIP keeps within 4 KB.
 #if defined(__HIPCC__)
 constexpr int kDescriptorsPerLaunch = 24;
+constexpr int kKernelParamBytes = 4096;
 #else
 constexpr int kDescriptorsPerLaunch = 200;
+constexpr int kKernelParamBytes = 32764;
 #endif
 
 // Device properties the launchers need, queried once per device.

@@ -317,7 +317,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         graph, now = self._step_graph, None
         head = graph.head(self, amp_found, amp_scale) if only is None and graph.enabled else None
         if head is not None:
-            now, same = graph.look(head, [p for group in groups for p in group["params"]])
+            now, same = graph.look(head, groups)
             if same:
                 self._refresh_lr(graph.device)
                 graph.replay(amp_found, amp_scale, graph.device)

@@ -66,14 +66,18 @@ class StepGraph:
             options.append(kv)
         return (opt._epoch, tuple(options), amp_found is None, amp_scale is None)
 
-    def look(self, head, params):
-        """(inputs, whether the recorded step does their work): one look of StepGraphInputs, which bumps the
-        parameters' versions when it does (the replay writes them). inputs None: a step of them cannot be recorded.
-        A recording that does not do their work is dropped."""
+    def look(self, head, groups):
+        """(inputs, whether the recorded step does their work): one look of StepGraphInputs at the param groups'
+        parameters, which bumps their versions when it does (the replay writes them). inputs None: a step of them
+        cannot be recorded. A recording that does not do their work is dropped."""
         recorded = self._recorded[1] if self._graph is not None and self._recorded[0] == head else None
         held = self._inputs
-        if held is None or not same_tensors(held[0], params):  # (the list held in C++ while it has these tensors)
-            held = self._inputs = (params, torch.classes.lowbit.StepGraphInputs(params))
+        lists = [group["params"] for group in groups]
+        # The groups' lists against copies of them taken when the list held in C++ was made (each list in place:
+        # no flattened list built per step).
+        if held is None or len(held[0]) != len(lists) or not all(map(same_tensors, held[0], lists)):
+            held = self._inputs = ([list(params) for params in lists],
+                                   torch.classes.lowbit.StepGraphInputs([p for params in lists for p in params]))
         rows, same = held[1].look(recorded)
         if same:
             return (head, rows), True

@@ -155,6 +155,7 @@ std::tuple<at::Tensor, bool> step_graph_inputs(const std::vector<at::Tensor>& pa
               " on ", recorded->device());
   StepInputs in;
   in.recordable = true;
+  in.params.reserve(params.size());
   for (const at::Tensor& p : params)
     if (!add_step_input(p, in)) break;
   if (!in.recordable || !in.device) return {at::empty({0, 5}, at::kLong), false};

@@ -34,8 +34,8 @@ def assert_same_run(opt_a, pa, opt_b, pb):
                 assert torch.equal(sa[k], sb[k]), k
 
 
-def run(make_opt, dtype, steps, graphs, between=None, in_place=True):
-    params = make(dtype)
+def run(make_opt, dtype, steps, graphs, between=None, in_place=True, shapes=None):
+    params = make(dtype) if shapes is None else make(dtype, shapes)
     opt = make_opt(params)
     opt.set_step_graphs(graphs)
     gs = grads_for(params, steps)
@@ -73,6 +73,19 @@ def test_replayed_steps_equal_the_steps_as_they_come(name, make_opt, dtype):
     b, pb = run(make_opt, dtype, 6, graphs=False)
     assert a.step_graph_replays() >= 4, "steps 2.. repeat step 1's inputs: recorded at 2, replayed from 3"
     assert b.step_graph_replays() == 0
+    assert_same_run(a, pa, b, pb)
+
+
+# 1,300 parameters: the step's kernels over several chunks of parameters on two streams (a fork and a join in the
+# recording) and the gradient check over three launches.
+MANY = tuple((1 + (i * 37) % 300,) for i in range(1300))
+
+
+@pytest.mark.parametrize("name,make_opt,dtype", [CASES[0], CASES[5]], ids=[CASES[0][0], CASES[5][0]])
+def test_replayed_steps_over_many_tensors_equal_the_steps_as_they_come(name, make_opt, dtype):
+    a, pa = run(make_opt, dtype, 4, graphs=True, shapes=MANY)
+    b, pb = run(make_opt, dtype, 4, graphs=False, shapes=MANY)
+    assert a.step_graph_replays() >= 2
     assert_same_run(a, pa, b, pb)
 
 

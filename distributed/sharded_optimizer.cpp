@@ -399,42 +399,36 @@ std::vector<std::vector<size_t>> ShardedOptimizer::plan_buckets() const {
     }
     return out;
   }
-  if (!options_.overlap && options_.bucket_bytes == 0) {
-    // One bucket per dtype, members in registration order (sharded_optimizer.h: bucket_bytes).
-    std::vector<at::ScalarType> dtypes;
-    for (size_t m = 0; m < params_.size(); ++m) {
-      const auto t = params_[m].param.scalar_type();
-      const size_t d = static_cast<size_t>(std::find(dtypes.begin(), dtypes.end(), t) - dtypes.begin());
-      if (d == dtypes.size()) {
-        dtypes.push_back(t);
-        out.emplace_back();
-      }
-      out[d].push_back(m);
-    }
-    return out;
-  }
-  // Reverse registration order; one open bucket per dtype, closed once it holds bucket_bytes. A
-  // bucket's number is the order it closes in (those still open at the end close in the order of
-  // their last member), which is the order backward() completes them when it runs in reverse.
+  // One open bucket per dtype, closed once it holds bucket_bytes; a bucket's number is the order it
+  // closes in. With overlap the parameters go in reverse registration order, the order backward()
+  // completes them, and the buckets still open at the end close in the order of their last member.
+  // Without, in registration order, and those still open close in the order of their first member:
+  // a model under bucket_bytes has one bucket per dtype, laid out as the parameters were registered.
   struct Open {
     at::ScalarType dtype;
     std::vector<size_t> members;
     int64_t bytes = 0;
   };
   std::vector<Open> open;
-  const int64_t bucket_bytes = options_.bucket_bytes > 0 ? options_.bucket_bytes : kDefaultOverlapBucketBytes;
-  for (size_t r = params_.size(); r-- > 0;) {
-    const at::Tensor& p = params_[r].param;
+  const int64_t bucket_bytes = options_.bucket_bytes > 0 ? options_.bucket_bytes
+                               : options_.overlap     ? kDefaultOverlapBucketBytes
+                                                      : kDefaultStepBucketBytes;
+  const size_t count = params_.size();
+  for (size_t k = 0; k < count; ++k) {
+    const size_t m = options_.overlap ? count - 1 - k : k;
+    const at::Tensor& p = params_[m].param;
     auto o = std::find_if(open.begin(), open.end(), [&](const Open& x) { return x.dtype == p.scalar_type(); });
     if (o == open.end()) o = open.insert(open.end(), Open{p.scalar_type(), {}, 0});
-    o->members.push_back(r);
+    o->members.push_back(m);
     o->bytes += p.numel() * static_cast<int64_t>(p.element_size());
     if (o->bytes >= bucket_bytes) {
       out.push_back(std::move(o->members));
       open.erase(o);
     }
   }
-  std::sort(open.begin(), open.end(), [](const Open& a, const Open& b) { return a.members.back() > b.members.back(); });
+  std::sort(open.begin(), open.end(), [&](const Open& a, const Open& b) {
+    return options_.overlap ? a.members.back() > b.members.back() : a.members.front() < b.members.front();
+  });
   for (Open& o : open) out.push_back(std::move(o.members));
   return out;
 }

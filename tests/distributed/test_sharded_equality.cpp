@@ -137,6 +137,20 @@ TEST(ShardedOptimizer, MasterWeightCorrectionsMatchOneProcess) {
     }
 }
 
+// Without overlap the buckets fill in registration order (kDefaultStepBucketBytes for a real model):
+// with 8192 bytes the model's float32 parameters (20000, 25600, 1200, 49164, 28 and 8192 bytes) form
+// {0}, {1}, {2, 3}, {4, 5}, each reduce-scattered and all-gathered on its own, the bits one process's.
+TEST(ShardedOptimizer, BucketsWithoutOverlapMatchOneProcess) {
+  ld::ShardedOptions so;
+  so.bucket_bytes = 8192;
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  EXPECT_EQ(ld::ShardedOptimizer(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-3)), comm_ptr(), so).buckets(), 4);
+  for (const RuleCase& rc : rule_cases()) {
+    SCOPED_TRACE(rc.name);
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q8, false); }, at::kFloat, so, 3);
+  }
+}
+
 TEST(ShardedOptimizer, Zero1MatchesOneProcess) {
   ld::ShardedOptions so;
   so.zero1 = true;

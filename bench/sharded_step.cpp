@@ -32,6 +32,7 @@
 #include <lowbit/build_config.h>
 #include <lowbit/lowbit.h>
 #if LOWBIT_WITH_NCCL
+#include <ATen/cuda/Sleep.h>
 #include <lowbit/distributed/nccl_communicator.h>
 #endif
 
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
   // buckets, and the one before steps no more), freed before the next.
   struct Overlapped {
     int64_t mib;
+    bool thread;
     int buckets;
     double ms, step_ms;
   };
@@ -220,11 +222,54 @@ int main(int argc, char** argv) {
   int64_t timeline_mib = 0;
 #if LOWBIT_WITH_NCCL
   auto* nccl = dynamic_cast<ld::NcclCommunicator*>(comm.get());
+  // Host-bound or GPU-bound: f() once as it runs (when it returns on the host, when the GPU reaches
+  // its end) and once queued behind a 50 ms sleep kernel, so that the host has issued all of it
+  // before the GPU starts: then its GPU time alone. Marks' GPU times, ms from the start.
+  struct Probe {
+    double host_ms, gpu_ms, gpu_only_ms;
+  };
+  const auto probe = [&](const std::function<void()>& f, const std::function<void()>& after) {
+    Probe out{};
+    for (int queued = 0; queued < 2; ++queued) {
+      sync();
+      comm->barrier();
+      nccl->start_timeline();
+      if (queued) at::cuda::sleep(100'000'000);  // ~50 ms at the H200's ~2 GHz
+      nccl->mark("f");
+      f();
+      nccl->mark("f returned");
+      after();
+      double start = 0, end = 0, host = 0;
+      for (const auto& e : nccl->timeline()) {
+        if (e.numel != 0) continue;
+        if (e.what == "f") start = e.start_ms;
+        else if (e.what == "f returned") end = e.start_ms, host = e.host_start_ms;
+      }
+      if (queued) out.gpu_only_ms = end - start;
+      else out.host_ms = host, out.gpu_ms = end - start;
+    }
+    return out;
+  };
+  std::vector<std::pair<std::string, Probe>> probes;
+  if (nccl) {
+    probes.push_back({"backward alone", probe([&] { sharded.zero_grad(); backward(); }, [] {})});
+    probes.push_back({"no overlap: backward + step", probe([&] {
+                        sharded.zero_grad();
+                        backward();
+                        sharded.step();
+                      }, [] {})});
+  }
 #endif
-  for (int64_t mib : {bucket_mib, int64_t{64}, int64_t{128}, int64_t{256}}) {
-    if (mib != bucket_mib && mib <= bucket_mib) continue;
+  // Each size with the hooks' work on the optimizer's thread (ShardedOptions::overlap_thread, the
+  // default on a GPU) and on backward()'s.
+  std::vector<std::pair<int64_t, bool>> overlap_runs;  // (bucket MiB, on the thread)
+  for (int64_t mib : {bucket_mib, int64_t{64}, int64_t{128}, int64_t{256}})
+    if (mib == bucket_mib || mib > bucket_mib)
+      for (const bool thread : {false, true}) overlap_runs.push_back({mib, thread});
+  for (const auto& [mib, thread] : overlap_runs) {
     ld::ShardedOptions ov;
     ov.overlap = true;
+    ov.overlap_thread = thread;
     ov.bucket_bytes = mib << 20;
     ld::ShardedOptimizer overlapped(std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-4)),
                                     comm, ov);
@@ -244,9 +289,19 @@ int main(int argc, char** argv) {
       sync();
       step_only.push_back(now_ms() - t0);
     }
-    overlapped_ms.push_back({mib, overlapped.buckets(), ms, median(step_only)});
+    overlapped_ms.push_back({mib, thread, overlapped.buckets(), ms, median(step_only)});
 #if LOWBIT_WITH_NCCL
-    if (nccl && mib == bucket_mib) {  // one more iteration, on the GPU's clock
+    if (nccl) {
+      const std::string which = c10::str("overlap ", mib, " MiB", thread ? ", thread" : "");
+      probes.push_back({which + ": backward",
+                        probe([&] { overlapped.zero_grad(); backward(); }, [&] { overlapped.step(); })});
+      probes.push_back({which + ": backward + step", probe([&] {
+                          overlapped.zero_grad();
+                          backward();
+                          overlapped.step();
+                        }, [] {})});
+    }
+    if (nccl && mib == bucket_mib && thread) {  // one more iteration, on the GPU's clock
       overlapped.zero_grad();
       sync();
       comm->barrier();
@@ -302,13 +357,22 @@ int main(int argc, char** argv) {
     // update + all-gather), each part timed alone above; and never slower than without overlap.
     const double overlap_model = std::max(backward_ms, rs_ms) + update_ms + ag_ms;
     for (const Overlapped& o : overlapped_ms) {
-      std::printf("  backward + step       %9.3f ms   (overlap: %d bucket(s) of %lld MiB reduced from the hooks; "
+      std::printf("  backward + step       %9.3f ms   (overlap: %d bucket(s) of %lld MiB reduced from the hooks%s; "
                   "/ model %.2f, target <= 1.1; / no overlap %.2f)\n",
-                  o.ms, o.buckets, static_cast<long long>(o.mib), o.ms / overlap_model, o.ms / plain_ms);
+                  o.ms, o.buckets, static_cast<long long>(o.mib), o.thread ? " on their thread" : "",
+                  o.ms / overlap_model, o.ms / plain_ms);
       std::printf("    of which step()     %9.3f ms   (update + all-gather, bucket by bucket)\n", o.step_ms);
     }
     std::printf("  overlap model: max(backward %.3f, reduce_scatter %.3f) + update %.3f + all_gather %.3f = %.3f ms\n",
                 backward_ms, rs_ms, update_ms, ag_ms, overlap_model);
+#if LOWBIT_WITH_NCCL
+    if (!probes.empty())
+      std::printf("  one iteration each (rank 0): host = when it returned, gpu = when the GPU got there, gpu only = "
+                  "its GPU time queued behind a sleep\n");
+    for (const auto& pr : probes)
+      std::printf("    %-36s host %8.3f  gpu %8.3f  gpu only %8.3f ms\n", pr.first.c_str(), pr.second.host_ms,
+                  pr.second.gpu_ms, pr.second.gpu_only_ms);
+#endif
     if (!timeline.empty()) {
       // The GPU's view of one overlapped iteration: where the collectives ran against the marks.
       std::printf("  timeline (buckets of %lld MiB; ms from backward()'s call, on the GPU and on the host "

@@ -6,11 +6,16 @@
 #include <numeric>
 #include <unordered_set>
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/engine.h>
+
 #include "../kernels/common/step_config.h"
 #include "../optim/fragment_access.h"
 #include "../optim/grad_hooks.h"
 #include "../optim/step_calls.h"
 #include "../tensors/optim_ops.h"
+#include "serial_worker.h"
 #include "storage_residency.h"
 
 
@@ -118,6 +123,13 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   // The hooks check every parameter before any collective, so a refusal is the same on every rank
   // and leaves the parameters as they were. They fire only in backward(), never before the end of
   // this constructor.
+  TORCH_CHECK(!options_.overlap_thread.value_or(false) || options_.overlap, kSharded,
+              ": ShardedOptions::overlap_thread is true without overlap; the thread runs the overlap's hooks (set "
+              "overlap, or leave overlap_thread unset)");
+  // Fully sharded, the units' all-gathers are issued from backward()'s thread: the reductions stay
+  // there too, so that every rank issues them all in one order.
+  if (options_.overlap && !fully_sharded() && options_.overlap_thread.value_or(!device_.is_cpu()))
+    worker_ = std::make_unique<SerialWorker>();
   if (options_.overlap) {
     std::vector<at::Tensor> ps;
     for (const Param& pr : params_) ps.push_back(pr.param);
@@ -235,7 +247,15 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   if (fully_sharded()) ensure_states();
 }
 
-ShardedOptimizer::~ShardedOptimizer() = default;  // hooks_ removes the hooks
+ShardedOptimizer::~ShardedOptimizer() {
+  hooks_.reset();
+  // What the hooks handed the worker is issued, as the hooks would have issued it themselves: the
+  // other ranks wait for these collectives.
+  if (worker_) try {
+      worker_->drain();
+    } catch (...) {  // a failed collective: the communicator has reported it
+    }
+}
 
 std::vector<at::Tensor> ShardedOptimizer::fill_own_ranges(const std::vector<std::vector<size_t>>& planned,
                                                           const ShardFill& fill) {
@@ -446,20 +466,55 @@ void ShardedOptimizer::on_gradient(size_t m, const at::Tensor& param) {
   TORCH_CHECK(!params_[m].taken, kSharded, ": ", name(m), " received a second gradient before step(); with "
               "ShardedOptions::overlap call set_accumulating(true) before every backward() of a step but the last");
   torch::NoGradGuard no_grad;
-  take_gradient(m, param.grad());
-  reduce_ready_buckets();
+  if (!worker_) {
+    take_gradient(m, param.grad());
+    reduce_ready_buckets();
+    return;
+  }
+  // The checks and the flags here, the copy and the collectives on the worker, on the stream
+  // backward() runs on now (after the kernels that made the gradient). The last hook's work is
+  // issued before backward() returns (the engine's final callback waits for the worker), so a
+  // change to .grad after backward() is never seen, as without the worker.
+  at::Tensor g = param.grad();
+  check_gradient(m, g);
+  Param& pr = params_[m];
+  pr.taken = pr.had = true;
+  if (options_.release_gradients) pr.param.mutable_grad().reset();
+  if (!drain_queued_) {
+    torch::autograd::Engine::get_default_engine().queue_callback([this] {
+      drain_queued_ = false;
+      worker_->drain();
+    });
+    drain_queued_ = true;
+  }
+  const c10::Stream stream = c10::impl::VirtualGuardImpl(device_.type()).getStream(device_);
+  worker_->post([this, m, g = std::move(g), stream] {
+    c10::StreamGuard on_stream(stream);
+    torch::NoGradGuard no_grad;
+    copy_gradient(m, g);
+    reduce_ready_buckets();
+  });
 }
 
-void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .grad may be reset below
+void ShardedOptimizer::check_gradient(size_t m, const at::Tensor& g) const {
+  TORCH_CHECK(g.sizes() == params_[m].param.sizes() && !g.is_sparse(), kSharded, ": the gradient of ", name(m),
+              " has shape ", g.sizes(), "; expected ", params_[m].param.sizes());
+}
+
+void ShardedOptimizer::copy_gradient(size_t m, const at::Tensor& g) {
   Param& pr = params_[m];
-  TORCH_CHECK(g.sizes() == pr.param.sizes() && !g.is_sparse(), kSharded, ": the gradient of ", name(m), " has shape ",
-              g.sizes(), "; expected ", pr.param.sizes());
   Bucket& b = buckets_[pr.bucket];
   ensure_flat_grad(b);
   pr.in_flat_grad.copy_(g);
+  --b.waiting;
+}
+
+void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .grad may be reset below
+  check_gradient(m, g);
+  copy_gradient(m, g);
+  Param& pr = params_[m];
   if (options_.release_gradients) pr.param.mutable_grad().reset();
   pr.taken = pr.had = true;
-  --b.waiting;
 }
 
 void ShardedOptimizer::reduce_ready_buckets() {
@@ -814,6 +869,8 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   // Options edited since the last step are held to their ranges before anything moves (every rank
   // holds the same options, so every rank refuses together).
   optimizer_->check_groups();
+  if (worker_) worker_->drain();  // a backward() that threw left the worker busy (and its callback unrun)
+  drain_queued_ = false;
   const int rank = comm_->rank();
   // ---- the gradients no hook took (all of them without overlap) into the buckets, checked before
   // any collective; then the buckets not reduced yet, in order.
@@ -824,8 +881,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     TORCH_CHECK(g.defined() || options_.overlap, kSharded, ": ", name(m),
                 " has no gradient; every rank needs a gradient for every parameter (zero it where unused, or "
                 "use ShardedOptions::overlap, which counts a missing gradient as zeros)");
-    TORCH_CHECK(!g.defined() || (g.sizes() == pr.param.sizes() && !g.is_sparse()), kSharded, ": the gradient of ",
-                name(m), " has shape ", g.sizes(), "; expected ", pr.param.sizes());
+    if (g.defined()) check_gradient(m, g);
   }
   reduce_buckets_before(buckets_.size());
   comm_->order_after_collectives();

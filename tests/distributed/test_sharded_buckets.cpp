@@ -358,5 +358,96 @@ TEST(BucketReshard, Stage) {
   comm().barrier();
 }
 
+// ShardedOptions::overlap_thread: the hooks' copies and collectives on the optimizer's own thread
+// (the default on a GPU) or on backward()'s (the default on the CPU): the same bits either way.
+TEST(ShardedBuckets, HooksOnTheirOwnThreadOrBackwardsMatchOneProcess) {
+  const int last = comm().size() - 1;
+  const GradFn unused = [last](int r, int s, int k, at::IntArrayRef shape, at::ScalarType dtype) {
+    if (k == 4 || (k == 2 && r == 0) || (k == 1 && s == 2 && r == last)) return at::Tensor();
+    return rank_grad(r, s, k, shape, dtype);
+  };
+  for (const bool thread : {true, false}) {
+    ld::ShardedOptions so = bucketed();
+    so.overlap_thread = thread;
+    for (const RuleCase& rc : rule_cases()) {
+      SCOPED_TRACE(c10::str(rc.name, thread ? " on the thread" : " on backward()'s thread"));
+      expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rc.make(p, StateFormat::Q8, false); },
+                                 at::kFloat, so, 3, unused);
+    }
+    ld::ShardedOptions release = bucketed(1);
+    release.overlap_thread = thread;
+    release.release_gradients = true;
+    expect_same_as_one_process([&](std::vector<at::Tensor>& p) { return rule_cases()[0].make(p, StateFormat::Q4, true); },
+                               at::kBFloat16, release, 3);
+  }
+}
+
+// backward() returns once the thread has issued everything the hooks gave it: no bucket is left
+// pending, and a change to .grad after backward() is not seen (as without the thread).
+TEST(ShardedBuckets, TheThreadIssuesEverythingBeforeBackwardReturns) {
+  ld::ShardedOptions so = bucketed();
+  so.overlap_thread = true;
+  std::vector<at::Tensor> params = make_params(at::kFloat, device()), ref_params = make_params(at::kFloat, device());
+  const auto make = [](std::vector<at::Tensor>& p) { return std::make_shared<lo::AdamW>(p, lo::AdamWOptions(1e-2)); };
+  ld::ShardedOptimizer sharded(make(params), comm_ptr(), so), ref(make(ref_params), comm_ptr());
+  for (int s = 1; s <= 2; ++s) {
+    std::vector<at::Tensor> g;
+    for (size_t k = 0; k < params.size(); ++k) {
+      g.push_back(rank_grad(comm().rank(), s, static_cast<int>(k), params[k].sizes(), at::kFloat));
+      ref_params[k].mutable_grad() = g.back().to(device());
+    }
+    sharded.zero_grad();
+    backward_with(params, g);
+    EXPECT_EQ(sharded.buckets_pending(), 0) << "step " << s;
+    for (const at::Tensor& p : params) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+    sharded.step();
+    ref.step();
+  }
+  for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(bitwise_equal(params[k], ref_params[k])) << "parameter " << k;
+  EXPECT_EQ(sharded.skipped_steps(), 0);
+}
+
+// The job's communicator with a reduce_scatter that fails, as a broken link would.
+class FailingReduceScatter : public ld::Communicator {
+ public:
+  explicit FailingReduceScatter(std::shared_ptr<ld::Communicator> c) : c_(std::move(c)) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  const char* backend() const override { return "failing"; }
+  void all_reduce(at::Tensor& t, ld::ReduceOp op) override { c_->all_reduce(t, op); }
+  void reduce_scatter(const at::Tensor&, at::Tensor&, ld::ReduceOp) override {
+    TORCH_CHECK(false, "reduce_scatter failed on this link");
+  }
+  void all_gather(const at::Tensor& in, at::Tensor& out) override { c_->all_gather(in, out); }
+  void all_to_all(const at::Tensor& in, at::Tensor& out) override { c_->all_to_all(in, out); }
+  void broadcast(at::Tensor& t, int root) override { c_->broadcast(t, root); }
+  void barrier() override { c_->barrier(); }
+
+ private:
+  std::shared_ptr<ld::Communicator> c_;
+};
+
+TEST(ShardedBuckets, AFailureOnTheThreadEndsBackwardWithItsError) {
+  ld::ShardedOptions so = bucketed();
+  so.overlap_thread = true;
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  ld::ShardedOptimizer sharded(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-2)),
+                               std::make_shared<FailingReduceScatter>(comm_ptr()), so);
+  std::vector<at::Tensor> g;
+  for (size_t k = 0; k < params.size(); ++k)
+    g.push_back(rank_grad(comm().rank(), 1, static_cast<int>(k), params[k].sizes(), at::kFloat));
+  const std::string e = error_of([&] { backward_with(params, g); });
+  EXPECT_NE(e.find("reduce_scatter failed on this link"), std::string::npos) << e;
+}
+
+TEST(ShardedBuckets, AThreadWithoutOverlapIsRefused) {
+  ld::ShardedOptions so;
+  so.overlap_thread = true;
+  std::vector<at::Tensor> params = make_params(at::kFloat, device());
+  const std::string e = error_of(
+      [&] { ld::ShardedOptimizer s(std::make_shared<lo::AdamW>(params, lo::AdamWOptions(1e-2)), comm_ptr(), so); });
+  EXPECT_NE(e.find("ShardedOptions::overlap_thread is true without overlap"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace lowbit_test

@@ -76,6 +76,8 @@ std::string usage() {
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
          "            --copy-engine-gathers (--sharded on CUDA: the parameters' all-gathers on NCCL's copy engines)\n"
+         "            --overlap (--sharded: gradients reduce-scattered in buckets from backward()'s hooks)\n"
+         "            --overlap-thread auto|on|off (--overlap: the hooks' work on a thread of its own; auto: on for cuda)\n"
          "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
          "            the host by rank 0, or with --init keyed by no rank; with --gradient-release each unit steps in backward)\n"
          "            --param-dtype bf16 (with --dtype fp32: float32 shards, units computing in bfloat16) --reduce-dtype fp32|bf16\n"
@@ -156,6 +158,8 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
     else if (a == "--copy-engine-gathers") f.copy_engine_gathers = true;
+    else if (a == "--overlap") f.overlap = true;
+    else if (a == "--overlap-thread") f.overlap_thread = next();
     else if (a == "--compare") f.compare = next();
     else if (a == "--timeline") f.timeline = to_int(a, next(), 1, int64_t(1) << 40);
     else if (a == "--tolerance") f.tolerance = to_double(a, next(), 0, 1e9);
@@ -240,6 +244,13 @@ Flags parse_flags(int argc, char** argv) {
   if (f.copy_engine_gathers && (!f.sharded || f.fully_sharded || at::Device(f.device).type() != at::kCUDA))
     throw std::invalid_argument("--copy-engine-gathers puts --sharded's parameter all-gathers on NCCL's copy engines: "
                                 "it needs --sharded (not --fully-sharded) and --device cuda");
+  if (f.overlap && (!f.sharded || f.fully_sharded))
+    throw std::invalid_argument("--overlap reduce-scatters --sharded's gradients from backward()'s hooks: it needs "
+                                "--sharded (--fully-sharded always overlaps)");
+  if (f.overlap_thread != "auto" && f.overlap_thread != "on" && f.overlap_thread != "off")
+    throw std::invalid_argument("--overlap-thread takes auto, on or off, not " + f.overlap_thread);
+  if (f.overlap_thread != "auto" && !f.overlap)
+    throw std::invalid_argument("--overlap-thread runs --overlap's hooks on a thread of their own: pass --overlap too");
   if (f.fully_sharded && f.wire_updates != "none")
     throw std::invalid_argument("--fully-sharded gathers the parameters themselves in their compute dtype, not "
                                 "updates: --wire-updates is for --sharded (--wire-gradients works with both)");

@@ -50,6 +50,10 @@ struct Flags {
   bool sharded = false;
   std::string wire_gradients = "none", wire_updates = "none";
   bool copy_engine_gathers = false;  // InitOptions::copy_engine_gathers (--sharded over NCCL)
+  // --overlap: ShardedOptions::overlap (gradients reduce-scattered from backward()'s hooks);
+  // --overlap-thread auto|on|off: ShardedOptions::overlap_thread (auto: unset, on for a GPU).
+  bool overlap = false;
+  std::string overlap_thread = "auto";
   // --fully-sharded: the same data parallelism with parameters, gradients and state sharded
   // (lowbit::distributed::FullyShardedModule, one unit per block; the embeddings, final norm and
   // tied head in the root): each rank holds about 1/N of the model between its uses.

@@ -40,12 +40,15 @@ class Sharded : public TrainOptimizer {
     ld::ShardedOptions so;
     so.gradient_wire = wire(f.wire_gradients, false);
     so.update_wire = wire(f.wire_updates, true);
+    so.overlap = f.overlap;
+    if (f.overlap_thread != "auto") so.overlap_thread = f.overlap_thread == "on";
     inner_ = std::shared_ptr<lowbit::optim::LowbitOptimizer>(std::move(opt));
     sharded_ = std::make_unique<ld::ShardedOptimizer>(inner_, communicator(), so);
     std::ostringstream s;
     s << what << ", sharded over " << communicator()->size() << " ranks (" << communicator()->backend()
       << "), wire: gradients " << f.wire_gradients << ", updates " << f.wire_updates << ", "
-      << sharded_->wire_stats().bytes_per_parameter() << " bytes sent per parameter per step";
+      << sharded_->wire_stats().bytes_per_parameter() << " bytes sent per parameter per step"
+      << (f.overlap ? c10::str(", overlap in ", sharded_->buckets(), " buckets (hooks on ", f.overlap_thread, ")") : "");
     what_ = s.str();
   }
   void step() override { sharded_->step(); }

@@ -11,12 +11,13 @@
 // the low-bit wire (ShardedOptions::gradient_wire / update_wire): the sharded step and the bytes
 // each rank sends per parameter, against float32 and bfloat16 parameters on a full-precision wire
 // (--wire: only that part). --copy-engine: the parameters' all-gathers on NCCL's copy engines
-// (NcclOptions::copy_engine_gathers). --matmul ROWS: the gradients come from a matmul backward instead
+// (NcclOptions::copy_engine_gathers); --copy-engine-rs: the gradients' reduce-scatters too
+// (copy_engine_reductions). --matmul ROWS: the gradients come from a matmul backward instead
 // (each parameter a square matrix W, loss sum((X @ W) * G) with X, G of ROWS rows, TF32 on), which
 // leaves the memory bus to the collectives as a model's backward does; sum(p * g)'s backward is pure
 // memory traffic, like the reduce-scatters beside it.
 // Medians over the repetitions.
-//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--copy-engine] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
+//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs]] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -45,10 +46,10 @@ using lowbit_bench::now_ms;
 
 int main(int argc, char** argv) {
   if (lowbit_tools::wants_help(argc, argv,
-                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--copy-engine] [--matmul ROWS] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
+                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs]] [--matmul ROWS] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
                                "The sharded step's parts against NCCL's (or MPI's) bus bandwidth.\n"))
     return 0;
-  bool cuda = false, wire_only = false, copy_engine = false;
+  bool cuda = false, wire_only = false, copy_engine = false, copy_engine_rs = false;
   int64_t matmul_rows = 0;
   std::vector<int64_t> nums;
   for (int i = 1; i < argc; ++i) {
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
       wire_only = true;
     else if (std::strcmp(argv[i], "--copy-engine") == 0)
       copy_engine = true;
+    else if (std::strcmp(argv[i], "--copy-engine-rs") == 0)
+      copy_engine_rs = true;
     else if (std::strcmp(argv[i], "--matmul") == 0 && i + 1 < argc)
       matmul_rows = std::atoll(argv[++i]);
     else
@@ -68,7 +71,8 @@ int main(int argc, char** argv) {
   const int64_t bucket_mib = nums.size() > 3 ? nums[3] : 25;
   ld::InitOptions io;
   io.device_type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  io.copy_engine_gathers = copy_engine;
+  io.copy_engine_gathers = copy_engine || copy_engine_rs;
+  io.copy_engine_reductions = copy_engine_rs;
   auto comm = ld::init_from_env(io);
   const int n = comm->size(), rank = comm->rank();
   const at::Device dev = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ld::launch_env().local_rank)) : at::Device(at::kCPU);

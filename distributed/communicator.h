@@ -43,11 +43,12 @@ class Communicator {
   virtual void broadcast(at::Tensor& tensor, int root = 0) = 0;
   virtual void barrier() = 0;
 
-  // A flat buffer of `numel` elements that all_gather will fill and read again and again (the
-  // sharded optimizer's parameters). A backend that gathers faster into memory of its own gives
-  // that (NcclOptions::copy_engine_gathers: NCCL symmetric memory, gathered by the copy engines
-  // without taking compute units from the kernels beside them); the others at::empty. Collective:
-  // every rank asks for the same sizes in the same order. Uninitialized.
+  // A flat buffer of `numel` elements that all_gather will fill, or reduce_scatter read, again and
+  // again (the sharded optimizer's parameters and gradients). A backend that gathers faster into
+  // memory of its own gives that (NcclOptions::copy_engine_gathers: NCCL symmetric memory, gathered
+  // and with copy_engine_reductions exchanged by the copy engines, without taking compute units from
+  // the kernels beside them); the others at::empty. Collective: every rank asks for the same sizes
+  // in the same order. Uninitialized.
   at::Tensor gather_buffer(int64_t numel, const at::TensorOptions& options) {
     TORCH_CHECK(numel >= 0, backend(), ": gather_buffer: numel must be >= 0, got ", numel);
     return make_gather_buffer(numel, options);

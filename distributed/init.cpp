@@ -20,6 +20,8 @@ std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
   // Before anything collective, so that every rank refuses alike.
   TORCH_CHECK(!options.copy_engine_gathers || options.device_type == c10::DeviceType::CUDA,
               "init_from_env: copy_engine_gathers is NCCL's (device_type CUDA); device_type is ", options.device_type);
+  TORCH_CHECK(!options.copy_engine_reductions || options.copy_engine_gathers,
+              "init_from_env: copy_engine_reductions reduces from the buffers copy_engine_gathers makes: set both");
   const LaunchEnv env = launch_env();
   init_mpi();
   int rank = 0, size = 1;
@@ -44,6 +46,7 @@ std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
   NcclOptions no;
   no.timeout_s = options.timeout_s;
   no.copy_engine_gathers = options.copy_engine_gathers;
+  no.copy_engine_reductions = options.copy_engine_reductions;
   return std::make_shared<NcclCommunicator>(mpi, device, no);
 #else
   TORCH_CHECK(false, "init_from_env: device_type CUDA needs NCCL, and this build of lowbit has none (LOWBIT_NCCL)");

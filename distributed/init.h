@@ -18,7 +18,8 @@ struct InitOptions {
   c10::DeviceType device_type = c10::DeviceType::CPU;  // CPU: MpiCommunicator; CUDA: NcclCommunicator
   double timeout_s = 300.0;      // per collective (failure_test and users shorten it)
   bool abort_on_failure = true;  // a failed collective aborts the whole job (see MpiOptions)
-  bool copy_engine_gathers = false;  // CUDA: NcclOptions::copy_engine_gathers
+  bool copy_engine_gathers = false;     // CUDA: NcclOptions::copy_engine_gathers
+  bool copy_engine_reductions = false;  // CUDA: NcclOptions::copy_engine_reductions (with the gathers)
 };
 
 std::shared_ptr<Communicator> init_from_env(const InitOptions& options = {});

@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -159,6 +160,15 @@ struct NcclCommunicator::Impl {
   // the all-gathers whose tensors lie in `symmetric` buffers run on it (same own stream).
   ncclComm_t ce = nullptr;
   std::shared_ptr<SymmetricBuffers> symmetric = std::make_shared<SymmetricBuffers>();
+  // copy_engine_reductions: the all-to-all's receive buffer per size in bytes (symmetric, kept).
+  std::mutex scratch_mu;
+  std::map<size_t, at::Tensor> scratch;
+  // Whether a reduce-scatter of `input` runs on the copy engines; nccl_mu held.
+  bool reduces_on_copy_engines(const at::Tensor& input) {
+    if (!ce || input.scalar_type() != at::kFloat) return false;
+    std::lock_guard<std::mutex> lock(symmetric->mu);
+    return symmetric->holds(input.data_ptr(), input.nbytes());
+  }
   cudaEvent_t ready = nullptr;  // under nccl_mu: the caller's stream position, for the next enqueue
   cudaEvent_t joined = nullptr;  // under nccl_mu: the own stream's position, for order_after_collectives
   std::atomic<bool> defer{false};  // defer_stream_waits
@@ -377,6 +387,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   TORCH_CHECK(!options.copy_engine_gathers || NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0), kNccl,
               ": NcclOptions::copy_engine_gathers needs NCCL 2.28 or later (symmetric windows and the zero-CTA "
               "policy); this build has NCCL ", NCCL_VERSION_CODE);
+  TORCH_CHECK(!options.copy_engine_reductions || options.copy_engine_gathers, kNccl,
+              ": NcclOptions::copy_engine_reductions reduces from the buffers copy_engine_gathers makes: set both");
   int devices = 0;
   TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices, kNccl, ": device ",
               device, " is not one of the ", devices, " visible CUDA devices");
@@ -635,6 +647,12 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
   check_usable(name);
   check_chunked_collective(kNccl, name, input, output, impl_->size, /*input_is_whole=*/true);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  bool copy_engines = false;
+  if (options_.copy_engine_reductions && impl_->size > 1 && input.numel() > 0) {
+    std::lock_guard<std::mutex> nccl(impl_->nccl_mu);
+    copy_engines = impl_->reduces_on_copy_engines(input);
+  }
+  if (copy_engines) return reduce_scatter_on_copy_engines(input, output, op);
   const bool native = reduces_natively(input.scalar_type());
   const at::Tensor in = native ? input : input.to(at::kFloat);
   at::Tensor out = native ? output : at::empty({output.numel()}, in.options());
@@ -645,6 +663,39 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
     if (op == ReduceOp::Avg) out.div_(impl_->size);
     if (!native) output.copy_(out.view(output.sizes()));
   });
+}
+
+void NcclCommunicator::reduce_scatter_on_copy_engines(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)  // copy_engine_gathers is refused below that
+  Impl& m = *impl_;
+  const int n = m.size;
+  const size_t bytes = input.nbytes();
+  at::Tensor received;
+  {
+    std::lock_guard<std::mutex> lock(m.scratch_mu);
+    auto it = m.scratch.find(bytes);
+    if (it != m.scratch.end()) received = it->second;
+  }
+  if (!received.defined()) {  // collective: every rank reduces the same buckets in the same order
+    received = make_gather_buffer(input.numel(), input.options());
+    std::lock_guard<std::mutex> lock(m.scratch_mu);
+    m.scratch[bytes] = received;
+  }
+  const int64_t chunk = output.numel();
+  run("reduce_scatter", input.numel(), {input, output, received}, [&](void* s) {
+    return static_cast<int>(ncclAlltoAll(input.data_ptr(), received.data_ptr(), static_cast<size_t>(chunk), ncclFloat,
+                                         m.ce, static_cast<cudaStream_t>(s)));
+  }, [&] {
+    // Rank r's chunk from every rank, added in rank order.
+    at::Tensor out = output.view({chunk});
+    at::add_out(out, received.narrow(0, 0, chunk), received.narrow(0, chunk, chunk));
+    for (int r = 2; r < n; ++r) out.add_(received.narrow(0, r * chunk, chunk));
+    if (op == ReduceOp::Avg) out.div_(n);
+  });
+#else
+  (void)input, (void)output, (void)op;
+  TORCH_INTERNAL_ASSERT(false, "copy_engine_reductions below NCCL 2.28");
+#endif
 }
 
 void NcclCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {

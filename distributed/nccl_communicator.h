@@ -37,6 +37,13 @@ struct NcclOptions {
   // collective, so they are not registered again): one dropped is given to the next request of its
   // size, which every rank must make at the same point.
   bool copy_engine_gathers = false;
+  // With copy_engine_gathers: a reduce_scatter whose input lies in a gather_buffer() (the sharded
+  // optimizer's gradient buckets) exchanges its chunks on the copy engines (all-to-all into a
+  // symmetric scratch buffer of the input's size, one per size, held like the buffers) and sums
+  // what it received with one kernel per rank beyond the first, in rank order: a reduce-scatter
+  // that takes no compute units from backward's kernels beside it but that sum's. Deterministic;
+  // its sums are in another order than NCCL's ring for 3 ranks or more.
+  bool copy_engine_reductions = false;
 };
 
 class NcclCommunicator : public Communicator {
@@ -102,6 +109,7 @@ class NcclCommunicator : public Communicator {
   void run(const char* collective, int64_t numel, const std::vector<at::Tensor>& tensors,
            const std::function<int(void* stream)>& launch, const std::function<void()>& post = {});
   void check_usable(const char* collective) const;
+  void reduce_scatter_on_copy_engines(const at::Tensor& input, at::Tensor& output, ReduceOp op);
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<MpiCommunicator> bootstrap_;
   int device_ = 0;

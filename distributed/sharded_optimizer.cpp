@@ -162,7 +162,9 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
     // ZeRO-1/2: the parameters live in flat_param and are all-gathered into it every step, in memory
     // the communicator gathers into fastest (gather_buffer); fully sharded: a transient buffer.
     b.flat_param = fully_sharded() ? at::zeros({b.layout.total}, opts) : comm_->gather_buffer(b.layout.total, opts).zero_();
-    b.flat_grad = at::zeros({b.layout.total}, opts.dtype(b.reduce));
+    // ZeRO-1/2: in memory the communicator reduces from fastest (gather_buffer); fully sharded: transient.
+    b.flat_grad = fully_sharded() ? at::zeros({b.layout.total}, opts.dtype(b.reduce))
+                                  : comm_->gather_buffer(b.layout.total, opts.dtype(b.reduce)).zero_();
     if (options_.zero1) {
       b.grad_shard = b.flat_grad.narrow(0, rank * b.layout.chunk, b.layout.chunk);
     } else if (b.reduce == at::kFloat && !step_in_backward_) {

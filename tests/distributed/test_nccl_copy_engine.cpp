@@ -1,6 +1,6 @@
 // NcclOptions::copy_engine_gathers: gather_buffer() memory is NCCL symmetric memory, and an
-// all-gather within it runs on the copy-engine communicator. The values are the plain
-// communicator's, bit for bit; buffers dropped are given to the next request of their size; the
+// all-gather within it runs on the copy-engine communicator (with copy_engine_reductions a
+// reduce-scatter from it too). The values are the plain communicator's, bit for bit; buffers dropped are given to the next request of their size; the
 // sharded optimizer over such a communicator matches one process as over the plain one. Over NCCL
 // only (--cuda).
 #include "dist_util.h"
@@ -15,10 +15,11 @@
 namespace lowbit_test {
 namespace {
 
-std::shared_ptr<ld::NcclCommunicator> make_copy_engine_nccl() {
+std::shared_ptr<ld::NcclCommunicator> make_copy_engine_nccl(bool reductions = false) {
   ld::NcclOptions no;
   no.timeout_s = 120;
   no.copy_engine_gathers = true;
+  no.copy_engine_reductions = reductions;
   return nccl_of_the_job(no);
 }
 
@@ -82,6 +83,49 @@ TEST(NcclCopyEngine, BadBufferRequestsAreClearErrors) {
 TEST(NcclCopyEngine, TheShardedOptimizerOverItMatchesOneProcess) {
   SKIP_WITHOUT_NCCL();
   expect_sharded_over_matches_one_process(make_copy_engine_nccl());
+  expect_sharded_over_matches_one_process(make_copy_engine_nccl(/*reductions=*/true));
+}
+
+// copy_engine_reductions: a float32 reduce-scatter from a gather_buffer() exchanges its chunks on
+// the copy engines and sums them in rank order; integers in float32 sum exactly in any order, so
+// the plain communicator's result is the bits to get. Others (bfloat16, inputs outside the
+// buffers) take NCCL's kernels.
+TEST(NcclCopyEngine, ReducesFromItsBuffersWhatThePlainCommunicatorReduces) {
+  SKIP_WITHOUT_NCCL();
+  auto c = make_copy_engine_nccl(/*reductions=*/true);
+  const int r = c->rank(), n = c->size();
+  const auto opts = at::TensorOptions().device(device());
+  for (const int64_t chunk : {int64_t{1}, int64_t{4097}, int64_t{1} << 20}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (const ld::ReduceOp op : {ld::ReduceOp::Sum, ld::ReduceOp::Avg}) {
+        SCOPED_TRACE(c10::str("chunk ", chunk, " ", dtype, op == ld::ReduceOp::Avg ? " avg" : " sum"));
+        const at::Tensor values = (at::arange(chunk * n, opts.dtype(at::kFloat)).remainder(251) + r * 7).to(dtype);
+        at::Tensor buf = c->gather_buffer(chunk * n, opts.dtype(dtype));
+        buf.copy_(values);
+        at::Tensor got = at::full({chunk}, -1.0, opts.dtype(dtype)), want = at::empty({chunk}, opts.dtype(dtype));
+        c->reduce_scatter(buf, got, op);
+        comm().reduce_scatter(values, want, op);
+        EXPECT_TRUE(bitwise_equal(got.cpu(), want.cpu()));
+        EXPECT_TRUE(bitwise_equal(buf.cpu(), values.cpu())) << "the input is left as it was";
+        // Again (the scratch buffer of this size reused), and from plain memory (NCCL's kernels).
+        at::Tensor again = at::empty({chunk}, opts.dtype(dtype)), plain = at::empty({chunk}, opts.dtype(dtype));
+        c->reduce_scatter(buf, again, op);
+        c->reduce_scatter(values, plain, op);
+        EXPECT_TRUE(bitwise_equal(again.cpu(), want.cpu()));
+        EXPECT_TRUE(bitwise_equal(plain.cpu(), want.cpu()));
+      }
+    }
+  }
+  c->synchronize();
+}
+
+TEST(NcclCopyEngine, ReductionsWithoutGathersAreRefused) {
+  SKIP_WITHOUT_NCCL();
+  ld::NcclOptions no;
+  no.copy_engine_reductions = true;
+  const std::string e = error_of([&] { nccl_of_the_job(no); });
+  EXPECT_NE(e.find("NcclOptions::copy_engine_reductions reduces from the buffers copy_engine_gathers makes"),
+            std::string::npos) << e;
 }
 
 }  // namespace

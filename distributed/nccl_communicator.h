@@ -37,12 +37,15 @@ struct NcclOptions {
   // collective, so they are not registered again): one dropped is given to the next request of its
   // size, which every rank must make at the same point.
   bool copy_engine_gathers = false;
-  // With copy_engine_gathers: a reduce_scatter whose input lies in a gather_buffer() (the sharded
-  // optimizer's gradient buckets) exchanges its chunks on the copy engines (all-to-all into a
-  // symmetric scratch buffer of the input's size, one per size, held like the buffers) and sums
-  // what it received with one kernel per rank beyond the first, in rank order: a reduce-scatter
-  // that takes no compute units from backward's kernels beside it but that sum's. Deterministic;
-  // its sums are in another order than NCCL's ring for 3 ranks or more.
+  // With copy_engine_gathers: a float32 reduce_scatter whose input lies in a gather_buffer() (the
+  // sharded optimizer's gradient buckets) exchanges its chunks on the copy engines (all-to-all into
+  // a symmetric scratch buffer of the input's size, one per size, held like the buffers) and sums
+  // what it received with one kernel per rank beyond the first, in rank order: it takes no compute
+  // units from backward's kernels beside it but that sum's. Deterministic; its sums are in another
+  // order than NCCL's ring for 3 ranks or more. On 2 H200s over NVLink (bench_sharded_step, 268M
+  // parameters) the sharded step 0.94-0.95x, the overlapped backward + step 0.93-0.96x. On one node
+  // with NVLink only: elsewhere NCCL runs the all-to-all on its kernels, slower than its
+  // reduce-scatter (kept off NVLink: the step 1.06x, the overlap 1.0-1.25x).
   bool copy_engine_reductions = false;
 };
 

@@ -167,6 +167,7 @@ const Job& job(const Flags& f) {
   ld::InitOptions io;
   io.device_type = at::Device(f.device).type();
   io.copy_engine_gathers = f.copy_engine_gathers;
+  io.copy_engine_reductions = f.copy_engine_reductions;
   // --fully-sharded --init torch: rank 0 builds the whole model on the host before the first
   // collective, which takes minutes at tens of billions of parameters; the others wait in that
   // collective meanwhile. With --init keyed every rank fills its own shards (seconds).

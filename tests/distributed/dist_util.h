@@ -130,4 +130,22 @@ inline at::Tensor wire_chunk_mean(const std::vector<at::Tensor>& exact, const st
   return mean;
 }
 
+// Another communicator's collectives passed through; a test overrides the one it breaks.
+class ForwardingCommunicator : public ld::Communicator {
+ public:
+  explicit ForwardingCommunicator(std::shared_ptr<ld::Communicator> c) : c_(std::move(c)) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  const char* backend() const override { return c_->backend(); }
+  void all_reduce(at::Tensor& t, ld::ReduceOp op) override { c_->all_reduce(t, op); }
+  void reduce_scatter(const at::Tensor& in, at::Tensor& out, ld::ReduceOp op) override { c_->reduce_scatter(in, out, op); }
+  void all_gather(const at::Tensor& in, at::Tensor& out) override { c_->all_gather(in, out); }
+  void all_to_all(const at::Tensor& in, at::Tensor& out) override { c_->all_to_all(in, out); }
+  void broadcast(at::Tensor& t, int root) override { c_->broadcast(t, root); }
+  void barrier() override { c_->barrier(); }
+
+ private:
+  std::shared_ptr<ld::Communicator> c_;
+};
+
 }  // namespace lowbit_test

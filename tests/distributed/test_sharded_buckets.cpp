@@ -408,23 +408,12 @@ TEST(ShardedBuckets, TheThreadIssuesEverythingBeforeBackwardReturns) {
 }
 
 // The job's communicator with a reduce_scatter that fails, as a broken link would.
-class FailingReduceScatter : public ld::Communicator {
+class FailingReduceScatter : public ForwardingCommunicator {
  public:
-  explicit FailingReduceScatter(std::shared_ptr<ld::Communicator> c) : c_(std::move(c)) {}
-  int rank() const override { return c_->rank(); }
-  int size() const override { return c_->size(); }
-  const char* backend() const override { return "failing"; }
-  void all_reduce(at::Tensor& t, ld::ReduceOp op) override { c_->all_reduce(t, op); }
+  using ForwardingCommunicator::ForwardingCommunicator;
   void reduce_scatter(const at::Tensor&, at::Tensor&, ld::ReduceOp) override {
     TORCH_CHECK(false, "reduce_scatter failed on this link");
   }
-  void all_gather(const at::Tensor& in, at::Tensor& out) override { c_->all_gather(in, out); }
-  void all_to_all(const at::Tensor& in, at::Tensor& out) override { c_->all_to_all(in, out); }
-  void broadcast(at::Tensor& t, int root) override { c_->broadcast(t, root); }
-  void barrier() override { c_->barrier(); }
-
- private:
-  std::shared_ptr<ld::Communicator> c_;
 };
 
 TEST(ShardedBuckets, AFailureOnTheThreadEndsBackwardWithItsError) {

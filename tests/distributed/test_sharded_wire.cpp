@@ -231,21 +231,11 @@ TEST(ShardedWire, WireStatsCountTheBytesEachRankSends) {
 }
 
 // The job's communicator with an all_to_all it refuses, as a backend without one would.
-class NoAllToAll : public ld::Communicator {
+class NoAllToAll : public ForwardingCommunicator {
  public:
-  explicit NoAllToAll(std::shared_ptr<ld::Communicator> c) : c_(std::move(c)) {}
-  int rank() const override { return c_->rank(); }
-  int size() const override { return c_->size(); }
+  using ForwardingCommunicator::ForwardingCommunicator;
   const char* backend() const override { return "no-all-to-all"; }
-  void all_reduce(at::Tensor& t, ld::ReduceOp op) override { c_->all_reduce(t, op); }
-  void reduce_scatter(const at::Tensor& in, at::Tensor& out, ld::ReduceOp op) override { c_->reduce_scatter(in, out, op); }
-  void all_gather(const at::Tensor& in, at::Tensor& out) override { c_->all_gather(in, out); }
   void all_to_all(const at::Tensor&, at::Tensor&) override { TORCH_CHECK(false, "all_to_all is not supported here"); }
-  void broadcast(at::Tensor& t, int root) override { c_->broadcast(t, root); }
-  void barrier() override { c_->barrier(); }
-
- private:
-  std::shared_ptr<ld::Communicator> c_;
 };
 
 TEST(ShardedWire, ACommunicatorWithoutAllToAllIsNamedWhenConstructed) {

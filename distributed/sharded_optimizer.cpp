@@ -53,6 +53,9 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
   TORCH_CHECK(comm_, kSharded, ": communicator is null");
   TORCH_CHECK(options_.bucket_bytes >= 0, kSharded,
               ": ShardedOptions::bucket_bytes must be >= 0 (0: the default), got ", options_.bucket_bytes);
+  TORCH_CHECK(!options_.overlap_thread.value_or(false) || options_.overlap, kSharded,
+              ": ShardedOptions::overlap_thread is true without overlap; the thread runs the overlap's hooks (set "
+              "overlap, or leave overlap_thread unset)");
   const char* grad_wire_option = gradient_wire_option();
   if (options_.gradient_wire) {
     check_wire_compression(*options_.gradient_wire, grad_wire_option);
@@ -120,16 +123,13 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                   comm_->backend(), " communicator refused on rank ", comm_->rank(), ": ", e.what_without_backtrace());
     }
   }
-  // The hooks check every parameter before any collective, so a refusal is the same on every rank
-  // and leaves the parameters as they were. They fire only in backward(), never before the end of
-  // this constructor.
-  TORCH_CHECK(!options_.overlap_thread.value_or(false) || options_.overlap, kSharded,
-              ": ShardedOptions::overlap_thread is true without overlap; the thread runs the overlap's hooks (set "
-              "overlap, or leave overlap_thread unset)");
   // Fully sharded, the units' all-gathers are issued from backward()'s thread: the reductions stay
   // there too, so that every rank issues them all in one order.
   if (options_.overlap && !fully_sharded() && options_.overlap_thread.value_or(!device_.is_cpu()))
     worker_ = std::make_unique<SerialWorker>();
+  // The hooks check every parameter before any collective, so a refusal is the same on every rank
+  // and leaves the parameters as they were. They fire only in backward(), never before the end of
+  // this constructor.
   if (options_.overlap) {
     std::vector<at::Tensor> ps;
     for (const Param& pr : params_) ps.push_back(pr.param);

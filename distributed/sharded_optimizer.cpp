@@ -479,9 +479,7 @@ void ShardedOptimizer::on_gradient(size_t m, const at::Tensor& param) {
   // change to .grad after backward() is never seen, as without the worker.
   at::Tensor g = param.grad();
   check_gradient(m, g);
-  Param& pr = params_[m];
-  pr.taken = pr.had = true;
-  if (options_.release_gradients) pr.param.mutable_grad().reset();
+  mark_taken(m);
   if (!drain_queued_) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] {
       drain_queued_ = false;
@@ -511,12 +509,16 @@ void ShardedOptimizer::copy_gradient(size_t m, const at::Tensor& g) {
   --b.waiting;
 }
 
+void ShardedOptimizer::mark_taken(size_t m) {
+  Param& pr = params_[m];
+  pr.taken = pr.had = true;
+  if (options_.release_gradients) pr.param.mutable_grad().reset();
+}
+
 void ShardedOptimizer::take_gradient(size_t m, at::Tensor g) {  // g by value: .grad may be reset below
   check_gradient(m, g);
   copy_gradient(m, g);
-  Param& pr = params_[m];
-  if (options_.release_gradients) pr.param.mutable_grad().reset();
-  pr.taken = pr.had = true;
+  mark_taken(m);
 }
 
 void ShardedOptimizer::reduce_ready_buckets() {

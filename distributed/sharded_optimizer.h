@@ -308,6 +308,7 @@ class ShardedOptimizer {
   void take_gradient(size_t m, at::Tensor grad);   // checked, copied into its bucket, flagged taken
   void check_gradient(size_t m, const at::Tensor& grad) const;  // its shape
   void copy_gradient(size_t m, const at::Tensor& grad);         // into its bucket (the worker's part)
+  void mark_taken(size_t m);  // this step's gradient is in (or on its way to) the bucket; .grad dropped if released
   void reduce_ready_buckets();
   void update(size_t group, const std::vector<size_t>& frags, const at::Tensor& found_inf, const at::Tensor& sumsq,
               const std::vector<at::Tensor>& lamb_rows);

@@ -64,6 +64,14 @@ TEST(LaunchEnv, CopyEngineGathersOutsideCudaAreRefusedBeforeAnythingCollective) 
             std::string::npos) << e;
 }
 
+TEST(LaunchEnv, CopyEngineReductionsWithoutTheGathersAreRefusedBeforeAnythingCollective) {
+  ld::InitOptions o;
+  o.copy_engine_reductions = true;
+  const std::string e = error_of([&] { ld::init_from_env(o); });
+  EXPECT_NE(e.find("init_from_env: copy_engine_reductions reduces from the buffers copy_engine_gathers makes: set both"),
+            std::string::npos) << e;
+}
+
 TEST(LaunchEnv, ThisJobAgreesWithTheCommunicator) {
   const ld::LaunchEnv e = ld::launch_env();
   EXPECT_EQ(e.rank, comm().rank());

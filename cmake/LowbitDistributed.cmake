@@ -57,7 +57,7 @@ function(lowbit_add_distributed target)
   set(dir ${PROJECT_SOURCE_DIR}/distributed)
   target_sources(${target} PRIVATE
     ${dir}/communicator.cpp ${dir}/compressed_wire.cpp ${dir}/flat_layout.cpp ${dir}/fully_sharded_module.cpp ${dir}/init.cpp
-    ${dir}/launch_env.cpp ${dir}/mpi_communicator.cpp ${dir}/serial_worker.cpp ${dir}/sharded_checkpoint.cpp
+    ${dir}/launch_env.cpp ${dir}/mpi_communicator.cpp ${dir}/rank_agreement.cpp ${dir}/serial_worker.cpp ${dir}/sharded_checkpoint.cpp
     ${dir}/sharded_optimizer.cpp)
   target_link_libraries(${target} PRIVATE MPI::MPI_CXX)
   if(LOWBIT_WITH_NCCL)

@@ -23,6 +23,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "rank_agreement.h"
+
 namespace lowbit {
 namespace distributed {
 
@@ -392,6 +394,14 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   int devices = 0;
   TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices, kNccl, ": device ",
               device, " is not one of the ", devices, " visible CUDA devices");
+  // The options that decide which collectives run (a copy-engine all-to-all where a peer runs a
+  // reduce-scatter, a communicator split that a peer never joins): the same on every rank, checked
+  // over the bootstrap before anything of NCCL's is made.
+  const auto yes_no = [](int64_t x) { return std::string(x ? "true" : "false"); };
+  require_ranks_agree(*bootstrap_, at::kCPU,
+                      {{"NcclOptions::copy_engine_gathers", options.copy_engine_gathers, yes_no},
+                       {"NcclOptions::copy_engine_reductions", options.copy_engine_reductions, yes_no}},
+                      kNccl, "every rank must construct its NcclCommunicator with the same NcclOptions");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   impl_ = std::make_unique<Impl>(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device)));
   Impl& m = *impl_;

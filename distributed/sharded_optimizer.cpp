@@ -15,6 +15,7 @@
 #include "../optim/grad_hooks.h"
 #include "../optim/step_calls.h"
 #include "../tensors/optim_ops.h"
+#include "rank_agreement.h"
 #include "serial_worker.h"
 #include "storage_residency.h"
 
@@ -310,7 +311,7 @@ at::ScalarType ShardedOptimizer::reduce_dtype(at::ScalarType param) const {
 
 void ShardedOptimizer::check_ranks_agree() {
   // What every rank must share, each with the name an error gives it.
-  std::vector<std::pair<std::string, int64_t>> v = {
+  std::vector<AgreedValue> v = {
       {"ShardedOptions::zero1", options_.zero1},
       {"ShardedOptions::overlap", options_.overlap},
       {"ShardedOptions::bucket_bytes", options_.bucket_bytes},
@@ -318,12 +319,13 @@ void ShardedOptimizer::check_ranks_agree() {
       {"ShardedOptions::broadcast_parameters", options_.broadcast_parameters},
       {"FullyShardedOptions::initialize (set or not)", filled_},
   };
+  const auto format = [](int64_t x) { return std::string(format_name(static_cast<QuantFormat>(x))); };
   for (const auto& [what, w] : {std::make_pair(gradient_wire_option(), &options_.gradient_wire),
                                 std::make_pair("ShardedOptions::update_wire", &options_.update_wire)}) {
     const WireCompression c = w->value_or(WireCompression{});
     const std::string name = what;
     v.push_back({name + " (set or not)", w->has_value()});
-    v.push_back({name + ".format", static_cast<int64_t>(c.format)});
+    v.push_back({name + ".format", static_cast<int64_t>(c.format), format});
     v.push_back({name + ".block_size", c.block_size});
     v.push_back({name + ".error_feedback", c.error_feedback});
   }
@@ -337,7 +339,7 @@ void ShardedOptimizer::check_ranks_agree() {
   v.push_back({"the number of units (the root's included)", static_cast<int64_t>(units_.size())});
   // Then, where the counts agree (so every rank sends as many), each unit and each parameter: a
   // model built otherwise on one rank shows first in the unit it changed.
-  std::vector<std::pair<std::string, int64_t>> detail;
+  std::vector<AgreedValue> detail;
   for (const Unit& unit : units_) {
     int64_t numel = 0;
     for (size_t m : unit.members) numel += params_[m].param.numel();
@@ -346,27 +348,9 @@ void ShardedOptimizer::check_ranks_agree() {
   }
   for (size_t m = 0; m < params_.size(); ++m)
     detail.push_back({c10::str("the number of elements of ", name(m)), params_[m].param.numel()});
-  for (const auto* list : {&v, &detail}) {
-    const int64_t n = static_cast<int64_t>(list->size());
-    at::Tensor mine = at::empty({n}, at::kLong);
-    for (int64_t i = 0; i < n; ++i) mine.data_ptr<int64_t>()[i] = (*list)[static_cast<size_t>(i)].second;
-    at::Tensor all = at::empty({comm_->size() * n}, at::TensorOptions().dtype(at::kLong).device(device_));
-    comm_->all_gather(mine.to(device_), all);
-    const at::Tensor host = all.cpu();
-    const int64_t* a = host.data_ptr<int64_t>();
-    for (int r = 1; r < comm_->size(); ++r)
-      for (int64_t i = 0; i < n; ++i) {
-        const std::string& what = (*list)[static_cast<size_t>(i)].first;
-        const bool is_format = what.size() > 7 && what.compare(what.size() - 7, 7, ".format") == 0;
-        const auto show = [&](int64_t x) {
-          return is_format ? std::string(format_name(static_cast<QuantFormat>(x))) : std::to_string(x);
-        };
-        const char* who = fully_sharded() ? "FullyShardedModule" : kSharded;
-        TORCH_CHECK(a[r * n + i] == a[i], who, ": the ranks disagree on ", what, ": rank 0 has ", show(a[i]),
-                    ", rank ", r, " has ", show(a[r * n + i]), "; every rank must construct its ", who,
-                    " with the same options, units and parameters");
-      }
-  }
+  const std::string who = fully_sharded() ? "FullyShardedModule" : kSharded;
+  const std::string advice = "every rank must construct its " + who + " with the same options, units and parameters";
+  for (const auto* list : {&v, &detail}) require_ranks_agree(*comm_, device_, *list, who, advice);
 }
 
 void ShardedOptimizer::make_wire_buffers(Bucket& b) {

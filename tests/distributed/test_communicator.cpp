@@ -2,6 +2,8 @@
 // checks take the communicator, so every backend runs them (test_process_group_communicator.cpp).
 #include "dist_util.h"
 
+#include <lowbit/distributed/rank_agreement.h>
+
 namespace lowbit_test {
 
 void expect_expected_values(ld::Communicator& c) {
@@ -179,6 +181,25 @@ namespace {
 TEST(Communicator, CollectivesGiveTheExpectedValues) { expect_expected_values(comm()); }
 
 TEST(Communicator, BadArgumentsAreNamedAndChangeNothing) { expect_bad_arguments_named(comm()); }
+
+// require_ranks_agree: every rank gets the same error, naming the first setting and rank that
+// differ from rank 0 (shown as asked); settings every rank shares pass.
+TEST(Communicator, RanksThatDisagreeAreNamedOnEveryRank) {
+  ld::Communicator& c = comm();
+  const auto even = [](int64_t x) { return std::string(x % 2 ? "odd" : "even"); };
+  ld::require_ranks_agree(c, device(), {{"a", 7}, {"b", -3, even}}, "Test", "set them alike");
+  ld::require_ranks_agree(c, device(), {}, "Test", "nothing to compare");
+  if (c.size() < 2) return;
+  const int last = c.size() - 1;
+  const std::string e = error_of([&] {
+    ld::require_ranks_agree(c, device(), {{"a", 7}, {"b", c.rank() == last ? 5 : 4, even}, {"c", c.rank()}}, "Test",
+                            "set them alike");
+  });
+  // Rank 1 differs on c before the last rank differs on b: rank by rank, the first setting first.
+  const std::string want = last == 1 ? "Test: the ranks disagree on b: rank 0 has even, rank 1 has odd; set them alike"
+                                     : "Test: the ranks disagree on c: rank 0 has 0, rank 1 has 1; set them alike";
+  EXPECT_EQ(e, want);
+}
 
 }  // namespace
 }  // namespace lowbit_test

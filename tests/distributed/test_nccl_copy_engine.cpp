@@ -128,6 +128,36 @@ TEST(NcclCopyEngine, ReductionsWithoutGathersAreRefused) {
             std::string::npos) << e;
 }
 
+// Ranks that ask for different copy-engine options would run different collectives (one an
+// all-to-all, the other a reduce-scatter; a split the other never joins): every rank is refused at
+// construction, naming the option and the rank.
+TEST(NcclCopyEngine, RanksWithDifferentOptionsAreRefused) {
+  SKIP_WITHOUT_NCCL();
+  if (comm().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const bool last = comm().rank() == comm().size() - 1;
+  ld::NcclOptions gathers;
+  gathers.timeout_s = 120;
+  gathers.copy_engine_gathers = !last;
+  std::string e = error_of([&] { nccl_of_the_job(gathers); });
+  const std::string r = std::to_string(comm().size() - 1);
+  EXPECT_NE(e.find("NcclCommunicator: the ranks disagree on NcclOptions::copy_engine_gathers: rank 0 has true, rank " +
+                   r + " has false; every rank must construct its NcclCommunicator with the same NcclOptions"),
+            std::string::npos)
+      << e;
+  ld::NcclOptions reductions = gathers;
+  reductions.copy_engine_gathers = true;
+  reductions.copy_engine_reductions = !last;
+  e = error_of([&] { nccl_of_the_job(reductions); });
+  EXPECT_NE(e.find("the ranks disagree on NcclOptions::copy_engine_reductions: rank 0 has true, rank " + r +
+                   " has false"),
+            std::string::npos)
+      << e;
+  // The job's communicator is untouched and works.
+  at::Tensor t = at::ones({3}, at::TensorOptions().device(device()));
+  comm().all_reduce(t);
+  EXPECT_EQ(t.sum().item<float>(), 3.0f * comm().size());
+}
+
 }  // namespace
 }  // namespace lowbit_test
 

@@ -20,6 +20,7 @@
 
 #include <ATen/Context.h>
 #include <lowbit/lowbit.h>
+#include <lowbit/tensors/optim_ops.h>
 #include <lowbit/tools/program_args.h>
 
 #include "timing.h"
@@ -196,6 +197,22 @@ int main(int argc, char** argv) {
     at::Tensor p = at::randn({n});
     lo::LAMB o({p}, lo::LAMBOptions());
     report("LAMB", StateFormat::Q8, time_steps(o, p));
+  }
+  // LAMB's check rides on its first pass (LowbitOptimizer::step_only); "prepass" is the check as its
+  // own read of the gradients first (a flag given to step_parameters), "nocheck" none at all.
+  if (want("LAMB prepass", "Q8")) {
+    at::Tensor p = at::randn({n});
+    struct PrePass {
+      lo::LAMB o;
+      at::Tensor p;
+      void step() { o.step_parameters({p}, std::get<0>(lowbit::ops::grad_check({p.grad()}, {0}, 1, false))); }
+    } o{lo::LAMB({p}, lo::LAMBOptions()), p};
+    report("LAMB prepass", StateFormat::Q8, time_steps(o, p));
+  }
+  if (want("LAMB nocheck", "Q8")) {
+    at::Tensor p = at::randn({n});
+    lo::LAMB o({p}, lo::LAMBOptions().skip_nonfinite(false));
+    report("LAMB nocheck", StateFormat::Q8, time_steps(o, p));
   }
   // Many small tensors: 4096 of 4096 elements (per-parameter overhead, one fused launch per group).
   if (want("small", "Q8")) {

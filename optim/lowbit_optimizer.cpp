@@ -401,10 +401,23 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   std::vector<DeviceGrads> devices;
   bool want_sumsq = false, any_grad = false;
   std::vector<bool> prepass(param_groups_.size());
+  // LAMB's first pass reads every gradient anyway: on the CPU the non-finite check rides on it
+  // (lamb_check below), for a group that skips and does not clip (clipping needs the gradients'
+  // norm before that pass) whose parameters in this step are all on the CPU with their state made
+  // (a first step keeps the pre-pass, so that a skipped group makes no state). Not where the
+  // caller gives found_inf: then there is no pre-pass to spare.
+  std::vector<char> lamb_check(param_groups_.size(), 0);
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const CommonOptions c = common(param_groups_[gi].options());
     want_sumsq |= c.max_grad_norm > 0;
     prepass[gi] = c.skip_nonfinite || c.max_grad_norm > 0;
+    lamb_check[gi] = !found_inf.defined() && c.skip_nonfinite && c.max_grad_norm == 0 &&
+                     config(param_groups_[gi].options()).rule == kernels::Rule::LAMB;
+  }
+  for (const auto& [gi, i] : where) {
+    if (!lamb_check[gi]) continue;
+    const at::Tensor& p = param_groups_[gi].params()[i];
+    if (p.grad().defined() && (!p.is_cpu() || states_.count(p.unsafeGetTensorImpl()) == 0)) lamb_check[gi] = 0;
   }
   for (const auto& [gi, i] : where) {
     const at::Tensor& p = param_groups_[gi].params()[i];
@@ -418,7 +431,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
                 g.device(), "; grad_check's flag), got ", found_inf.scalar_type(), " of shape ", found_inf.sizes(),
                 " on ", found_inf.device());
     any_grad = true;
-    if (!prepass[gi]) continue;
+    if (!prepass[gi] || lamb_check[gi]) continue;
     auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == g.device(); });
     if (d == devices.end()) d = devices.insert(devices.end(), DeviceGrads{g.device(), {}, {}, {}, {}});
     d->grads.push_back(g);
@@ -435,7 +448,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   if (graphs && inputs.recordable && step_graph_->repeats(inputs)) {
     refresh_lr();  // lr is written outside the recording: the replays read whatever it is then
     try {
-      recording = ops::record(*inputs.device, [&] { enqueue_step(devices, want_sumsq, where, &stepped_cpu); });
+      recording = ops::record(*inputs.device, [&] { enqueue_step(devices, want_sumsq, lamb_check, where, &stepped_cpu); });
     } catch (const std::exception& e) {
       TORCH_WARN("lowbit: ", name(), ": recording a step as a CUDA graph failed, so steps run as they come: ", e.what());
       step_graph_->give_up();
@@ -445,7 +458,7 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     recording->replay();
     step_graph_->keep(std::move(recording), std::move(inputs));
   } else {
-    enqueue_step(devices, want_sumsq, where, &stepped_cpu);
+    enqueue_step(devices, want_sumsq, lamb_check, where, &stepped_cpu);
     if (graphs) step_graph_->remember(std::move(inputs));
   }
 
@@ -456,39 +469,26 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   else if (stepped_cpu) check_overflow_on(true, &where);
 }
 
-void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq, const std::vector<Position>& where,
+void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq,
+                                   const std::vector<char>& lamb_check, const std::vector<Position>& where,
                                    bool* stepped_cpu) {
   // ---- pre-pass: one read of every gradient, on its device: is anything non-finite (then the
   // step is skipped for every group that skips), and each group's squared norm for clipping.
   const int64_t ngroups = static_cast<int64_t>(param_groups_.size());
   for (DeviceGrads& d : devices)
     if (!d.found_inf.defined()) std::tie(d.found_inf, d.sumsq) = ops::grad_check(d.grads, d.groups, ngroups, want_sumsq);
-  if (devices.size() > 1) {
-    // Parameters on several devices: the skip and the norms cover all of them (cross-device copies;
-    // the norm adds the devices' partial sums, so clipping may differ from one device in the last bit).
-    at::Tensor found = devices[0].found_inf, sumsq = devices[0].sumsq;
-    for (size_t k = 1; k < devices.size(); ++k) {
-      found = at::maximum(found, devices[k].found_inf.to(found.device()));
-      sumsq = sumsq + devices[k].sumsq.to(sumsq.device());
-    }
-    for (DeviceGrads& d : devices) {
-      d.found_inf = found.to(d.device);
-      d.sumsq = sumsq.to(d.device);
-    }
-  }
-  // On the CPU the skip is decided here: skipped groups' state is not even created.
-  const bool cpu_found = !devices.empty() && count_skipped(skipped_, devices[0].found_inf);
 
-  // ---- the calls: per group, one per (device, state layout); `where` is in group order.
-  size_t next = 0;
-  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
-    const size_t first = next;
+  // `where` is in group order: each group's positions.
+  std::vector<std::pair<size_t, size_t>> range(param_groups_.size(), {0, 0});
+  for (size_t next = 0; next < where.size();) {
+    const size_t gi = where[next].first, first = next;
     while (next < where.size() && where[next].first == gi) ++next;
-    if (first == next) continue;  // no parameter of this group in the step
+    range[gi] = {first, next};
+  }
+  // A group's op calls (states made where missing); they read the pre-pass through `devices`.
+  const auto group_calls = [&](size_t gi) {
     auto& group = param_groups_[gi];
-    const auto& options = group.options();
     GroupStep gs = group_step(gi);
-    if (gs.common.skip_nonfinite && cpu_found) continue;
     const bool prepass = gs.common.skip_nonfinite || gs.common.max_grad_norm > 0;
     gs.grad_checks = [&devices, gi, prepass](at::Device device) {
       const auto d = std::find_if(devices.begin(), devices.end(), [&](const DeviceGrads& x) { return x.device == device; });
@@ -496,17 +496,59 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
       TORCH_INTERNAL_ASSERT(d != devices.end(), "no gradient pre-pass on ", device);
       return GradChecks{d->found_inf, d->sumsq.defined() ? d->sumsq.narrow(0, static_cast<int64_t>(gi), 1) : at::Tensor()};
     };
-    StepCalls calls(std::move(gs), next - first);
-    for (size_t k = first; k < next; ++k) {
+    auto calls = std::make_unique<StepCalls>(std::move(gs), range[gi].second - range[gi].first);
+    for (size_t k = range[gi].first; k < range[gi].second; ++k) {
       const size_t i = where[k].second;
       at::Tensor& p = group.params()[i];
       const at::Tensor& grad = p.grad();  // once: each grad() asks autograd whether p is a leaf
       if (!grad.defined()) continue;
-      ParamState& st = ensure_state(p, options, gi, i);
+      ParamState& st = ensure_state(p, group.options(), gi, i);
       *stepped_cpu |= p.is_cpu();
-      calls.add(p, grad, st, 0, param_rng_key(gi, i));
+      calls->add(p, grad, st, 0, param_rng_key(gi, i));
     }
-    calls.step();
+    return calls;
+  };
+
+  // ---- LAMB's first pass where the check rides on it (step_only: lamb_check), before any group
+  // steps: a non-finite gradient there skips every group that skips, as the pre-pass's would.
+  std::vector<std::unique_ptr<StepCalls>> first_passed(param_groups_.size());
+  if (std::any_of(lamb_check.begin(), lamb_check.end(), [](char c) { return c != 0; })) {
+    auto cpu = std::find_if(devices.begin(), devices.end(), [](const DeviceGrads& x) { return x.device.is_cpu(); });
+    if (cpu == devices.end()) cpu = devices.insert(devices.end(), DeviceGrads{at::kCPU, {}, {}, at::zeros({1}), {}});
+    const at::Tensor cpu_found = cpu->found_inf;
+    bool found = false;
+    for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+      if (!lamb_check[gi] || range[gi].first == range[gi].second) continue;
+      first_passed[gi] = group_calls(gi);
+      found |= first_passed[gi]->lamb_first_pass();
+    }
+    if (found) cpu_found.fill_(1.0f);
+  }
+  if (devices.size() > 1) {
+    // Parameters on several devices: the skip and the norms cover all of them (cross-device copies;
+    // the norm adds the devices' partial sums, so clipping may differ from one device in the last bit).
+    at::Tensor found = devices[0].found_inf, sumsq = devices[0].sumsq;
+    for (size_t k = 1; k < devices.size(); ++k) {
+      found = at::maximum(found, devices[k].found_inf.to(found.device()));
+      if (sumsq.defined() && devices[k].sumsq.defined()) sumsq = sumsq + devices[k].sumsq.to(sumsq.device());
+    }
+    for (DeviceGrads& d : devices) {
+      d.found_inf = found.to(d.device);
+      if (sumsq.defined()) d.sumsq = sumsq.to(d.device);
+    }
+  }
+  // On the CPU the skip is decided here: skipped groups' state is not even created.
+  const bool cpu_found = !devices.empty() && count_skipped(skipped_, devices[0].found_inf);
+
+  // ---- the calls: per group, one per (device, state layout).
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    if (range[gi].first == range[gi].second) continue;  // no parameter of this group in the step
+    if (common(param_groups_[gi].options()).skip_nonfinite && cpu_found) continue;
+    if (first_passed[gi]) {
+      first_passed[gi]->step();
+    } else {
+      group_calls(gi)->step();
+    }
   }
 }
 

@@ -208,8 +208,9 @@ class LowbitOptimizer : public torch::optim::Optimizer {
   // are done; `devices` holds the devices' gradients (and found_inf where it was given),
   // `stepped_cpu` is set where a CPU parameter steps.
   struct DeviceGrads;
-  void enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq, const std::vector<Position>& where,
-                    bool* stepped_cpu);
+  // lamb_check: per group, whether its non-finite check rides on LAMB's first pass (step_only).
+  void enqueue_step(std::vector<DeviceGrads>& devices, bool want_sumsq, const std::vector<char>& lamb_check,
+                    const std::vector<Position>& where, bool* stepped_cpu);
   // The state changed (created, loaded, replaced): a recorded step that points to it is dropped.
   void state_changed();
 

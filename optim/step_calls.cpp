@@ -2,6 +2,7 @@
 #include "step_calls.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "../kernels/common/format_table.h"
 
@@ -109,6 +110,26 @@ at::Tensor StepCalls::lamb_norms() {
   at::Tensor out = ops::optim_lamb_norms(std::move(buckets_[0].args), group_.reference);
   buckets_.clear();
   return out;
+}
+
+bool StepCalls::lamb_first_pass() {
+  bool found = false;
+  for (Bucket& b : buckets_) {
+    TORCH_CHECK(b.norms.empty() && !b.args.lamb_norms, "StepCalls::lamb_first_pass: the norms are given already");
+    at::Tensor rows = ops::optim_lamb_norms(b.args, group_.reference);  // the args are copied: step() needs them
+    const at::Tensor host = rows.cpu();
+    const double* r = host.const_data_ptr<double>();
+    bool finite_rows = true;
+    for (size_t i = 0; i < b.args.grads.size(); ++i) {
+      if (std::isfinite(r[2 * i]) && std::isfinite(r[2 * i + 1])) continue;
+      finite_rows = false;
+      const at::Tensor& g = b.args.grads[i];
+      const at::Tensor flag = std::get<0>(ops::grad_check({g}, {0}, 1, false));
+      found |= flag.cpu().const_data_ptr<float>()[0] != 0.0f;
+    }
+    if (finite_rows) b.args.lamb_norms = rows;
+  }
+  return found;
 }
 
 bool count_skipped(at::Tensor& skipped, const at::Tensor& found_inf) {

@@ -66,6 +66,13 @@ class StepCalls {
   // LAMB's norms of every item, in the order added: float64 [items, 2]; the items (of one state
   // layout on one device: one call) are then gone.
   at::Tensor lamb_norms();
+  // LAMB's first pass of every call now (optim_lamb_norms), its norms kept for step(), which then
+  // runs only the update. Returns whether a gradient holds a non-finite value: one makes its
+  // parameter's sums NaN (the update direction m / (sqrt(v) + eps) is Inf / Inf or NaN), so only
+  // the rare rows whose sums are not finite have their gradients read again (finite gradients
+  // make such sums where the parameter is not finite, or with eps 0 where a gradient is 0: 0 / 0).
+  // A call with such a row keeps the first pass in its step, as without this.
+  bool lamb_first_pass();
 
  private:
   struct Bucket {

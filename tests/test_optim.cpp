@@ -330,6 +330,63 @@ TEST(OptimBehaviour, NonFiniteGradientSkipsTheWholeStep) {
   }
 }
 
+// LAMB on the CPU checks the gradients in its first pass (no pre-pass once the state is made): the
+// same bits as a twin given the pre-pass's flag (step_parameters with grad_check's found_inf, which
+// keeps the pre-pass), a non-finite gradient in any group skips every group, and rows whose sums are
+// not finite from finite gradients (a NaN parameter) step as
+// before rather than skip (their gradients are read again).
+TEST(OptimBehaviour, LambsCheckInItsFirstPassSkipsAsThePrePassDoes) {
+  auto pa = make_params(), pb = clone_all(pa);
+  const auto make = [](std::vector<at::Tensor>& p) {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{p[0], p[1]});
+    groups.emplace_back(std::vector<at::Tensor>{p[2], p[3]},
+                        std::make_unique<lo::LAMBOptions>(lo::LAMBOptions(5e-3).weight_decay(0.02)));
+    return std::make_unique<lo::LAMB>(groups, lo::LAMBOptions(1e-2).weight_decay(0.01));
+  };
+  auto fused = make(pa), twin = make(pb);
+  const auto twin_step = [&] {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : pb) grads.push_back(p.grad());
+    const at::Tensor found = std::get<0>(lowbit::ops::grad_check(grads, std::vector<int64_t>(grads.size(), 0), 1, false));
+    twin->step_parameters(pb, found);
+  };
+  const auto both = [&](const std::vector<at::Tensor>& gs) {
+    set_grads(pa, gs);
+    set_grads(pb, gs);
+    fused->step();
+    twin_step();
+  };
+  for (int s = 0; s < 3; ++s) {
+    both(random_grads(pa));
+    ASSERT_TRUE(all_bitwise_equal(pa, pb)) << "step " << s;
+  }
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    for (const size_t k : {size_t{1}, size_t{2}}) {  // FP32 state in group 0, quantized in group 1
+      const auto before = clone_all(pa);
+      const auto state_before = fused->export_state_fp32(pa[0]);
+      const int64_t skipped = fused->skipped_steps();
+      auto gs = random_grads(pa);
+      gs[k].view(-1)[k == 1 ? 999 : 12345] = bad;
+      both(gs);
+      EXPECT_EQ(fused->skipped_steps(), skipped + 1) << bad << " in parameter " << k;
+      EXPECT_TRUE(all_bitwise_equal(pa, before)) << bad << " in parameter " << k;
+      EXPECT_TRUE(all_bitwise_equal(fused->export_state_fp32(pa[0]), state_before));
+      EXPECT_EQ(twin->skipped_steps(), fused->skipped_steps());
+    }
+  }
+  // A NaN parameter makes its sums NaN from finite gradients: stepped, as before.
+  pa[3].view(-1)[5] = NAN;
+  pb[3].view(-1)[5] = NAN;
+  both(random_grads(pa));
+  EXPECT_EQ(fused->skipped_steps(), 6);
+  EXPECT_EQ(twin->skipped_steps(), 6);
+  EXPECT_TRUE(all_bitwise_equal(pa, pb));
+  EXPECT_FALSE(at::isfinite(pa[3]).all().item<bool>());  // stepped (into NaN), not skipped
+  both(random_grads(pa));
+  EXPECT_TRUE(all_bitwise_equal(pa, pb));
+}
+
 // Without the pre-pass (no skip, no clipping) a step is the same step: finite gradients give the
 // same bits, and a NaN gradient is stepped, not skipped (what skip_nonfinite(false) asks): its
 // state overflows and the step says so.

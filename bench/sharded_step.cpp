@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -329,6 +330,27 @@ int main(int argc, char** argv) {
   at::Tensor bytes_t = at::full({1}, static_cast<double>(plain_state), at::TensorOptions().dtype(at::kDouble).device(dev));
   comm->all_reduce(bytes_t);
   const double all_state = bytes_t.cpu()[0].item<double>();
+  const auto print_timeline = [&] {
+    if (!timeline.empty()) {
+      // The GPU's view of one overlapped iteration: where the collectives ran against the marks.
+      std::printf("  timeline (buckets of %lld MiB; ms from backward()'s call, on the GPU and on the host "
+                  "(the call); rank %d):\n", static_cast<long long>(timeline_mib), rank);
+      double busy[2] = {0, 0}, host[2] = {0, 0};
+      for (const auto& e : timeline) {
+        if (e.numel == 0) {
+          std::printf("    gpu %8.3f             host %8.3f  %s\n", e.start_ms, e.host_start_ms, e.what.c_str());
+          continue;
+        }
+        const bool gather = e.what.rfind("all_gather", 0) == 0;
+        busy[gather] += e.end_ms - e.start_ms;
+        host[gather] += e.host_end_ms - e.host_start_ms;
+        std::printf("    gpu %8.3f .. %8.3f  host %8.3f .. %8.3f  %s of %lld\n", e.start_ms, e.end_ms, e.host_start_ms,
+                    e.host_end_ms, e.what.c_str(), static_cast<long long>(e.numel));
+      }
+      std::printf("    collectives' GPU time: %.3f ms reduce-scatter / all-reduce, %.3f ms all-gather; their calls' "
+                  "host time: %.3f / %.3f ms\n", busy[0], busy[1], host[0], host[1]);
+    }
+  };
   if (rank == 0) {
     std::printf("bench_sharded_step: %d rank(s) (%s), %lld params x %lld elements (fp32), AdamW Q8; backward of %s\n", n,
                 comm->backend(), static_cast<long long>(count), static_cast<long long>(numel),
@@ -377,26 +399,24 @@ int main(int argc, char** argv) {
       std::printf("    %-36s host %8.3f  gpu %8.3f  gpu only %8.3f ms\n", pr.first.c_str(), pr.second.host_ms,
                   pr.second.gpu_ms, pr.second.gpu_only_ms);
 #endif
-    if (!timeline.empty()) {
-      // The GPU's view of one overlapped iteration: where the collectives ran against the marks.
-      std::printf("  timeline (buckets of %lld MiB; ms from backward()'s call, on the GPU and on the host "
-                  "(the call); rank 0):\n", static_cast<long long>(timeline_mib));
-      double busy[2] = {0, 0}, host[2] = {0, 0};
-      for (const auto& e : timeline) {
-        if (e.numel == 0) {
-          std::printf("    gpu %8.3f             host %8.3f  %s\n", e.start_ms, e.host_start_ms, e.what.c_str());
-          continue;
-        }
-        const bool gather = e.what.rfind("all_gather", 0) == 0;
-        busy[gather] += e.end_ms - e.start_ms;
-        host[gather] += e.host_end_ms - e.host_start_ms;
-        std::printf("    gpu %8.3f .. %8.3f  host %8.3f .. %8.3f  %s of %lld\n", e.start_ms, e.end_ms, e.host_start_ms,
-                    e.host_end_ms, e.what.c_str(), static_cast<long long>(e.numel));
-      }
-      std::printf("    collectives' GPU time: %.3f ms reduce-scatter / all-reduce, %.3f ms all-gather; their calls' "
-                  "host time: %.3f / %.3f ms\n", busy[0], busy[1], host[0], host[1]);
-    }
+    print_timeline();
   }
+  // LOWBIT_BENCH_EVERY_RANK=1: the other ranks' probes and timelines too, one rank after another (a
+  // collective's wait for a late peer shows on the rank that waited).
+  const char* every = std::getenv("LOWBIT_BENCH_EVERY_RANK");
+  if (every && std::string(every) == "1")
+    for (int r = 1; r < n; ++r) {
+      comm->barrier();
+      if (rank != r) continue;
+      std::printf("  rank %d:\n", r);
+#if LOWBIT_WITH_NCCL
+      for (const auto& pr : probes)
+        std::printf("    %-36s host %8.3f  gpu %8.3f  gpu only %8.3f ms\n", pr.first.c_str(), pr.second.host_ms,
+                    pr.second.gpu_ms, pr.second.gpu_only_ms);
+#endif
+      print_timeline();
+      std::fflush(stdout);
+    }
   wire_section();
   return 0;
 }

@@ -403,9 +403,10 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
   std::vector<bool> prepass(param_groups_.size());
   // LAMB's first pass reads every gradient anyway: on the CPU the non-finite check rides on it
   // (lamb_check below), for a group that skips and does not clip (clipping needs the gradients'
-  // norm before that pass) whose parameters in this step are all on the CPU with their state made
-  // (a first step keeps the pre-pass, so that a skipped group makes no state). Not where the
-  // caller gives found_inf: then there is no pre-pass to spare.
+  // norm before that pass) whose parameters in this step have their state made (a first step keeps
+  // the pre-pass, so that a skipped group makes no state), in a step of CPU parameters only (the
+  // flag it sets is the CPU's alone). Not where the caller gives found_inf: then there is no
+  // pre-pass to spare.
   std::vector<char> lamb_check(param_groups_.size(), 0);
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     const CommonOptions c = common(param_groups_[gi].options());
@@ -414,10 +415,15 @@ void LowbitOptimizer::step_only(const std::unordered_set<c10::TensorImpl*>* only
     lamb_check[gi] = !found_inf.defined() && c.skip_nonfinite && c.max_grad_norm == 0 &&
                      config(param_groups_[gi].options()).rule == kernels::Rule::LAMB;
   }
-  for (const auto& [gi, i] : where) {
-    if (!lamb_check[gi]) continue;
-    const at::Tensor& p = param_groups_[gi].params()[i];
-    if (p.grad().defined() && (!p.is_cpu() || states_.count(p.unsafeGetTensorImpl()) == 0)) lamb_check[gi] = 0;
+  if (std::any_of(lamb_check.begin(), lamb_check.end(), [](char c) { return c != 0; })) {
+    bool cpu_only = true;
+    for (const auto& [gi, i] : where) {
+      const at::Tensor& p = param_groups_[gi].params()[i];
+      if (!p.grad().defined()) continue;
+      cpu_only &= p.is_cpu();
+      if (states_.count(p.unsafeGetTensorImpl()) == 0) lamb_check[gi] = 0;
+    }
+    if (!cpu_only) std::fill(lamb_check.begin(), lamb_check.end(), 0);
   }
   for (const auto& [gi, i] : where) {
     const at::Tensor& p = param_groups_[gi].params()[i];
@@ -509,8 +515,9 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
     return calls;
   };
 
-  // ---- LAMB's first pass where the check rides on it (step_only: lamb_check), before any group
-  // steps: a non-finite gradient there skips every group that skips, as the pre-pass's would.
+  // ---- LAMB's first pass where the check rides on it (step_only: lamb_check; a step of CPU
+  // parameters only), before any group steps: a non-finite gradient there skips every group that
+  // skips, as the pre-pass's would.
   std::vector<std::unique_ptr<StepCalls>> first_passed(param_groups_.size());
   if (std::any_of(lamb_check.begin(), lamb_check.end(), [](char c) { return c != 0; })) {
     auto cpu = std::find_if(devices.begin(), devices.end(), [](const DeviceGrads& x) { return x.device.is_cpu(); });
@@ -530,11 +537,11 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
     at::Tensor found = devices[0].found_inf, sumsq = devices[0].sumsq;
     for (size_t k = 1; k < devices.size(); ++k) {
       found = at::maximum(found, devices[k].found_inf.to(found.device()));
-      if (sumsq.defined() && devices[k].sumsq.defined()) sumsq = sumsq + devices[k].sumsq.to(sumsq.device());
+      sumsq = sumsq + devices[k].sumsq.to(sumsq.device());
     }
     for (DeviceGrads& d : devices) {
       d.found_inf = found.to(d.device);
-      if (sumsq.defined()) d.sumsq = sumsq.to(d.device);
+      d.sumsq = sumsq.to(d.device);
     }
   }
   // On the CPU the skip is decided here: skipped groups' state is not even created.

@@ -330,6 +330,13 @@ int main(int argc, char** argv) {
   at::Tensor bytes_t = at::full({1}, static_cast<double>(plain_state), at::TensorOptions().dtype(at::kDouble).device(dev));
   comm->all_reduce(bytes_t);
   const double all_state = bytes_t.cpu()[0].item<double>();
+  const auto print_probes = [&] {
+#if LOWBIT_WITH_NCCL
+    for (const auto& pr : probes)
+      std::printf("    %-36s host %8.3f  gpu %8.3f  gpu only %8.3f ms\n", pr.first.c_str(), pr.second.host_ms,
+                  pr.second.gpu_ms, pr.second.gpu_only_ms);
+#endif
+  };
   const auto print_timeline = [&] {
     if (!timeline.empty()) {
       // The GPU's view of one overlapped iteration: where the collectives ran against the marks.
@@ -395,9 +402,7 @@ int main(int argc, char** argv) {
     if (!probes.empty())
       std::printf("  one iteration each (rank 0): host = when it returned, gpu = when the GPU got there, gpu only = "
                   "its GPU time queued behind a sleep\n");
-    for (const auto& pr : probes)
-      std::printf("    %-36s host %8.3f  gpu %8.3f  gpu only %8.3f ms\n", pr.first.c_str(), pr.second.host_ms,
-                  pr.second.gpu_ms, pr.second.gpu_only_ms);
+    print_probes();
 #endif
     print_timeline();
   }
@@ -409,11 +414,7 @@ int main(int argc, char** argv) {
       comm->barrier();
       if (rank != r) continue;
       std::printf("  rank %d:\n", r);
-#if LOWBIT_WITH_NCCL
-      for (const auto& pr : probes)
-        std::printf("    %-36s host %8.3f  gpu %8.3f  gpu only %8.3f ms\n", pr.first.c_str(), pr.second.host_ms,
-                    pr.second.gpu_ms, pr.second.gpu_only_ms);
-#endif
+      print_probes();
       print_timeline();
       std::fflush(stdout);
     }

@@ -15,8 +15,11 @@
 // (copy_engine_reductions). --matmul ROWS: the gradients come from a matmul backward instead
 // (each parameter a square matrix W, loss sum((X @ W) * G) with X, G of ROWS rows, TF32 on), which
 // leaves the memory bus to the collectives as a model's backward does; sum(p * g)'s backward is pure
-// memory traffic, like the reduce-scatters beside it.
-// Medians over the repetitions.
+// memory traffic, like the reduce-scatters beside it. The backward + step comparisons run in
+// rounds, each configuration once per round, their ratios taken within a round (a transport whose
+// pace drifts moves them alike). Over NCCL, probes of single iterations (host and GPU time), one of
+// them backward beside a reduce-scatter it never waits for (what the GPU's sharing costs by itself).
+// Medians over the repetitions (rounds).
 //   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs]] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -26,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -34,7 +38,10 @@
 #include <lowbit/build_config.h>
 #include <lowbit/lowbit.h>
 #if LOWBIT_WITH_NCCL
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <lowbit/distributed/nccl_communicator.h>
 #endif
 
@@ -193,31 +200,100 @@ int main(int argc, char** argv) {
     mx = at::randn({matmul_rows, side}, at::TensorOptions().device(dev));
     mg = at::randn({matmul_rows, side}, at::TensorOptions().device(dev)) * 1e-3;
   }
-  const auto backward = [&] {
+  const auto backward = [&](const std::vector<at::Tensor>& ps) {
     at::Tensor loss = at::zeros({}, at::TensorOptions().device(dev));
-    for (size_t k = 0; k < params.size(); ++k)
-      loss = loss + (matmul_rows > 0 ? (mx.mm(params[k].view({side, side})) * mg).sum() : (params[k] * g[k]).sum());
+    for (size_t k = 0; k < ps.size(); ++k)
+      loss = loss + (matmul_rows > 0 ? (mx.mm(ps[k].view({side, side})) * mg).sum() : (ps[k] * g[k]).sum());
     loss.backward();
   };
-  const double backward_ms = time([&] {
-    sharded.zero_grad();
-    backward();
-  });
-  const double plain_ms = time([&] {
-    sharded.zero_grad();
-    backward();
-    sharded.step();
-  });
   const int64_t plain_state = sharded.state_bytes();
-  // Overlap at each bucket size: each optimizer over the same parameters (they become views of its
-  // buckets, and the one before steps no more), freed before the next.
+  // Overlap at each bucket size, with the hooks' work on the optimizer's thread
+  // (ShardedOptions::overlap_thread, the default on a GPU) and on backward()'s. Each configuration
+  // steps parameters of its own (they become views of its buckets), all alive at once.
   struct Overlapped {
     int64_t mib;
     bool thread;
-    int buckets;
-    double ms, step_ms;
+    std::vector<at::Tensor> params;
+    std::unique_ptr<ld::ShardedOptimizer> opt;
+    std::vector<double> ms, per_model, per_plain;  // per round
+    double step_ms = 0;
   };
-  std::vector<Overlapped> overlapped_ms;
+  std::vector<Overlapped> overlapped;
+  for (int64_t mib : {bucket_mib, int64_t{64}, int64_t{128}, int64_t{256}}) {
+    if (mib != bucket_mib && mib <= bucket_mib) continue;
+    for (const bool thread : {false, true}) {
+      Overlapped o{mib, thread, {}, nullptr, {}, {}, {}, 0};
+      for (int64_t k = 0; k < count; ++k) o.params.push_back(at::randn({numel}, at::TensorOptions().device(dev)).set_requires_grad(true));
+      ld::ShardedOptions ov;
+      ov.overlap = true;
+      ov.overlap_thread = thread;
+      ov.bucket_bytes = mib << 20;
+      o.opt = std::make_unique<ld::ShardedOptimizer>(
+          std::make_shared<lowbit::optim::AdamW>(o.params, lowbit::optim::AdamWOptions(1e-4)), comm, ov);
+      overlapped.push_back(std::move(o));
+    }
+  }
+  // Rounds: each part and configuration once per round, in the same order, after a warm-up round.
+  // A transport whose pace drifts during a job (NCCL's network transport does, by a third between
+  // jobs) then moves them alike: the ratios are taken within each round (the model from that
+  // round's parts), and their medians reported.
+  const auto once = [&](const std::function<void()>& f) {
+    sync();
+    comm->barrier();
+    const double t0 = now_ms();
+    f();
+    sync();
+    return now_ms() - t0;
+  };
+  std::vector<double> backward_r, plain_r, rs_r, ag_r, update_r;
+  for (int r = -1; r < reps; ++r) {
+    const double b = once([&] {
+      sharded.zero_grad();
+      backward(params);
+    });
+    const double p = once([&] {
+      sharded.zero_grad();
+      backward(params);
+      sharded.step();
+    });
+    const double rs = once([&] { comm->reduce_scatter(flat, shard, ld::ReduceOp::Avg); });
+    const double ag = once([&] { comm->all_gather(flat.narrow(0, rank * chunk, chunk), flat); });
+    const double up = once([&] { local_opt.step(); });
+    // The overlap's target (issue 38): backward + step <= 1.1 x (max(backward, reduce-scatter) +
+    // update + all-gather), and never slower than without overlap.
+    const double model = std::max(b, rs) + up + ag;
+    for (Overlapped& o : overlapped) {
+      const double t = once([&] {
+        o.opt->zero_grad();
+        backward(o.params);
+        o.opt->step();
+      });
+      if (r < 0) continue;
+      o.ms.push_back(t);
+      o.per_model.push_back(t / model);
+      o.per_plain.push_back(t / p);
+    }
+    if (r < 0) continue;
+    backward_r.push_back(b);
+    plain_r.push_back(p);
+    rs_r.push_back(rs);
+    ag_r.push_back(ag);
+    update_r.push_back(up);
+  }
+  for (Overlapped& o : overlapped) {
+    std::vector<double> step_only;
+    for (int r = 0; r < reps; ++r) {
+      o.opt->zero_grad();
+      backward(o.params);
+      sync();
+      comm->barrier();
+      const double t0 = now_ms();
+      o.opt->step();
+      sync();
+      step_only.push_back(now_ms() - t0);
+    }
+    o.step_ms = median(step_only);
+  }
   struct Span {
     std::string what;
     int64_t numel;  // 0: a mark
@@ -257,69 +333,51 @@ int main(int argc, char** argv) {
   };
   std::vector<std::pair<std::string, Probe>> probes;
   if (nccl) {
-    probes.push_back({"backward alone", probe([&] { sharded.zero_grad(); backward(); }, [] {})});
+    probes.push_back({"backward alone", probe([&] { sharded.zero_grad(); backward(params); }, [] {})});
+    // Backward beside a reduce-scatter of all its gradients' bytes that it never waits for: no
+    // hooks, no copies, no events between them: what sharing the GPU with the collective costs
+    // backward's kernels by themselves (SMs, memory, power), against "backward alone".
+    const at::Tensor rs_input = copy_engine_rs ? comm->gather_buffer(chunk * n, flat.options()).copy_(flat) : flat;
+    probes.push_back({"backward beside a reduce-scatter", probe([&] {
+                        const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(dev.index());
+                        const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev.index());
+                        at::cuda::CUDAEvent go;
+                        go.record(main);
+                        go.block(side);
+                        {
+                          c10::cuda::CUDAStreamGuard on_side(side);
+                          comm->reduce_scatter(rs_input, shard, ld::ReduceOp::Avg);
+                        }
+                        sharded.zero_grad();
+                        backward(params);
+                      }, [&] { sync(); })});
     probes.push_back({"no overlap: backward + step", probe([&] {
                         sharded.zero_grad();
-                        backward();
+                        backward(params);
                         sharded.step();
                       }, [] {})});
-  }
-#endif
-  // Each size with the hooks' work on the optimizer's thread (ShardedOptions::overlap_thread, the
-  // default on a GPU) and on backward()'s.
-  std::vector<std::pair<int64_t, bool>> overlap_runs;  // (bucket MiB, on the thread)
-  for (int64_t mib : {bucket_mib, int64_t{64}, int64_t{128}, int64_t{256}})
-    if (mib == bucket_mib || mib > bucket_mib)
-      for (const bool thread : {false, true}) overlap_runs.push_back({mib, thread});
-  for (const auto& [mib, thread] : overlap_runs) {
-    ld::ShardedOptions ov;
-    ov.overlap = true;
-    ov.overlap_thread = thread;
-    ov.bucket_bytes = mib << 20;
-    ld::ShardedOptimizer overlapped(std::make_shared<lowbit::optim::AdamW>(params, lowbit::optim::AdamWOptions(1e-4)),
-                                    comm, ov);
-    const double ms = time([&] {
-      overlapped.zero_grad();
-      backward();
-      overlapped.step();
-    });
-    std::vector<double> step_only;
-    for (int r = 0; r < reps; ++r) {
-      overlapped.zero_grad();
-      backward();
-      sync();
-      comm->barrier();
-      const double t0 = now_ms();
-      overlapped.step();
-      sync();
-      step_only.push_back(now_ms() - t0);
-    }
-    overlapped_ms.push_back({mib, thread, overlapped.buckets(), ms, median(step_only)});
-#if LOWBIT_WITH_NCCL
-    if (nccl) {
-      const std::string which = c10::str("overlap ", mib, " MiB", thread ? ", thread" : "");
-      probes.push_back({which + ": backward",
-                        probe([&] { overlapped.zero_grad(); backward(); }, [&] { overlapped.step(); })});
+    for (Overlapped& o : overlapped) {
+      const std::string which = c10::str("overlap ", o.mib, " MiB", o.thread ? ", thread" : "");
+      probes.push_back({which + ": backward", probe([&] { o.opt->zero_grad(); backward(o.params); }, [&] { o.opt->step(); })});
       probes.push_back({which + ": backward + step", probe([&] {
-                          overlapped.zero_grad();
-                          backward();
-                          overlapped.step();
+                          o.opt->zero_grad();
+                          backward(o.params);
+                          o.opt->step();
                         }, [] {})});
-    }
-    if (nccl && mib == bucket_mib && thread) {  // one more iteration, on the GPU's clock
-      overlapped.zero_grad();
+      if (o.mib != bucket_mib || !o.thread) continue;
+      o.opt->zero_grad();  // one more iteration, on the GPU's clock
       sync();
       comm->barrier();
       nccl->start_timeline();
-      backward();
+      backward(o.params);
       nccl->mark("backward() returned");
-      overlapped.step();
+      o.opt->step();
       nccl->mark("step() returned");
       for (const auto& e : nccl->timeline()) timeline.push_back({e.what, e.numel, e.start_ms, e.end_ms, e.host_start_ms, e.host_end_ms});
-      timeline_mib = mib;
+      timeline_mib = o.mib;
     }
-#endif
   }
+#endif
 
   const double bytes = 4.0 * chunk * n;
   const double ar_busbw = bytes / (ar_ms * 1e-3) * 2.0 * (n - 1) / n / 1e9;  // GB/s
@@ -384,20 +442,25 @@ int main(int argc, char** argv) {
                 step_ms / model_ms);
     std::printf("  state bytes: rank 0 %.1f MB, all ranks %.1f MB (= unsharded), ratio %.3f (1/N = %.3f)\n",
                 plain_state / 1e6, all_state / 1e6, plain_state / all_state, 1.0 / n);
-    std::printf("  backward alone        %9.3f ms\n", backward_ms);
-    std::printf("  backward + step       %9.3f ms   (no overlap: step() reduces everything)\n", plain_ms);
-    // The overlap's target (issue 38): backward + step <= 1.1 x (max(backward, reduce-scatter) +
-    // update + all-gather), each part timed alone above; and never slower than without overlap.
-    const double overlap_model = std::max(backward_ms, rs_ms) + update_ms + ag_ms;
-    for (const Overlapped& o : overlapped_ms) {
+    // The rounds' medians; each ratio the median of the rounds' own ratios, with their range.
+    const auto spread = [](const std::vector<double>& v) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.2f [%.2f-%.2f]", median(v), *std::min_element(v.begin(), v.end()),
+                    *std::max_element(v.begin(), v.end()));
+      return std::string(text);
+    };
+    std::printf("  in %d rounds of every part and configuration below, medians:\n", reps);
+    std::printf("  backward alone        %9.3f ms\n", median(backward_r));
+    std::printf("  backward + step       %9.3f ms   (no overlap: step() reduces everything)\n", median(plain_r));
+    for (const Overlapped& o : overlapped) {
       std::printf("  backward + step       %9.3f ms   (overlap: %d bucket(s) of %lld MiB reduced from the hooks%s; "
-                  "/ model %.2f, target <= 1.1; / no overlap %.2f)\n",
-                  o.ms, o.buckets, static_cast<long long>(o.mib), o.thread ? " on their thread" : "",
-                  o.ms / overlap_model, o.ms / plain_ms);
+                  "/ model %s, target <= 1.1; / no overlap %s)\n",
+                  median(o.ms), o.opt->buckets(), static_cast<long long>(o.mib), o.thread ? " on their thread" : "",
+                  spread(o.per_model).c_str(), spread(o.per_plain).c_str());
       std::printf("    of which step()     %9.3f ms   (update + all-gather, bucket by bucket)\n", o.step_ms);
     }
-    std::printf("  overlap model: max(backward %.3f, reduce_scatter %.3f) + update %.3f + all_gather %.3f = %.3f ms\n",
-                backward_ms, rs_ms, update_ms, ag_ms, overlap_model);
+    std::printf("  overlap model: max(backward %.3f, reduce_scatter %.3f) + update %.3f + all_gather %.3f ms (medians)\n",
+                median(backward_r), median(rs_r), median(update_r), median(ag_r));
 #if LOWBIT_WITH_NCCL
     if (!probes.empty())
       std::printf("  one iteration each (rank 0): host = when it returned, gpu = when the GPU got there, gpu only = "

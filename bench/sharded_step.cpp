@@ -5,7 +5,7 @@
 // algbw * 2(N-1)/N for all_reduce, algbw * (N-1)/N for reduce-scatter and all-gather). Reports the
 // step against (reduce-scatter + all-gather at that bus bandwidth + the local update), and the
 // per-rank optimizer state against the unsharded optimizer's. Then with the gradients coming from a
-// backward() (of sum(p * g)): backward + step without buckets, and with ShardedOptions::overlap
+// backward() (of sum(p * g), its forward built before the timer starts): backward + step without buckets, and with ShardedOptions::overlap
 // (buckets of bucket_mib MiB reduce-scattered from backward()'s hooks, then larger buckets), and its
 // step() alone; over NCCL, a GPU timeline of one overlapped iteration (CUDA timing events). Last,
 // the low-bit wire (ShardedOptions::gradient_wire / update_wire): the sharded step and the bytes
@@ -200,11 +200,17 @@ int main(int argc, char** argv) {
     mx = at::randn({matmul_rows, side}, at::TensorOptions().device(dev));
     mg = at::randn({matmul_rows, side}, at::TensorOptions().device(dev)) * 1e-3;
   }
-  const auto backward = [&](const std::vector<at::Tensor>& ps) {
-    at::Tensor loss = at::zeros({}, at::TensorOptions().device(dev));
+  // The forward is built before each timed part (untimed): what is timed is backward() (and the
+  // step), the part whose gradients the overlap can reduce while it runs.
+  at::Tensor loss;
+  const auto forward = [&](const std::vector<at::Tensor>& ps) {
+    loss = at::zeros({}, at::TensorOptions().device(dev));
     for (size_t k = 0; k < ps.size(); ++k)
       loss = loss + (matmul_rows > 0 ? (mx.mm(ps[k].view({side, side})) * mg).sum() : (ps[k] * g[k]).sum());
+  };
+  const auto backward = [&] {
     loss.backward();
+    loss = at::Tensor();
   };
   const int64_t plain_state = sharded.state_bytes();
   // Overlap at each bucket size, with the hooks' work on the optimizer's thread
@@ -237,7 +243,8 @@ int main(int argc, char** argv) {
   // A transport whose pace drifts during a job (NCCL's network transport does, by a third between
   // jobs) then moves them alike: the ratios are taken within each round (the model from that
   // round's parts), and their medians reported.
-  const auto once = [&](const std::function<void()>& f) {
+  const auto once = [&](const std::function<void()>& f, const std::function<void()>& before) {
+    before();
     sync();
     comm->barrier();
     const double t0 = now_ms();
@@ -247,26 +254,29 @@ int main(int argc, char** argv) {
   };
   std::vector<double> backward_r, plain_r, rs_r, ag_r, update_r;
   for (int r = -1; r < reps; ++r) {
-    const double b = once([&] {
+    const auto plain_forward = [&] {
       sharded.zero_grad();
-      backward(params);
-    });
+      forward(params);
+    };
+    const double b = once(backward, plain_forward);
     const double p = once([&] {
-      sharded.zero_grad();
-      backward(params);
+      backward();
       sharded.step();
-    });
-    const double rs = once([&] { comm->reduce_scatter(flat, shard, ld::ReduceOp::Avg); });
-    const double ag = once([&] { comm->all_gather(flat.narrow(0, rank * chunk, chunk), flat); });
-    const double up = once([&] { local_opt.step(); });
+    }, plain_forward);
+    const auto nothing = [] {};
+    const double rs = once([&] { comm->reduce_scatter(flat, shard, ld::ReduceOp::Avg); }, nothing);
+    const double ag = once([&] { comm->all_gather(flat.narrow(0, rank * chunk, chunk), flat); }, nothing);
+    const double up = once([&] { local_opt.step(); }, nothing);
     // The overlap's target (issue 38): backward + step <= 1.1 x (max(backward, reduce-scatter) +
     // update + all-gather), and never slower than without overlap.
     const double model = std::max(b, rs) + up + ag;
     for (Overlapped& o : overlapped) {
       const double t = once([&] {
-        o.opt->zero_grad();
-        backward(o.params);
+        backward();
         o.opt->step();
+      }, [&] {
+        o.opt->zero_grad();
+        forward(o.params);
       });
       if (r < 0) continue;
       o.ms.push_back(t);
@@ -284,7 +294,8 @@ int main(int argc, char** argv) {
     std::vector<double> step_only;
     for (int r = 0; r < reps; ++r) {
       o.opt->zero_grad();
-      backward(o.params);
+      forward(o.params);
+      backward();
       sync();
       comm->barrier();
       const double t0 = now_ms();
@@ -309,9 +320,11 @@ int main(int argc, char** argv) {
   struct Probe {
     double host_ms, gpu_ms, gpu_only_ms;
   };
-  const auto probe = [&](const std::function<void()>& f, const std::function<void()>& after) {
+  const auto probe = [&](const std::function<void()>& before, const std::function<void()>& f,
+                         const std::function<void()>& after) {
     Probe out{};
     for (int queued = 0; queued < 2; ++queued) {
+      before();
       sync();
       comm->barrier();
       nccl->start_timeline();
@@ -333,12 +346,16 @@ int main(int argc, char** argv) {
   };
   std::vector<std::pair<std::string, Probe>> probes;
   if (nccl) {
-    probes.push_back({"backward alone", probe([&] { sharded.zero_grad(); backward(params); }, [] {})});
+    const auto plain_forward = [&] {
+      sharded.zero_grad();
+      forward(params);
+    };
+    probes.push_back({"backward alone", probe(plain_forward, backward, [] {})});
     // Backward beside a reduce-scatter of all its gradients' bytes that it never waits for: no
     // hooks, no copies, no events between them: what sharing the GPU with the collective costs
     // backward's kernels by themselves (SMs, memory, power), against "backward alone".
     const at::Tensor rs_input = copy_engine_rs ? comm->gather_buffer(chunk * n, flat.options()).copy_(flat) : flat;
-    probes.push_back({"backward beside a reduce-scatter", probe([&] {
+    probes.push_back({"backward beside a reduce-scatter", probe(plain_forward, [&] {
                         const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(dev.index());
                         const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev.index());
                         at::cuda::CUDAEvent go;
@@ -348,28 +365,29 @@ int main(int argc, char** argv) {
                           c10::cuda::CUDAStreamGuard on_side(side);
                           comm->reduce_scatter(rs_input, shard, ld::ReduceOp::Avg);
                         }
-                        sharded.zero_grad();
-                        backward(params);
+                        backward();
                       }, [&] { sync(); })});
-    probes.push_back({"no overlap: backward + step", probe([&] {
-                        sharded.zero_grad();
-                        backward(params);
+    probes.push_back({"no overlap: backward + step", probe(plain_forward, [&] {
+                        backward();
                         sharded.step();
                       }, [] {})});
     for (Overlapped& o : overlapped) {
       const std::string which = c10::str("overlap ", o.mib, " MiB", o.thread ? ", thread" : "");
-      probes.push_back({which + ": backward", probe([&] { o.opt->zero_grad(); backward(o.params); }, [&] { o.opt->step(); })});
-      probes.push_back({which + ": backward + step", probe([&] {
-                          o.opt->zero_grad();
-                          backward(o.params);
+      const auto own_forward = [&] {
+        o.opt->zero_grad();
+        forward(o.params);
+      };
+      probes.push_back({which + ": backward", probe(own_forward, backward, [&] { o.opt->step(); })});
+      probes.push_back({which + ": backward + step", probe(own_forward, [&] {
+                          backward();
                           o.opt->step();
                         }, [] {})});
       if (o.mib != bucket_mib || !o.thread) continue;
-      o.opt->zero_grad();  // one more iteration, on the GPU's clock
+      own_forward();  // one more iteration, on the GPU's clock
       sync();
       comm->barrier();
       nccl->start_timeline();
-      backward(o.params);
+      backward();
       nccl->mark("backward() returned");
       o.opt->step();
       nccl->mark("step() returned");

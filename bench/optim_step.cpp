@@ -2,9 +2,10 @@
 // format, in the same run as libtorch's torch::optim::AdamW and ATen's fused AdamW (at::_fused_adamw_,
 // fp32 state), and a memcpy of the bytes
 // a Q8 AdamW step must move (param + grad read, param written, 2 bytes of state read and written).
-// Each step is timed right after a memcpy. "x memcpy" divides a row's median by the median of every
-// memcpy of the run; "pairs" is the median of each step's ratio to the memcpy just before it (on a
-// shared host the bandwidth drifts; the two show how much that moves the ratio).
+// The rows step in rounds (each once per round), each step timed right after a memcpy. "x fused" is
+// the median over rounds of the row's step / ATen fused's step of the same round, with its range;
+// "x memcpy" divides a row's median by the median of every memcpy of the run; "pairs" is the median
+// of each step's ratio to the memcpy just before it (on a shared host the bandwidth drifts).
 //   optim_step [numel=2^26] [reps=10] [rows]   (default: past the last-level cache of a server CPU)
 //     rows: a comma-separated list of the rows to run, each "optimizer:state" as printed (e.g.
 //     "AdamW:Q4,AdamW nocheck:FP32"; the 4096 small tensors: "small:Q8"); ATen fused always runs
@@ -13,7 +14,10 @@
 //   optim_step --device cuda [tensors rows cols reps]   the GPU step bench (optim_step_gpu.cpp)
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -32,16 +36,6 @@ namespace lo = lowbit::optim;
 using lowbit::StateFormat;
 
 namespace {
-
-struct Timing {
-  double ms;     // median of the steps
-  double pairs;  // median over pairs of step / memcpy
-};
-
-struct Row {
-  std::string name, state;
-  Timing t;
-};
 
 // ATen's fused AdamW (what torch.optim.AdamW(fused=True) runs on the CPU since torch 2.4): fp32 state,
 // one vectorized pass per tensor, threads through at::parallel_for.
@@ -87,7 +81,7 @@ int main(int argc, char** argv) {
   const auto want = [&](const std::string& name, const std::string& state) {
     return only.empty() || only.find("," + name + ":" + state + ",") != std::string::npos;
   };
-  std::printf("numel %lld, %d threads, median of %d steps, each after a memcpy\n", static_cast<long long>(n),
+  std::printf("numel %lld, %d threads, %d rounds of every row, each step after a memcpy\n", static_cast<long long>(n),
               omp_get_max_threads(), reps);
 
   // memcpy of the bytes a Q8 AdamW step moves: 4 (p) + 4 (g) + 2 (m, v codes) read; 4 + 2 written.
@@ -99,121 +93,97 @@ int main(int argc, char** argv) {
     return lowbit_bench::parallel_memcpy_ms(dst.data(), src.data(), static_cast<int64_t>(src.size()));
   };
   std::vector<double> all_memcpy;
-  // Two warm-up steps, then `reps` pairs (memcpy, step).
-  const auto time_steps = [&](auto& opt, at::Tensor& p) {
-    p.mutable_grad() = at::randn_like(p) * 1e-3;
-    for (int i = 0; i < 2; ++i) opt.step();
-    std::vector<double> ms, ratio;
-    for (int i = 0; i < reps; ++i) {
-      const double m = memcpy_once();
-      all_memcpy.push_back(m);
-      const double t0 = lowbit_bench::now_ms();
-      opt.step();
-      ms.push_back(lowbit_bench::now_ms() - t0);
-      ratio.push_back(ms.back() / m);
-    }
-    return Timing{lowbit_bench::median(ms), lowbit_bench::median(ratio)};
-  };
 
-  std::vector<Row> rows;
-  if (want("torch", "FP32")) {
-    at::Tensor tp = at::randn({n});
-    torch::optim::AdamW torch_adamw({tp}, torch::optim::AdamWOptions(1e-3));
-    rows.push_back({"torch", "FP32", time_steps(torch_adamw, tp)});
-  }
-  {
-    at::Tensor p = at::randn({n});
-    AtenFusedAdamW fused(p);
-    rows.push_back({"ATen fused", "FP32", time_steps(fused, p)});
-  }
-  auto report = [&](const char* name, StateFormat f, const Timing& t) {
-    rows.push_back({name, lowbit::state_format_name(f), t});
+  // Every row's optimizer is made first (each over parameters and gradients of its own), then all
+  // step in rounds: each row once per round, in the same order, each step right after a memcpy. A
+  // host whose pace drifts (a shared machine's does, by tens of percent within minutes) then moves
+  // them alike: "x fused" is the median over rounds of a row's step / ATen fused's step in that round.
+  struct Row {
+    std::string name, state;
+    std::function<void()> step;
+    std::vector<double> ms, per_memcpy, per_fused;  // per round
   };
+  std::vector<Row> rows;
+  const auto param = [&](at::ScalarType dtype) {
+    at::Tensor p = at::randn({n}).to(dtype);
+    p.mutable_grad() = (at::randn({n}) * 1e-3).to(dtype);
+    return p;
+  };
+  const auto add = [&](const std::string& name, const std::string& state, auto opt) {
+    rows.push_back({name, state, [opt] { opt->step(); }, {}, {}, {}});
+  };
+  if (want("torch", "FP32")) {
+    at::Tensor p = param(at::kFloat);
+    add("torch", "FP32", std::make_shared<torch::optim::AdamW>(std::vector<at::Tensor>{p}, torch::optim::AdamWOptions(1e-3)));
+  }
+  const size_t fused_row = rows.size();
+  add("ATen fused", "FP32", std::make_shared<AtenFusedAdamW>(param(at::kFloat)));
   for (StateFormat f : lowbit::kAllStateFormats) {
     if (!want("AdamW", lowbit::state_format_name(f))) continue;
-    at::Tensor p = at::randn({n});
-    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f));
-    report("AdamW", f, time_steps(opt, p));
+    add("AdamW", lowbit::state_format_name(f), std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kFloat)},
+                                                                           lo::AdamWOptions(1e-3).state_format(f)));
   }
   // The same without the non-finite check (skip_nonfinite(false)): no read of every gradient before
   // the step, which ATen's fused AdamW does not do either.
   for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
     if (!want("AdamW nocheck", lowbit::state_format_name(f))) continue;
-    at::Tensor p = at::randn({n});
-    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f).skip_nonfinite(false));
-    report("AdamW nocheck", f, time_steps(opt, p));
+    add("AdamW nocheck", lowbit::state_format_name(f),
+        std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kFloat)},
+                                    lo::AdamWOptions(1e-3).state_format(f).skip_nonfinite(false)));
   }
   // bf16 parameters and gradients (half the parameter bytes; memcpy and torch rows stay fp32).
-  if (want("AdamW-bf16", "Q8")) {
-    at::Tensor p = at::randn({n}).to(at::kBFloat16);
-    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8));
-    report("AdamW-bf16", StateFormat::Q8, time_steps(opt, p));
-  }
+  if (want("AdamW-bf16", "Q8"))
+    add("AdamW-bf16", "Q8", std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kBFloat16)},
+                                                        lo::AdamWOptions(1e-3).state_format(StateFormat::Q8)));
   // bf16 parameters rounded stochastically (bf16_stochastic_round).
-  if (want("AdamW-bf16-SR", "Q8")) {
-    at::Tensor p = at::randn({n}).to(at::kBFloat16);
-    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true));
-    report("AdamW-bf16-SR", StateFormat::Q8, time_steps(opt, p));
-  }
+  if (want("AdamW-bf16-SR", "Q8"))
+    add("AdamW-bf16-SR", "Q8",
+        std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kBFloat16)},
+                                    lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true)));
   // bf16 parameters with a 24-bit master correction (the memory floor's, and host offload's), Q8 and Q4.
   for (StateFormat f : {StateFormat::Q8, StateFormat::Q4}) {
     if (!want("AdamW-bf16-m24", lowbit::state_format_name(f))) continue;
-    at::Tensor p = at::randn({n}).to(at::kBFloat16);
-    lo::AdamW opt({p}, lo::AdamWOptions(1e-3).state_format(f).master_weight_bits(24));
-    report("AdamW-bf16-m24", f, time_steps(opt, p));
+    add("AdamW-bf16-m24", lowbit::state_format_name(f),
+        std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kBFloat16)},
+                                    lo::AdamWOptions(1e-3).state_format(f).master_weight_bits(24)));
   }
   // The other optimizers in Q8.
-  if (want("Adam", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::Adam o({p}, lo::AdamOptions(1e-3));
-    report("Adam", StateFormat::Q8, time_steps(o, p));
-  }
-  if (want("SGD", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::SGD o({p}, lo::SGDOptions(1e-3).momentum(0.9));
-    report("SGD", StateFormat::Q8, time_steps(o, p));
-  }
-  if (want("Lion", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::Lion o({p}, lo::LionOptions());
-    report("Lion", StateFormat::Q8, time_steps(o, p));
-  }
-  if (want("RMSprop", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::RMSprop o({p}, lo::RMSpropOptions());
-    report("RMSprop", StateFormat::Q8, time_steps(o, p));
-  }
-  if (want("Adagrad", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::Adagrad o({p}, lo::AdagradOptions());
-    report("Adagrad", StateFormat::Q8, time_steps(o, p));
-  }
-  if (want("AdEMAMix", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::AdEMAMix o({p}, lo::AdEMAMixOptions());
-    report("AdEMAMix", StateFormat::Q8, time_steps(o, p));
-  }
-  if (want("LAMB", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::LAMB o({p}, lo::LAMBOptions());
-    report("LAMB", StateFormat::Q8, time_steps(o, p));
-  }
+  const auto one = [&] { return std::vector<at::Tensor>{param(at::kFloat)}; };
+  if (want("Adam", "Q8")) add("Adam", "Q8", std::make_shared<lo::Adam>(one(), lo::AdamOptions(1e-3)));
+  if (want("SGD", "Q8")) add("SGD", "Q8", std::make_shared<lo::SGD>(one(), lo::SGDOptions(1e-3).momentum(0.9)));
+  if (want("Lion", "Q8")) add("Lion", "Q8", std::make_shared<lo::Lion>(one(), lo::LionOptions()));
+  if (want("RMSprop", "Q8")) add("RMSprop", "Q8", std::make_shared<lo::RMSprop>(one(), lo::RMSpropOptions()));
+  if (want("Adagrad", "Q8")) add("Adagrad", "Q8", std::make_shared<lo::Adagrad>(one(), lo::AdagradOptions()));
+  if (want("AdEMAMix", "Q8")) add("AdEMAMix", "Q8", std::make_shared<lo::AdEMAMix>(one(), lo::AdEMAMixOptions()));
+  if (want("LAMB", "Q8")) add("LAMB", "Q8", std::make_shared<lo::LAMB>(one(), lo::LAMBOptions()));
   // LAMB's check rides on its first pass (LowbitOptimizer::step_only); "prepass" is the check as its
   // own read of the gradients first (a flag given to step_parameters), "nocheck" none at all.
   if (want("LAMB prepass", "Q8")) {
-    at::Tensor p = at::randn({n});
     struct PrePass {
-      lo::LAMB o;
       at::Tensor p;
+      lo::LAMB o;
+      explicit PrePass(const at::Tensor& q) : p(q), o({q}, lo::LAMBOptions()) {}
       void step() { o.step_parameters({p}, std::get<0>(lowbit::ops::grad_check({p.grad()}, {0}, 1, false))); }
-    } o{lo::LAMB({p}, lo::LAMBOptions()), p};
-    report("LAMB prepass", StateFormat::Q8, time_steps(o, p));
+    };
+    add("LAMB prepass", "Q8", std::make_shared<PrePass>(param(at::kFloat)));
   }
-  if (want("LAMB nocheck", "Q8")) {
-    at::Tensor p = at::randn({n});
-    lo::LAMB o({p}, lo::LAMBOptions().skip_nonfinite(false));
-    report("LAMB nocheck", StateFormat::Q8, time_steps(o, p));
+  if (want("LAMB nocheck", "Q8"))
+    add("LAMB nocheck", "Q8", std::make_shared<lo::LAMB>(one(), lo::LAMBOptions().skip_nonfinite(false)));
+
+  for (Row& r : rows)
+    for (int i = 0; i < 2; ++i) r.step();  // warm-up: state made, pages touched
+  for (int round = 0; round < reps; ++round) {
+    for (Row& r : rows) {
+      const double m = memcpy_once();
+      all_memcpy.push_back(m);
+      const double t0 = lowbit_bench::now_ms();
+      r.step();
+      r.ms.push_back(lowbit_bench::now_ms() - t0);
+      r.per_memcpy.push_back(r.ms.back() / m);
+    }
+    for (Row& r : rows) r.per_fused.push_back(r.ms.back() / rows[fused_row].ms.back());
   }
+
   // Many small tensors: 4096 of 4096 elements (per-parameter overhead, one fused launch per group).
   if (want("small", "Q8")) {
     std::vector<at::Tensor> small, small_torch;
@@ -286,14 +256,20 @@ int main(int argc, char** argv) {
                 med * 1e6 / static_cast<double>(total));
   }
   }
-  const double memcpy_ms = lowbit_bench::median(all_memcpy), fused_ms = rows[want("torch", "FP32") ? 1 : 0].t.ms;
-  const double torch_ms = want("torch", "FP32") ? rows[0].t.ms : fused_ms;
-  std::printf("%-14s %-6s %10s %10s %10s %10s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch", "x fused",
-              "x memcpy", "pairs");
-  std::printf("%-14s %-6s %10.2f %10.3f %10.2f %10.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
+  const double memcpy_ms = lowbit_bench::median(all_memcpy), fused_ms = lowbit_bench::median(rows[fused_row].ms);
+  const double torch_ms = want("torch", "FP32") ? lowbit_bench::median(rows[0].ms) : fused_ms;
+  std::printf("%-14s %-6s %10s %10s %10s %18s %10s %8s\n", "optimizer", "state", "ms", "ns/param", "x torch",
+              "x fused [range]", "x memcpy", "pairs");
+  std::printf("%-14s %-6s %10.2f %10.3f %10.2f %18.2f %10s %8s\n", "memcpy", "-", memcpy_ms, memcpy_ms * 1e6 / n,
               memcpy_ms / torch_ms, memcpy_ms / fused_ms, "1.00", "");
-  for (const Row& r : rows)
-    std::printf("%-14s %-6s %10.2f %10.3f %10.2f %10.2f %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), r.t.ms,
-                r.t.ms * 1e6 / n, r.t.ms / torch_ms, r.t.ms / fused_ms, r.t.ms / memcpy_ms, r.t.pairs);
+  for (const Row& r : rows) {
+    const double ms = lowbit_bench::median(r.ms);
+    char fused[40];
+    std::snprintf(fused, sizeof fused, "%.2f [%.2f-%.2f]", lowbit_bench::median(r.per_fused),
+                  *std::min_element(r.per_fused.begin(), r.per_fused.end()),
+                  *std::max_element(r.per_fused.begin(), r.per_fused.end()));
+    std::printf("%-14s %-6s %10.2f %10.3f %10.2f %18s %10.2f %8.2f\n", r.name.c_str(), r.state.c_str(), ms,
+                ms * 1e6 / n, ms / torch_ms, fused, ms / memcpy_ms, lowbit_bench::median(r.per_memcpy));
+  }
   return 0;
 }

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, Tuning::lamb_min_blocks(FAMILY)) lam
     const auto small_blocks = [&](auto seg_constant) {
       constexpr int SEG = decltype(seg_constant)::value;
       const int seg = SEG != 0 ? SEG : static_cast<int>(B / 16);
-      constexpr int kMostBlocks = SEG != 0 ? Rows::kPerPartial / SEG : Rows::kPerPartial;  // per chunk
+      constexpr int kMostBlocks = Rows::kPerPartial / (SEG != 0 ? SEG : 1);  // per chunk
       for (int64_t item = b0; item < b1;) {
         while (j + 1 < chunk.count && chunk.first_block[j + 1] <= item) ++j;
         const StepParamRef& P = chunk.p[j];

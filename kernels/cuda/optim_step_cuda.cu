@@ -401,7 +401,7 @@ const char* run(const StepLaunch& s, cudaStream_t stream, double* lamb_out) {
     const int64_t wanted = blocks_for(chunk.first_unit[chunk.count], kThreads / plan.warp);
     e = launch_rule(s.config.rule, chunk, a, s.param_type, plan.family, plan.warp, wanted, on);
     if (e != cudaSuccess) {
-      join();
+      (void)join();  // the launch's own error is the one to report
       return cudaGetErrorString(e);
     }
   }

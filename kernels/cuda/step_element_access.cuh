@@ -123,18 +123,9 @@ __device__ __forceinline__ void merge(BitScan& a, const BitScan& b) {
   a.max_raw = a.max_raw > b.max_raw ? a.max_raw : b.max_raw;
 }
 
-// The maximum of v over `width` lanes (a power of two, aligned groups of the warp): butterfly
-// shuffles, unrolled with a uniform test per level, or with REDUX (sm_80+: one instruction, the
-// group's lanes as its mask). Which is faster depends on the family: REDUX for 8-bit codes,
-// shuffles for 4-bit codes (bench/HISTORY.md: step kernel tuning).
-template <int WARP, bool REDUX>
-__device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIPCC__)
-  if (REDUX) {
-    const uint32_t mask = width >= 32 ? 0xffffffffu : ((1u << width) - 1u) << (lane & ~(width - 1));
-    return __reduce_max_sync(mask, v);
-  }
-#endif
+// Butterfly shuffles over `width` lanes, unrolled with a uniform test per level.
+template <int WARP>
+__device__ __forceinline__ uint32_t shuffle_max(uint32_t v, int width) {
 #pragma unroll
   for (int off = 1; off < WARP; off *= 2) {
     if (off < width) {
@@ -143,6 +134,24 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
     }
   }
   return v;
+}
+
+// The maximum of v over `width` lanes (a power of two, aligned groups of the warp): shuffles, or
+// REDUX (sm_80+: one instruction, the group's lanes as its mask). Which is faster depends on the
+// family: REDUX for 8-bit codes, shuffles for 4-bit codes (bench/HISTORY.md: step kernel tuning).
+template <int WARP, bool REDUX>
+__device__ __forceinline__ uint32_t group_max(uint32_t v, int width, int lane) {
+  (void)lane;  // REDUX's mask only
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIPCC__)
+  if constexpr (REDUX) {
+    const uint32_t mask = width >= 32 ? 0xffffffffu : ((1u << width) - 1u) << (lane & ~(width - 1));
+    return __reduce_max_sync(mask, v);
+  } else {
+    return shuffle_max<WARP>(v, width);
+  }
+#else
+  return shuffle_max<WARP>(v, width);
+#endif
 }
 
 // The block's absmax over `width` lanes; the raw bits only where a negative value is possible and

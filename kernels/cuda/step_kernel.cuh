@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, Tuning::step_min_blocks(FAMILY, NS))
       }
       continue;
     }
-    for (; u < end; ++u) {
+    // Dense state never has big blocks: its kernels compile no such loop (nor warn that it is dead).
+    if constexpr (kQuant) for (; u < end; ++u) {
       // One block per unit, the whole warp: pass 1 finds the new absmax, pass 2 recomputes and stores.
       const int64_t base = (u - first) * a.unit;
       const int64_t block = base >> a.block_shift;

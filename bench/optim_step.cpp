@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
     p.mutable_grad() = (at::randn({n}) * 1e-3).to(dtype);
     return p;
   };
+  const auto one = [&](at::ScalarType dtype = at::kFloat) { return std::vector<at::Tensor>{param(dtype)}; };
   const auto add = [&](const std::string& name, const std::string& state, auto opt) {
     rows.push_back({name, state, [opt] { opt->step(); }, {}, {}, {}});
   };
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
   add("ATen fused", "FP32", std::make_shared<AtenFusedAdamW>(param(at::kFloat)));
   for (StateFormat f : lowbit::kAllStateFormats) {
     if (!want("AdamW", lowbit::state_format_name(f))) continue;
-    add("AdamW", lowbit::state_format_name(f), std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kFloat)},
+    add("AdamW", lowbit::state_format_name(f), std::make_shared<lo::AdamW>(one(),
                                                                            lo::AdamWOptions(1e-3).state_format(f)));
   }
   // The same without the non-finite check (skip_nonfinite(false)): no read of every gradient before
@@ -128,27 +129,26 @@ int main(int argc, char** argv) {
   for (StateFormat f : {StateFormat::FP32, StateFormat::Q8}) {
     if (!want("AdamW nocheck", lowbit::state_format_name(f))) continue;
     add("AdamW nocheck", lowbit::state_format_name(f),
-        std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kFloat)},
+        std::make_shared<lo::AdamW>(one(),
                                     lo::AdamWOptions(1e-3).state_format(f).skip_nonfinite(false)));
   }
   // bf16 parameters and gradients (half the parameter bytes; memcpy and torch rows stay fp32).
   if (want("AdamW-bf16", "Q8"))
-    add("AdamW-bf16", "Q8", std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kBFloat16)},
+    add("AdamW-bf16", "Q8", std::make_shared<lo::AdamW>(one(at::kBFloat16),
                                                         lo::AdamWOptions(1e-3).state_format(StateFormat::Q8)));
   // bf16 parameters rounded stochastically (bf16_stochastic_round).
   if (want("AdamW-bf16-SR", "Q8"))
     add("AdamW-bf16-SR", "Q8",
-        std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kBFloat16)},
+        std::make_shared<lo::AdamW>(one(at::kBFloat16),
                                     lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true)));
   // bf16 parameters with a 24-bit master correction (the memory floor's, and host offload's), Q8 and Q4.
   for (StateFormat f : {StateFormat::Q8, StateFormat::Q4}) {
     if (!want("AdamW-bf16-m24", lowbit::state_format_name(f))) continue;
     add("AdamW-bf16-m24", lowbit::state_format_name(f),
-        std::make_shared<lo::AdamW>(std::vector<at::Tensor>{param(at::kBFloat16)},
+        std::make_shared<lo::AdamW>(one(at::kBFloat16),
                                     lo::AdamWOptions(1e-3).state_format(f).master_weight_bits(24)));
   }
   // The other optimizers in Q8.
-  const auto one = [&] { return std::vector<at::Tensor>{param(at::kFloat)}; };
   if (want("Adam", "Q8")) add("Adam", "Q8", std::make_shared<lo::Adam>(one(), lo::AdamOptions(1e-3)));
   if (want("SGD", "Q8")) add("SGD", "Q8", std::make_shared<lo::SGD>(one(), lo::SGDOptions(1e-3).momentum(0.9)));
   if (want("Lion", "Q8")) add("Lion", "Q8", std::make_shared<lo::Lion>(one(), lo::LionOptions()));

@@ -87,17 +87,21 @@ int main(int argc, char** argv) {
   const auto sync = [&] {
     if (cuda) torch::cuda::synchronize(dev.index());
   };
+  // f() once after before() (untimed) and a barrier, until the device is done: milliseconds.
+  const auto once = [&](const std::function<void()>& f, const std::function<void()>& before) {
+    before();
+    sync();
+    comm->barrier();
+    const double t0 = now_ms();
+    f();
+    sync();
+    return now_ms() - t0;
+  };
+  const auto nothing = [] {};
   const auto time = [&](const std::function<void()>& f) {
     f();  // warm-up
-    sync();
     std::vector<double> ms;
-    for (int r = 0; r < reps; ++r) {
-      comm->barrier();
-      const double t0 = now_ms();
-      f();
-      sync();
-      ms.push_back(now_ms() - t0);
-    }
+    for (int r = 0; r < reps; ++r) ms.push_back(once(f, nothing));
     return median(ms);
   };
 
@@ -212,6 +216,10 @@ int main(int argc, char** argv) {
     loss.backward();
     loss = at::Tensor();
   };
+  const auto plain_forward = [&] {
+    sharded.zero_grad();
+    forward(params);
+  };
   const int64_t plain_state = sharded.state_bytes();
   // Overlap at each bucket size, with the hooks' work on the optimizer's thread
   // (ShardedOptions::overlap_thread, the default on a GPU) and on backward()'s. Each configuration
@@ -243,27 +251,13 @@ int main(int argc, char** argv) {
   // A transport whose pace drifts during a job (NCCL's network transport does, by a third between
   // jobs) then moves them alike: the ratios are taken within each round (the model from that
   // round's parts), and their medians reported.
-  const auto once = [&](const std::function<void()>& f, const std::function<void()>& before) {
-    before();
-    sync();
-    comm->barrier();
-    const double t0 = now_ms();
-    f();
-    sync();
-    return now_ms() - t0;
-  };
   std::vector<double> backward_r, plain_r, rs_r, ag_r, update_r;
   for (int r = -1; r < reps; ++r) {
-    const auto plain_forward = [&] {
-      sharded.zero_grad();
-      forward(params);
-    };
     const double b = once(backward, plain_forward);
     const double p = once([&] {
       backward();
       sharded.step();
     }, plain_forward);
-    const auto nothing = [] {};
     const double rs = once([&] { comm->reduce_scatter(flat, shard, ld::ReduceOp::Avg); }, nothing);
     const double ag = once([&] { comm->all_gather(flat.narrow(0, rank * chunk, chunk), flat); }, nothing);
     const double up = once([&] { local_opt.step(); }, nothing);
@@ -292,17 +286,12 @@ int main(int argc, char** argv) {
   }
   for (Overlapped& o : overlapped) {
     std::vector<double> step_only;
-    for (int r = 0; r < reps; ++r) {
-      o.opt->zero_grad();
-      forward(o.params);
-      backward();
-      sync();
-      comm->barrier();
-      const double t0 = now_ms();
-      o.opt->step();
-      sync();
-      step_only.push_back(now_ms() - t0);
-    }
+    for (int r = 0; r < reps; ++r)
+      step_only.push_back(once([&] { o.opt->step(); }, [&] {
+        o.opt->zero_grad();
+        forward(o.params);
+        backward();
+      }));
     o.step_ms = median(step_only);
   }
   struct Span {
@@ -346,10 +335,6 @@ int main(int argc, char** argv) {
   };
   std::vector<std::pair<std::string, Probe>> probes;
   if (nccl) {
-    const auto plain_forward = [&] {
-      sharded.zero_grad();
-      forward(params);
-    };
     probes.push_back({"backward alone", probe(plain_forward, backward, [] {})});
     // Backward beside a reduce-scatter of all its gradients' bytes that it never waits for: no
     // hooks, no copies, no events between them: what sharing the GPU with the collective costs

@@ -10,9 +10,10 @@
 // step() alone; over NCCL, a GPU timeline of one overlapped iteration (CUDA timing events). Last,
 // the low-bit wire (ShardedOptions::gradient_wire / update_wire): the sharded step and the bytes
 // each rank sends per parameter, against float32 and bfloat16 parameters on a full-precision wire
-// (--wire: only that part). --copy-engine: the parameters' all-gathers on NCCL's copy engines
-// (NcclOptions::copy_engine_gathers); --copy-engine-rs: the gradients' reduce-scatters too
-// (copy_engine_reductions). --matmul ROWS: the gradients come from a matmul backward instead
+// (--wire: only that part). The copy engines (NcclOptions::copy_engine_gathers / _reductions) as
+// the communicator decides where NCCL has them, unless forced: --copy-engine the parameters'
+// all-gathers there, --copy-engine-rs the gradients' reduce-scatters too, --nccl-kernels neither
+// (the first line says which ran). --matmul ROWS: the gradients come from a matmul backward instead
 // (each parameter a square matrix W, loss sum((X @ W) * G) with X, G of ROWS rows, TF32 on), which
 // leaves the memory bus to the collectives as a model's backward does; sum(p * g)'s backward is pure
 // memory traffic, like the reduce-scatters beside it. The backward + step comparisons run in
@@ -20,7 +21,7 @@
 // pace drifts moves them alike). Over NCCL, probes of single iterations (host and GPU time), one of
 // them backward beside a reduce-scatter it never waits for (what the GPU's sharing costs by itself).
 // Medians over the repetitions (rounds).
-//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs]] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
+//   mpirun -np 2 bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs] | --nccl-kernels] [--matmul ROWS] [params=64] [numel=4194304] [reps=10] [bucket_mib=25]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -54,10 +55,10 @@ using lowbit_bench::now_ms;
 
 int main(int argc, char** argv) {
   if (lowbit_tools::wants_help(argc, argv,
-                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs]] [--matmul ROWS] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
+                               "usage: mpirun -np N bench_sharded_step [--cuda] [--wire] [--copy-engine[-rs] | --nccl-kernels] [--matmul ROWS] [PARAMS [NUMEL [REPS [BUCKET_MIB]]]]\n"
                                "The sharded step's parts against NCCL's (or MPI's) bus bandwidth.\n"))
     return 0;
-  bool cuda = false, wire_only = false, copy_engine = false, copy_engine_rs = false;
+  bool cuda = false, wire_only = false, copy_engine = false, copy_engine_rs = false, nccl_kernels = false;
   int64_t matmul_rows = 0;
   std::vector<int64_t> nums;
   for (int i = 1; i < argc; ++i) {
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
       copy_engine = true;
     else if (std::strcmp(argv[i], "--copy-engine-rs") == 0)
       copy_engine_rs = true;
+    else if (std::strcmp(argv[i], "--nccl-kernels") == 0)
+      nccl_kernels = true;
     else if (std::strcmp(argv[i], "--matmul") == 0 && i + 1 < argc)
       matmul_rows = std::atoll(argv[++i]);
     else
@@ -79,9 +82,24 @@ int main(int argc, char** argv) {
   const int64_t bucket_mib = nums.size() > 3 ? nums[3] : 25;
   ld::InitOptions io;
   io.device_type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  io.copy_engine_gathers = copy_engine || copy_engine_rs;
-  io.copy_engine_reductions = copy_engine_rs;
+  if (copy_engine || copy_engine_rs || nccl_kernels) {
+    io.copy_engine_gathers = !nccl_kernels;
+    io.copy_engine_reductions = copy_engine_rs;
+  }
   auto comm = ld::init_from_env(io);
+  // Which collectives run on the copy engines, as the communicator decided.
+  std::string collectives = comm->backend();
+  bool reduces_on_copy_engines = false;
+#if LOWBIT_WITH_NCCL
+  if (const auto* c = dynamic_cast<const ld::NcclCommunicator*>(comm.get())) {
+    const ld::CopyEngineUse& use = c->copy_engines();
+    reduces_on_copy_engines = use.reductions;
+    collectives += c10::str(use.reductions ? ", all-gathers and reduce-scatters on the copy engines"
+                            : use.gathers  ? ", all-gathers on the copy engines"
+                                           : ", NCCL's kernels",
+                            use.automatic ? " (automatic" : " (forced", use.why_not.empty() ? "" : ": " + use.why_not, ")");
+  }
+#endif
   const int n = comm->size(), rank = comm->rank();
   const at::Device dev = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ld::launch_env().local_rank)) : at::Device(at::kCPU);
   const auto sync = [&] {
@@ -146,7 +164,7 @@ int main(int argc, char** argv) {
   if (wire_only) {
     if (rank == 0)
       std::printf("bench_sharded_step --wire: %d rank(s) (%s), %lld params x %lld elements\n", comm->size(),
-                  comm->backend(), static_cast<long long>(count), static_cast<long long>(numel));
+                  collectives.c_str(), static_cast<long long>(count), static_cast<long long>(numel));
     wire_section();
     return 0;
   }
@@ -339,7 +357,7 @@ int main(int argc, char** argv) {
     // Backward beside a reduce-scatter of all its gradients' bytes that it never waits for: no
     // hooks, no copies, no events between them: what sharing the GPU with the collective costs
     // backward's kernels by themselves (SMs, memory, power), against "backward alone".
-    const at::Tensor rs_input = copy_engine_rs ? comm->gather_buffer(chunk * n, flat.options()).copy_(flat) : flat;
+    const at::Tensor rs_input = reduces_on_copy_engines ? comm->gather_buffer(chunk * n, flat.options()).copy_(flat) : flat;
     probes.push_back({"backward beside a reduce-scatter", probe(plain_forward, [&] {
                         const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(dev.index());
                         const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev.index());
@@ -421,7 +439,7 @@ int main(int argc, char** argv) {
   };
   if (rank == 0) {
     std::printf("bench_sharded_step: %d rank(s) (%s), %lld params x %lld elements (fp32), AdamW Q8; backward of %s\n", n,
-                comm->backend(), static_cast<long long>(count), static_cast<long long>(numel),
+                collectives.c_str(), static_cast<long long>(count), static_cast<long long>(numel),
                 matmul_rows > 0 ? c10::str("sum((X @ W) * G), X and G of ", matmul_rows, " rows (TF32)").c_str()
                                 : "sum(p * g)");
     std::printf("  sharded step          %9.3f ms   (the default: buckets of %lld MiB)\n", step_ms,

@@ -18,9 +18,11 @@ namespace distributed {
 
 std::shared_ptr<Communicator> init_from_env(const InitOptions& options) {
   // Before anything collective, so that every rank refuses alike.
-  TORCH_CHECK(!options.copy_engine_gathers || options.device_type == c10::DeviceType::CUDA,
-              "init_from_env: copy_engine_gathers is NCCL's (device_type CUDA); device_type is ", options.device_type);
-  TORCH_CHECK(!options.copy_engine_reductions || options.copy_engine_gathers,
+  for (const auto& [name, option] : {std::pair{"copy_engine_gathers", options.copy_engine_gathers},
+                                     std::pair{"copy_engine_reductions", options.copy_engine_reductions}})
+    TORCH_CHECK(option != true || options.device_type == c10::DeviceType::CUDA, "init_from_env: ", name,
+                " is NCCL's (device_type CUDA); device_type is ", options.device_type);
+  TORCH_CHECK(!(options.copy_engine_reductions == true && options.copy_engine_gathers == false),
               "init_from_env: copy_engine_reductions reduces from the buffers copy_engine_gathers makes: set both");
   const LaunchEnv env = launch_env();
   init_mpi();

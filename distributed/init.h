@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <c10/core/DeviceType.h>
@@ -18,8 +19,9 @@ struct InitOptions {
   c10::DeviceType device_type = c10::DeviceType::CPU;  // CPU: MpiCommunicator; CUDA: NcclCommunicator
   double timeout_s = 300.0;      // per collective (failure_test and users shorten it)
   bool abort_on_failure = true;  // a failed collective aborts the whole job (see MpiOptions)
-  bool copy_engine_gathers = false;     // CUDA: NcclOptions::copy_engine_gathers
-  bool copy_engine_reductions = false;  // CUDA: NcclOptions::copy_engine_reductions (with the gathers)
+  // CUDA: NcclOptions' (unset: on where NCCL runs them on the copy engines); CPU: unset or false.
+  std::optional<bool> copy_engine_gathers;
+  std::optional<bool> copy_engine_reductions;
 };
 
 std::shared_ptr<Communicator> init_from_env(const InitOptions& options = {});

@@ -22,7 +22,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#include <nccl_device.h>
+#endif
 
+#include "copy_engine_support.h"
 #include "rank_agreement.h"
 
 namespace lowbit {
@@ -386,10 +390,11 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
     : bootstrap_(std::move(bootstrap)), device_(device), options_(options) {
   TORCH_CHECK(bootstrap_, kNccl, ": the MPI bootstrap communicator is null");
   TORCH_CHECK(options.timeout_s > 0, kNccl, ": the timeout must be > 0 seconds, got ", options.timeout_s);
-  TORCH_CHECK(!options.copy_engine_gathers || NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0), kNccl,
-              ": NcclOptions::copy_engine_gathers needs NCCL 2.28 or later (symmetric windows and the zero-CTA "
-              "policy); this build has NCCL ", NCCL_VERSION_CODE);
-  TORCH_CHECK(!options.copy_engine_reductions || options.copy_engine_gathers, kNccl,
+  TORCH_CHECK(!(options.copy_engine_gathers == true || options.copy_engine_reductions == true) ||
+                  NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0),
+              kNccl, ": NcclOptions::copy_engine_gathers / copy_engine_reductions need NCCL 2.28 or later (symmetric "
+              "windows and the zero-CTA policy); this build has NCCL ", NCCL_VERSION_CODE);
+  TORCH_CHECK(!(options.copy_engine_reductions == true && options.copy_engine_gathers == false), kNccl,
               ": NcclOptions::copy_engine_reductions reduces from the buffers copy_engine_gathers makes: set both");
   int devices = 0;
   TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices, kNccl, ": device ",
@@ -397,10 +402,11 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   // The options that decide which collectives run (a copy-engine all-to-all where a peer runs a
   // reduce-scatter, a communicator split that a peer never joins): the same on every rank, checked
   // over the bootstrap before anything of NCCL's is made.
-  const auto yes_no = [](int64_t x) { return std::string(x ? "true" : "false"); };
+  const auto code = [](const std::optional<bool>& o) -> int64_t { return o ? *o : -1; };
+  const auto show = [](int64_t x) { return std::string(x < 0 ? "unset (automatic)" : x ? "true" : "false"); };
   require_ranks_agree(*bootstrap_, at::kCPU,
-                      {{"NcclOptions::copy_engine_gathers", options.copy_engine_gathers, yes_no},
-                       {"NcclOptions::copy_engine_reductions", options.copy_engine_reductions, yes_no}},
+                      {{"NcclOptions::copy_engine_gathers", code(options.copy_engine_gathers), show},
+                       {"NcclOptions::copy_engine_reductions", code(options.copy_engine_reductions), show}},
                       kNccl, "every rank must construct its NcclCommunicator with the same NcclOptions");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   impl_ = std::make_unique<Impl>(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device)));
@@ -473,6 +479,49 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
       m.record(c10::str(kNccl, ": the watchdog failed", m.where(), ": ", e.what()));
     }
   });
+  decide_copy_engines();
+}
+
+void NcclCommunicator::decide_copy_engines() {
+  const std::optional<bool> gathers = options_.copy_engine_gathers, reductions = options_.copy_engine_reductions;
+  CopyEngineUse& use = copy_engines_;
+  // Forced reductions force the gathers they reduce from; gathers forced off leave nothing to decide.
+  use.automatic = (!gathers && reductions != true) || (!reductions && gathers != false);
+  bool supported = false;
+  if (use.automatic) {
+    Impl& m = *impl_;
+    int nccl_version = 0, driver_version = 0;
+    ncclGetVersion(&nccl_version);
+    cudaDriverGetVersion(&driver_version);
+    // NCCL's own check (collective over `comm`): whether the communicator has symmetric support.
+    const auto nccl_agrees = [&m] {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 2)
+      ncclCommProperties_t properties = NCCL_COMM_PROPERTIES_INITIALIZER;
+      std::lock_guard<std::mutex> nccl(m.nccl_mu);
+      return ncclCommQueryProperties(m.comm, &properties) == ncclSuccess && properties.deviceApiSupport;
+#elif NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      // Before 2.29 NCCL says it only by refusing a device communicator (an empty one here) where it
+      // has no symmetric support, before anything collective.
+      ncclDevCommRequirements_t nothing{};
+      ncclDevComm_t device_comm{};
+      std::lock_guard<std::mutex> nccl(m.nccl_mu);
+      m.enter("ncclDevCommCreate (the copy engines' support check)");
+      const ncclResult_t r = ncclDevCommCreate(m.comm, &nothing, &device_comm);
+      m.leave();
+      if (r == ncclSuccess) ncclDevCommDestroy(m.comm, &device_comm);
+      return r == ncclSuccess;
+#else
+      (void)m;
+      return false;  // not reached: copy_engine_support rules out NCCL before 2.28 first
+#endif
+    };
+    const CopyEngineSupport s =
+        copy_engine_support(*bootstrap_, std::min(nccl_version, NCCL_VERSION_CODE), driver_version, nccl_agrees);
+    supported = s.supported;
+    use.why_not = s.why_not;
+  }
+  use.gathers = gathers.value_or(reductions == true || supported);
+  use.reductions = reductions.value_or(use.gathers && supported);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -658,7 +707,7 @@ void NcclCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& outpu
   check_chunked_collective(kNccl, name, input, output, impl_->size, /*input_is_whole=*/true);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   bool copy_engines = false;
-  if (options_.copy_engine_reductions && impl_->size > 1 && input.numel() > 0) {
+  if (copy_engines_.reductions && impl_->size > 1 && input.numel() > 0) {
     std::lock_guard<std::mutex> nccl(impl_->nccl_mu);
     copy_engines = impl_->reduces_on_copy_engines(input);
   }
@@ -769,7 +818,7 @@ void NcclCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output) {
 }
 
 at::Tensor NcclCommunicator::make_gather_buffer(int64_t numel, const at::TensorOptions& options) {
-  if (!options_.copy_engine_gathers) return Communicator::make_gather_buffer(numel, options);
+  if (!copy_engines_.gathers) return Communicator::make_gather_buffer(numel, options);
   const char* name = "gather_buffer";
   check_usable(name);
   TORCH_CHECK(options.device().is_cuda() && options.device().index() == device_, kNccl, ": ", name,

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,25 +29,40 @@ struct NcclOptions {
   // inside NCCL past the timeout (connecting to a dead peer at an algorithm's first use) ends the
   // job either way: NCCL cannot abort a communicator another thread is inside.
   bool abort_on_failure = true;
-  // gather_buffer() memory from ncclMemAlloc, registered as NCCL symmetric windows on a third
-  // communicator whose CTA policy is NCCL_CTA_POLICY_ZERO: an all_gather whose input and output lie
-  // in such buffers runs on the copy engines (NCCL >= 2.28 on one node with NVLink; elsewhere NCCL
-  // runs its kernels), leaving every SM to the kernels beside it. Measured on 2 H200s
-  // (bench/nccl_probe): 1.19x the kernels' all-gather, and a memory-bound kernel beside it slowed
-  // 2.5x less. The buffers are held by the communicator until it is destroyed (registration is
-  // collective, so they are not registered again): one dropped is given to the next request of its
-  // size, which every rank must make at the same point.
-  bool copy_engine_gathers = false;
-  // With copy_engine_gathers: a float32 reduce_scatter whose input lies in a gather_buffer() (the
-  // sharded optimizer's gradient buckets) exchanges its chunks on the copy engines (all-to-all into
-  // a symmetric scratch buffer of the input's size, one per size, held like the buffers) and sums
-  // what it received with one kernel per rank beyond the first, in rank order: it takes no compute
-  // units from backward's kernels beside it but that sum's. Deterministic; its sums are in another
-  // order than NCCL's ring for 3 ranks or more. On 2 H200s over NVLink (bench_sharded_step, 268M
-  // parameters) the sharded step 0.94-0.95x, the overlapped backward + step 0.93-0.96x. On one node
-  // with NVLink only: elsewhere NCCL runs the all-to-all on its kernels, slower than its
-  // reduce-scatter (kept off NVLink: the step 1.06x, the overlap 1.0-1.25x).
-  bool copy_engine_reductions = false;
+  // The copy engines. Each option unset (the default) is on where NCCL runs the collectives there,
+  // off elsewhere; true / false force it. NCCL does so on one node, with NCCL 2.28 or later, a driver
+  // of CUDA 12.5 or later, and every pair of the node's GPUs reaching the other directly (NVLink, or
+  // PCIe peer-to-peer where NCCL allows it; not with NCCL_P2P_DISABLE, NCCL_WIN_ENABLE=0 or
+  // NCCL_CUMEM_ENABLE=0): decided at construction by asking NCCL (copy_engine_support.h), the same
+  // on every rank; copy_engines() says what it came to, and why not.
+  //
+  // gathers: gather_buffer() memory from ncclMemAlloc, registered as NCCL symmetric windows on a
+  // third communicator whose CTA policy is NCCL_CTA_POLICY_ZERO: an all_gather whose input and
+  // output lie in such buffers runs on the copy engines (elsewhere NCCL runs its kernels), leaving
+  // every SM to the kernels beside it. Measured on 2 H200s (bench/nccl_probe): 1.19x the kernels'
+  // all-gather, and a memory-bound kernel beside it slowed 2.5x less. The buffers are held by the
+  // communicator until it is destroyed (registration is collective, so they are not registered
+  // again): one dropped is given to the next request of its size, which every rank must make at the
+  // same point.
+  std::optional<bool> copy_engine_gathers;
+  // reductions (with the gathers; unset and the gathers forced off, it is off): a float32
+  // reduce_scatter whose input lies in a gather_buffer() (the sharded optimizer's gradient buckets)
+  // exchanges its chunks on the copy engines (all-to-all into a symmetric scratch buffer of the
+  // input's size, one per size, held like the buffers) and sums what it received with one kernel per
+  // rank beyond the first, in rank order: it takes no compute units from backward's kernels beside it
+  // but that sum's. Deterministic; its sums are in another order than NCCL's ring for 3 ranks or
+  // more. On 2 H200s over NVLink (bench_sharded_step, 268M parameters) the sharded step 0.94-0.95x,
+  // the overlapped backward + step 0.93-0.96x. Forced on where NCCL has no copy engines, the
+  // all-to-all runs on NCCL's kernels, slower than its reduce-scatter (kept off NVLink: the step
+  // 1.06x, the overlap 1.0-1.25x).
+  std::optional<bool> copy_engine_reductions;
+};
+
+// What NcclOptions' copy-engine options came to.
+struct CopyEngineUse {
+  bool gathers = false, reductions = false;
+  bool automatic = false;  // decided by the support check (an option was unset)
+  std::string why_not;     // automatic and off: why (the first reason, naming its rank)
 };
 
 class NcclCommunicator : public Communicator {
@@ -61,6 +77,7 @@ class NcclCommunicator : public Communicator {
   int size() const override;
   const char* backend() const override { return "nccl"; }
   int device() const { return device_; }
+  const CopyEngineUse& copy_engines() const { return copy_engines_; }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum) override;
@@ -113,10 +130,12 @@ class NcclCommunicator : public Communicator {
            const std::function<int(void* stream)>& launch, const std::function<void()>& post = {});
   void check_usable(const char* collective) const;
   void reduce_scatter_on_copy_engines(const at::Tensor& input, at::Tensor& output, ReduceOp op);
+  void decide_copy_engines();  // copy_engines_ from options_ (collective when automatic)
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<MpiCommunicator> bootstrap_;
   int device_ = 0;
   NcclOptions options_;
+  CopyEngineUse copy_engines_;
 };
 
 }  // namespace distributed

@@ -75,8 +75,8 @@ std::string usage() {
          "            --no-step-graphs (every GPU step enqueued anew, never replayed from a recorded CUDA graph)\n"
          "  parallel  --sharded (under mpirun: data parallel, ShardedOptimizer; --batch is the global batch)\n"
          "            --wire-gradients none|FORMAT --wire-updates none|FORMAT (low-bit collectives, e.g. Dyn8Signed, DE4Signed)\n"
-         "            --copy-engine-gathers (--sharded on CUDA: the parameters' all-gathers on NCCL's copy engines)\n"
-         "            --copy-engine-reductions (with --copy-engine-gathers: the gradients' reduce-scatters too; NVLink only)\n"
+         "            --copy-engines auto|gathers|all|off (--sharded on CUDA: the parameters' all-gathers on NCCL's copy\n"
+         "            engines, all: the gradients' reduce-scatters too; auto: both where NCCL has copy engines, one node)\n"
          "            --overlap (--sharded: gradients reduce-scattered in buckets from backward()'s hooks)\n"
          "            --overlap-thread auto|on|off (--overlap: the hooks' work on a thread of its own; auto: on for cuda)\n"
          "            --fully-sharded (parameters and gradients sharded too: FullyShardedModule, a unit per block; built on\n"
@@ -158,8 +158,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--no-digest") f.digest = false;
     else if (a == "--sharded") f.sharded = true;
     else if (a == "--fully-sharded") f.sharded = f.fully_sharded = true;
-    else if (a == "--copy-engine-gathers") f.copy_engine_gathers = true;
-    else if (a == "--copy-engine-reductions") f.copy_engine_reductions = true;
+    else if (a == "--copy-engines") f.copy_engines = next();
     else if (a == "--overlap") f.overlap = true;
     else if (a == "--overlap-thread") f.overlap_thread = next();
     else if (a == "--compare") f.compare = next();
@@ -243,11 +242,11 @@ Flags parse_flags(int argc, char** argv) {
   if (f.sharded && (f.optimizer == "torch-adamw" || (f.gradient_release && !f.fully_sharded) || f.qat_steps || f.probe))
     throw std::invalid_argument("--sharded / --fully-sharded take a lowbit optimizer, without --qat-steps or "
                                 "--probe-max-size (and --sharded without --gradient-release)");
-  if (f.copy_engine_gathers && (!f.sharded || f.fully_sharded || at::Device(f.device).type() != at::kCUDA))
-    throw std::invalid_argument("--copy-engine-gathers puts --sharded's parameter all-gathers on NCCL's copy engines: "
+  if (f.copy_engines != "auto" && f.copy_engines != "gathers" && f.copy_engines != "all" && f.copy_engines != "off")
+    throw std::invalid_argument("--copy-engines takes auto, gathers, all or off, not " + f.copy_engines);
+  if (f.copy_engines != "auto" && (!f.sharded || f.fully_sharded || at::Device(f.device).type() != at::kCUDA))
+    throw std::invalid_argument("--copy-engines chooses where --sharded's collectives run over NCCL: "
                                 "it needs --sharded (not --fully-sharded) and --device cuda");
-  if (f.copy_engine_reductions && !f.copy_engine_gathers)
-    throw std::invalid_argument("--copy-engine-reductions reduces from the buffers --copy-engine-gathers makes: pass both");
   if (f.overlap && (!f.sharded || f.fully_sharded))
     throw std::invalid_argument("--overlap reduce-scatters --sharded's gradients from backward()'s hooks: it needs "
                                 "--sharded (--fully-sharded always overlaps)");

@@ -49,8 +49,9 @@ struct Flags {
   // update_wire): "none" or a signed QuantFormat name (Dyn8Signed, DE4Signed, ...)
   bool sharded = false;
   std::string wire_gradients = "none", wire_updates = "none";
-  bool copy_engine_gathers = false;     // InitOptions::copy_engine_gathers (--sharded over NCCL)
-  bool copy_engine_reductions = false;  // InitOptions::copy_engine_reductions (with the gathers)
+  // --copy-engines auto|gathers|all|off: InitOptions::copy_engine_gathers / _reductions (--sharded
+  // over NCCL); auto: both unset, on where NCCL has copy engines; gathers / all / off force them.
+  std::string copy_engines = "auto";
   // --overlap: ShardedOptions::overlap (gradients reduce-scattered from backward()'s hooks);
   // --overlap-thread auto|on|off: ShardedOptions::overlap_thread (auto: unset, on for a GPU).
   bool overlap = false;

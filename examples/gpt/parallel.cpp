@@ -34,6 +34,18 @@ std::optional<ld::WireCompression> wire(const std::string& name, bool updates) {
   return updates ? ld::WireCompression::updates(q) : ld::WireCompression::gradients(q);
 }
 
+// ", copy engines: all-gathers (automatic)" where NCCL's collectives run on them; "" elsewhere.
+std::string copy_engines_in_use() {
+#if LOWBIT_WITH_NCCL
+  if (const auto* n = dynamic_cast<const ld::NcclCommunicator*>(communicator().get())) {
+    const ld::CopyEngineUse& use = n->copy_engines();
+    return c10::str(", copy engines: ", use.reductions ? "all-gathers and reduce-scatters" : use.gathers ? "all-gathers" : "none",
+                    use.automatic ? " (automatic" : " (forced", use.why_not.empty() ? "" : ": " + use.why_not, ")");
+  }
+#endif
+  return "";
+}
+
 class Sharded : public TrainOptimizer {
  public:
   Sharded(const Flags& f, std::unique_ptr<lowbit::optim::LowbitOptimizer> opt, std::string what) {
@@ -48,6 +60,7 @@ class Sharded : public TrainOptimizer {
     s << what << ", sharded over " << communicator()->size() << " ranks (" << communicator()->backend()
       << "), wire: gradients " << f.wire_gradients << ", updates " << f.wire_updates << ", "
       << sharded_->wire_stats().bytes_per_parameter() << " bytes sent per parameter per step"
+      << copy_engines_in_use()
       << (f.overlap ? c10::str(", overlap in ", sharded_->buckets(), " buckets (hooks on ", f.overlap_thread, ")") : "");
     what_ = s.str();
   }
@@ -166,8 +179,10 @@ const Job& job(const Flags& f) {
   if (!f.sharded || communicator()) return j;
   ld::InitOptions io;
   io.device_type = at::Device(f.device).type();
-  io.copy_engine_gathers = f.copy_engine_gathers;
-  io.copy_engine_reductions = f.copy_engine_reductions;
+  if (f.copy_engines != "auto") {
+    io.copy_engine_gathers = f.copy_engines != "off";
+    io.copy_engine_reductions = f.copy_engines == "all";
+  }
   // --fully-sharded --init torch: rank 0 builds the whole model on the host before the first
   // collective, which takes minutes at tens of billions of parameters; the others wait in that
   // collective meanwhile. With --init keyed every rank fills its own shards (seconds).

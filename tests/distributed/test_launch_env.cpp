@@ -64,10 +64,15 @@ TEST(LaunchEnv, CopyEngineGathersOutsideCudaAreRefusedBeforeAnythingCollective) 
             std::string::npos) << e;
 }
 
-TEST(LaunchEnv, CopyEngineReductionsWithoutTheGathersAreRefusedBeforeAnythingCollective) {
+TEST(LaunchEnv, CopyEngineReductionsOutsideCudaOrWithoutTheGathersAreRefusedBeforeAnythingCollective) {
   ld::InitOptions o;
-  o.copy_engine_reductions = true;
-  const std::string e = error_of([&] { ld::init_from_env(o); });
+  o.copy_engine_reductions = true;  // device_type CPU, the gathers unset
+  std::string e = error_of([&] { ld::init_from_env(o); });
+  EXPECT_NE(e.find("init_from_env: copy_engine_reductions is NCCL's (device_type CUDA); device_type is cpu"),
+            std::string::npos) << e;
+  o.device_type = c10::DeviceType::CUDA;
+  o.copy_engine_gathers = false;
+  e = error_of([&] { ld::init_from_env(o); });
   EXPECT_NE(e.find("init_from_env: copy_engine_reductions reduces from the buffers copy_engine_gathers makes: set both"),
             std::string::npos) << e;
 }

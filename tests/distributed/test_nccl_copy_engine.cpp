@@ -1,16 +1,22 @@
 // NcclOptions::copy_engine_gathers: gather_buffer() memory is NCCL symmetric memory, and an
 // all-gather within it runs on the copy-engine communicator (with copy_engine_reductions a
-// reduce-scatter from it too). The values are the plain communicator's, bit for bit; buffers dropped are given to the next request of their size; the
-// sharded optimizer over such a communicator matches one process as over the plain one. Over NCCL
-// only (--cuda).
+// reduce-scatter from it too). The values are NCCL's kernels', bit for bit; buffers dropped are
+// given to the next request of their size; the sharded optimizer over such a communicator matches
+// one process as over the plain one; unset, the options follow whether NCCL has copy engines. Over
+// NCCL only (--cuda).
 #include "dist_util.h"
 
 #include <lowbit/build_config.h>
 
 #if LOWBIT_WITH_NCCL
 
+#include <cstdlib>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 namespace lowbit_test {
 namespace {
@@ -119,9 +125,62 @@ TEST(NcclCopyEngine, ReducesFromItsBuffersWhatThePlainCommunicatorReduces) {
   c->synchronize();
 }
 
+// Unset, the options follow NCCL's own verdict, the same on every rank. The test's verdict comes
+// from CUDA instead: the jobs run one node, so NCCL has copy engines exactly where every pair of the
+// ranks' GPUs can reach the other directly, unless NCCL_P2P_DISABLE says otherwise (the driver and
+// NCCL of the GPU machines are new enough).
+TEST(NcclCopyEngine, UnsetOptionsFollowWhetherNcclHasCopyEngines) {
+  SKIP_WITHOUT_NCCL();
+  ld::NcclOptions no;
+  no.timeout_s = 120;
+  auto c = nccl_of_the_job(no);
+  const ld::CopyEngineUse& use = c->copy_engines();
+  EXPECT_TRUE(use.automatic);
+  EXPECT_EQ(use.gathers, use.reductions);
+  const int n = c->size();
+  const char* p2p = std::getenv("NCCL_P2P_DISABLE");
+  bool expected = n > 1 && !(p2p && std::atoi(p2p) != 0);
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  ASSERT_GE(devices, n) << "one GPU per rank on this node";
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      int can = 1;
+      if (a != b) cudaDeviceCanAccessPeer(&can, a, b);
+      expected = expected && can;
+    }
+  EXPECT_EQ(use.gathers, expected) << use.why_not;
+  EXPECT_EQ(use.why_not.empty(), expected) << use.why_not;
+  if (n == 1) {
+    EXPECT_EQ(use.why_not, "one rank");
+  } else if (p2p && std::atoi(p2p) != 0) {
+    EXPECT_NE(use.why_not.find("NCCL_P2P_DISABLE=" + std::string(p2p) + " on rank 0"), std::string::npos) << use.why_not;
+  }
+  // The same on every rank.
+  at::Tensor mine = at::full({1}, use.gathers ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(device()));
+  at::Tensor all = at::empty({n}, mine.options());
+  comm().all_gather(mine, all);
+  EXPECT_EQ(all.sum().item<int>(), use.gathers ? n : 0);
+  // Either way the sharded optimizer over it matches one process.
+  expect_sharded_over_matches_one_process(std::move(c));
+  // Forced, nothing is decided: reductions forced on force the gathers; gathers forced off leave
+  // the reductions off.
+  no.copy_engine_reductions = true;
+  auto forced = nccl_of_the_job(no);
+  EXPECT_FALSE(forced->copy_engines().automatic);
+  EXPECT_TRUE(forced->copy_engines().gathers && forced->copy_engines().reductions);
+  forced.reset();
+  no.copy_engine_reductions.reset();
+  no.copy_engine_gathers = false;
+  forced = nccl_of_the_job(no);
+  EXPECT_FALSE(forced->copy_engines().automatic);
+  EXPECT_FALSE(forced->copy_engines().gathers || forced->copy_engines().reductions);
+}
+
 TEST(NcclCopyEngine, ReductionsWithoutGathersAreRefused) {
   SKIP_WITHOUT_NCCL();
   ld::NcclOptions no;
+  no.copy_engine_gathers = false;
   no.copy_engine_reductions = true;
   const std::string e = error_of([&] { nccl_of_the_job(no); });
   EXPECT_NE(e.find("NcclOptions::copy_engine_reductions reduces from the buffers copy_engine_gathers makes"),
@@ -137,11 +196,11 @@ TEST(NcclCopyEngine, RanksWithDifferentOptionsAreRefused) {
   const bool last = comm().rank() == comm().size() - 1;
   ld::NcclOptions gathers;
   gathers.timeout_s = 120;
-  gathers.copy_engine_gathers = !last;
+  if (!last) gathers.copy_engine_gathers = true;  // the last rank's unset
   std::string e = error_of([&] { nccl_of_the_job(gathers); });
   const std::string r = std::to_string(comm().size() - 1);
   EXPECT_NE(e.find("NcclCommunicator: the ranks disagree on NcclOptions::copy_engine_gathers: rank 0 has true, rank " +
-                   r + " has false; every rank must construct its NcclCommunicator with the same NcclOptions"),
+                   r + " has unset (automatic); every rank must construct its NcclCommunicator with the same NcclOptions"),
             std::string::npos)
       << e;
   ld::NcclOptions reductions = gathers;

@@ -479,7 +479,19 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
       m.record(c10::str(kNccl, ": the watchdog failed", m.where(), ": ", e.what()));
     }
   });
-  decide_copy_engines();
+  try {
+    decide_copy_engines();
+  } catch (...) {  // a failed constructor runs no destructor: stop the watchdog, free NCCL's side
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.stop = true;
+    }
+    m.wake.notify_all();
+    m.watchdog.join();
+    std::lock_guard<std::mutex> nccl(m.nccl_mu);
+    m.abort_comm();
+    throw;
+  }
 }
 
 void NcclCommunicator::decide_copy_engines() {

@@ -165,6 +165,7 @@ struct NcclCommunicator::Impl {
   // copy_engine_gathers: split from `comm` at the first gather_buffer(), with NCCL_CTA_POLICY_ZERO;
   // the all-gathers whose tensors lie in `symmetric` buffers run on it (same own stream).
   ncclComm_t ce = nullptr;
+  std::atomic<bool> copy_engines_made{false};  // `ce` made: read by the watchdog without nccl_mu
   std::shared_ptr<SymmetricBuffers> symmetric = std::make_shared<SymmetricBuffers>();
   // copy_engine_reductions: the all-to-all's receive buffer per size in bytes (symmetric, kept).
   std::mutex scratch_mu;
@@ -310,7 +311,8 @@ void NcclCommunicator::Impl::end_job() const {
 // asynchronous error and the oldest one's age against the timeout, and the age of a blocking call
 // in progress. A failure is recorded, the NCCL communicator aborted, and with abort_on_failure the
 // job ended; without, every later call throws the recorded message. A calling thread still inside
-// NCCL past the timeout ends the job either way: aborting the communicator would free what it uses.
+// NCCL past the timeout ends the job either way: aborting the communicator would free what it uses;
+// so does any failure once the copy engines are in use (gather_buffer() made their communicator).
 void NcclCommunicator::Impl::watch() {
   cudaSetDevice(device);
   // Event queries from this thread must stay legal while another thread captures a CUDA graph in
@@ -365,7 +367,9 @@ void NcclCommunicator::Impl::watch() {
     if (!failure.empty()) {
       lock.unlock();
       record(failure);
-      if (stuck) {
+      // Nor can a copy-engine collective be aborted: it waits for its peers in a stream memory
+      // operation, which ncclCommAbort would wait for, forever where a peer hangs.
+      if (stuck || copy_engines_made) {
         if (!abort_on_failure) std::fprintf(stderr, "lowbit: %s; ending the process\n", failure.c_str());
         end_job();
       }
@@ -863,6 +867,7 @@ at::Tensor NcclCommunicator::make_gather_buffer(int64_t numel, const at::TensorO
         m.leave();
         TORCH_CHECK(r == ncclSuccess && m.ce, kNccl, ": ", name, ": splitting the copy-engine communicator failed",
                     m.where(), ": ", ncclGetErrorString(r));
+        m.copy_engines_made = true;
       }
       void* p = nullptr;
       r = ncclMemAlloc(&p, bytes);

@@ -27,7 +27,10 @@ struct NcclOptions {
   // As MpiOptions: end the job (MPI_Abort) after ncclCommAbort; false: the failure is recorded and
   // the next call on this communicator (or synchronize()) throws it, on this rank only. A call kept
   // inside NCCL past the timeout (connecting to a dead peer at an algorithm's first use) ends the
-  // job either way: NCCL cannot abort a communicator another thread is inside.
+  // job either way: NCCL cannot abort a communicator another thread is inside. So does any failure
+  // once the copy engines are in use (after the first gather_buffer() with copy_engines().gathers):
+  // their collectives wait for the peers in stream memory operations, which ncclCommAbort cannot
+  // cancel.
   bool abort_on_failure = true;
   // The copy engines. Each option unset (the default) is on where NCCL runs the collectives there,
   // off elsewhere; true / false force it. NCCL does so on one node, with NCCL 2.28 or later, a driver

@@ -56,12 +56,12 @@ function(lowbit_add_distributed target)
   endif()
   set(dir ${PROJECT_SOURCE_DIR}/distributed)
   target_sources(${target} PRIVATE
-    ${dir}/communicator.cpp ${dir}/compressed_wire.cpp ${dir}/flat_layout.cpp ${dir}/fully_sharded_module.cpp ${dir}/init.cpp
+    ${dir}/communicator.cpp ${dir}/compressed_wire.cpp ${dir}/copy_engine_support.cpp ${dir}/flat_layout.cpp ${dir}/fully_sharded_module.cpp ${dir}/init.cpp
     ${dir}/launch_env.cpp ${dir}/mpi_communicator.cpp ${dir}/rank_agreement.cpp ${dir}/serial_worker.cpp ${dir}/sharded_checkpoint.cpp
     ${dir}/sharded_optimizer.cpp)
   target_link_libraries(${target} PRIVATE MPI::MPI_CXX)
   if(LOWBIT_WITH_NCCL)
-    target_sources(${target} PRIVATE ${dir}/copy_engine_support.cpp ${dir}/nccl_communicator.cpp)
+    target_sources(${target} PRIVATE ${dir}/nccl_communicator.cpp)
     target_include_directories(${target} PRIVATE ${LOWBIT_NCCL_INCLUDE})
     target_link_libraries(${target} PRIVATE ${LOWBIT_NCCL_LIBRARY} CUDA::cudart)
   endif()

@@ -94,10 +94,7 @@ int main(int argc, char** argv) {
   if (const auto* c = dynamic_cast<const ld::NcclCommunicator*>(comm.get())) {
     const ld::CopyEngineUse& use = c->copy_engines();
     reduces_on_copy_engines = use.reductions;
-    collectives += c10::str(use.reductions ? ", all-gathers and reduce-scatters on the copy engines"
-                            : use.gathers  ? ", all-gathers on the copy engines"
-                                           : ", NCCL's kernels",
-                            use.automatic ? " (automatic" : " (forced", use.why_not.empty() ? "" : ": " + use.why_not, ")");
+    collectives += ", " + use.describe();
   }
 #endif
   const int n = comm->size(), rank = comm->rank();

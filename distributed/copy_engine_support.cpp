@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 
+#include "rank_agreement.h"
+
 namespace lowbit {
 namespace distributed {
 
@@ -61,16 +63,6 @@ int64_t node_identity() {
   return static_cast<int64_t>(std::hash<std::string>{}(std::string(host) + '\n' + boot_id));
 }
 
-// Every rank's `values` (the same count on each), rank after rank.
-std::vector<int64_t> gather_all(Communicator& comm, const std::vector<int64_t>& values) {
-  const int64_t n = static_cast<int64_t>(values.size());
-  at::Tensor mine = at::empty({n}, at::kLong);
-  std::copy(values.begin(), values.end(), mine.data_ptr<int64_t>());
-  at::Tensor all = at::empty({comm.size() * n}, at::kLong);
-  comm.all_gather(mine, all);
-  return std::vector<int64_t>(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
-}
-
 }  // namespace
 
 CopyEngineSupport copy_engine_support(Communicator& bootstrap, int nccl_version, int driver_version,
@@ -78,13 +70,13 @@ CopyEngineSupport copy_engine_support(Communicator& bootstrap, int nccl_version,
   const int n = bootstrap.size();
   if (n < 2) return {false, "one rank"};
   const auto [reason, value] = ruled_out_here(nccl_version, driver_version);
-  const std::vector<int64_t> all = gather_all(bootstrap, {reason, value, node_identity()});
+  const std::vector<int64_t> all = gather_values(bootstrap, at::kCPU, {reason, value, node_identity()});
   // Every rank holds every rank's answer, so every rank finds the same first reason.
   for (int r = 0; r < n; ++r)
     if (all[3 * r] != kNone) return {false, describe(all[3 * r], all[3 * r + 1]) + " on rank " + std::to_string(r)};
   for (int r = 1; r < n; ++r)
     if (all[3 * r + 2] != all[2]) return {false, "ranks 0 and " + std::to_string(r) + " are on different nodes"};
-  const std::vector<int64_t> agreed = gather_all(bootstrap, {nccl_agrees() ? 1 : 0});
+  const std::vector<int64_t> agreed = gather_values(bootstrap, at::kCPU, {nccl_agrees() ? 1 : 0});
   for (int r = 0; r < n; ++r)
     if (!agreed[static_cast<size_t>(r)])
       return {false, "NCCL has no symmetric memory between this node's GPUs (not every pair reaches the other "

@@ -498,6 +498,13 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> bootstrap, i
   }
 }
 
+std::string CopyEngineUse::describe() const {
+  return c10::str(reductions ? "all-gathers and reduce-scatters on the copy engines"
+                  : gathers  ? "all-gathers on the copy engines"
+                             : "NCCL's kernels",
+                  automatic ? " (automatic" : " (forced", why_not.empty() ? "" : ": " + why_not, ")");
+}
+
 void NcclCommunicator::decide_copy_engines() {
   const std::optional<bool> gathers = options_.copy_engine_gathers, reductions = options_.copy_engine_reductions;
   CopyEngineUse& use = copy_engines_;

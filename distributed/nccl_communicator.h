@@ -66,6 +66,9 @@ struct CopyEngineUse {
   bool gathers = false, reductions = false;
   bool automatic = false;  // decided by the support check (an option was unset)
   std::string why_not;     // automatic and off: why (the first reason, naming its rank)
+  // "all-gathers and reduce-scatters on the copy engines (automatic)", "NCCL's kernels (forced)",
+  // "NCCL's kernels (automatic: NCCL_P2P_DISABLE=1 on rank 0)": for logs and benches.
+  std::string describe() const;
 };
 
 class NcclCommunicator : public Communicator {

@@ -21,6 +21,10 @@ struct AgreedValue {
   std::function<std::string(int64_t)> show = {};  // how the error writes a value (default: the number)
 };
 
+// Every rank's `values` (the same count on each), rank after rank: one all_gather on `comm` in
+// tensors on `device` (the communicator's).
+std::vector<int64_t> gather_values(Communicator& comm, at::Device device, const std::vector<int64_t>& values);
+
 // One all_gather on `comm` of int64 values, in tensors on `device` (the communicator's). Throws
 // "<who>: the ranks disagree on <what>: rank 0 has <a>, rank r has <b>; <advice>" on every rank.
 void require_ranks_agree(Communicator& comm, at::Device device, const std::vector<AgreedValue>& values,

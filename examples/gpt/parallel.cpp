@@ -34,14 +34,11 @@ std::optional<ld::WireCompression> wire(const std::string& name, bool updates) {
   return updates ? ld::WireCompression::updates(q) : ld::WireCompression::gradients(q);
 }
 
-// ", copy engines: all-gathers (automatic)" where NCCL's collectives run on them; "" elsewhere.
+// Over NCCL, where its collectives run (", NCCL's kernels (automatic: ...)"); "" elsewhere.
 std::string copy_engines_in_use() {
 #if LOWBIT_WITH_NCCL
-  if (const auto* n = dynamic_cast<const ld::NcclCommunicator*>(communicator().get())) {
-    const ld::CopyEngineUse& use = n->copy_engines();
-    return c10::str(", copy engines: ", use.reductions ? "all-gathers and reduce-scatters" : use.gathers ? "all-gathers" : "none",
-                    use.automatic ? " (automatic" : " (forced", use.why_not.empty() ? "" : ": " + use.why_not, ")");
-  }
+  if (const auto* n = dynamic_cast<const ld::NcclCommunicator*>(communicator().get()))
+    return ", " + n->copy_engines().describe();
 #endif
   return "";
 }

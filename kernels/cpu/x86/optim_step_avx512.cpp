@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../../common/compand.h"
 #include "../../common/encode.h"
 #include "../../common/optim_rules.h"
 #include "../block_ops.h"
@@ -170,21 +171,42 @@ inline void decode4_block(__m512 cb16, const uint8_t* codes, int64_t len, float 
   }
 }
 
+// C8's decode (compand.h's pow8_decode, then times the block's absmax) on 16 lanes, in registers: a
+// code c becomes the float (min(c, lim) - off), squared with its sign, times 1 / max^2; the
+// unsigned format's lim 255 and off 0 change nothing, so one formula serves both. The same
+// operations as the codebook's entries, so the same bits as the table decode.
+struct Pow8Decode16 {
+  __m512i lim;
+  __m512 off, inv_sq;
+  static Pow8Decode16 make(QuantFormat f) {
+    const bool s = format_is_signed(f);
+    return {_mm512_set1_epi32(s ? 254 : 255), _mm512_set1_ps(s ? 127.0f : 0.0f),
+            _mm512_set1_ps(s ? kPow8SignedInvSq : kPow8UnsignedInvSq)};
+  }
+  __m512 operator()(__m128i bytes, __m512 amax) const {
+    const __m512 c = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_min_epu32(_mm512_cvtepu8_epi32(bytes), lim)), off);
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(c, _mm512_abs_ps(c)), inv_sq), amax);
+  }
+};
+
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
 // stochastically, or bf16 with the 24-bit mode's int8 correction: CORR Int8), NS state slots all
-// quantized with BITS-bit codes (Q8 / FP8: 8, Q4: 4), over a run of consecutive blocks of one
-// parameter. No branch on storage kinds; all in registers.
+// quantized with BITS-bit codes (Q8 / FP8 / C8: 8, Q4: 4), over a run of consecutive blocks of one
+// parameter. No branch on storage kinds; all in registers. POW8: every slot is C8, whose codes
+// decode by arithmetic inside the loop (Pow8Decode16) instead of into the buffer first: C8's blocks
+// are 64 elements, so a per-block decode call weighs four times what it does for Q8.
 //
 // Software-pipelined by one block: while the update of block b runs (bound by the divider and the
 // multipliers), the codes of block b - 1 are encoded in the same loop (bound by the 8-bit encode's
 // gathers, or the 4-bit encode's permutes), so the two kinds of work overlap instead of taking
 // turns. A block's codes can only be encoded once its new absmax is known, after its whole update.
-template <Rule R, int NS, ElemType PT, int BITS, SlotStorage CORR = SlotStorage::None>
+template <Rule R, int NS, ElemType PT, int BITS, SlotStorage CORR = SlotStorage::None, bool POW8 = false>
 void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf,
                                       uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
   static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && CORR == SlotStorage::Int8), "bf16's int8 correction");
+  static_assert(!POW8 || BITS == 8, "C8 codes are 8-bit");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
   // A local copy (stores through the buffers cannot alias it) with two flags made constant: the
@@ -204,6 +226,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   __m512 tree[NS];            // 4-bit: the thresholds' search tree, the codebook, the codes by rank
   __m512 cb16[NS];
   __m512i rank_codes[NS];
+  Pow8Decode16 pow8[NS];      // POW8
   bool is_signed[NS];
   float* cur[NS];   // the block being updated: decoded state, then its new values
   float* prev[NS];  // the previous block's new values, encoded during this block's update
@@ -217,6 +240,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       cb16[k] = _mm512_loadu_ps(r.tables->codebook);
       rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
     }
+    if (POW8) pow8[k] = Pow8Decode16::make(r.format);
     is_signed[k] = format_is_signed(r.format);
     cur[k] = buf + k * B;
     prev[k] = buf + (NS + k) * B;
@@ -226,14 +250,17 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t begin = b * B;
     const int64_t len = std::min(B, t.numel - begin);
+    prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
+    __m512 amax[NS];
     for (int k = 0; k < NS; ++k) {
-      if (BITS == 8) {
+      if (POW8) {
+        amax[k] = _mm512_set1_ps(absmax[k][b]);
+      } else if (BITS == 8) {
         decode_codes8(*t.slots[k].tables, codes[k] + begin, len, absmax[k][b], cur[k]);
       } else {
         decode4_block(cb16[k], codes[k] + begin / 2, len, absmax[k][b], cur[k]);
       }
     }
-    prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
     // Per slot: the largest |x| bit pattern, and the largest raw bit pattern (above 0x80000000
     // exactly when some lane held a negative value; -0.0 is not one).
     __m512i max_abs[NS], max_raw[NS];
@@ -250,7 +277,13 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
                                 : load16(param, PT, begin + i, m));
         const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
         f32x16 st[kMomentSlots] = {};
-        for (int k = 0; k < NS; ++k) st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
+        for (int k = 0; k < NS; ++k) {
+          if (POW8) {
+            st[k] = (f32x16)pow8[k](_mm_maskz_loadu_epi8(m, codes[k] + begin + i), amax[k]);
+          } else {
+            st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
+          }
+        }
         apply_rule<R>(h, (f32x16)g, p, st);
         for (int k = 0; k < NS; ++k) {
           const __m512i u = _mm512_castps_si512((__m512)st[k]);
@@ -391,6 +424,18 @@ RangeFn range_fn(const ParamTask& t) {
   if (is_correction(corr)) return &each_block<&step_block_avx512<R>>;
   if (uniform) {
     const bool four = bits == 4;
+    bool pow8 = !four;
+    for (int k = 0; k < t.num_slots; ++k) pow8 &= format_spec(t.slots[k].format).codebook == CodebookKind::Power;
+    if (pow8) {
+      switch (t.num_slots * 2 + (bf16 ? 1 : 0)) {
+        case 2: return &steps_quant_avx512<R, 1, ElemType::F32, 8, SlotStorage::None, true>;
+        case 3: return &steps_quant_avx512<R, 1, ElemType::BF16, 8, SlotStorage::None, true>;
+        case 4: return &steps_quant_avx512<R, 2, ElemType::F32, 8, SlotStorage::None, true>;
+        case 5: return &steps_quant_avx512<R, 2, ElemType::BF16, 8, SlotStorage::None, true>;
+        case 6: return &steps_quant_avx512<R, 3, ElemType::F32, 8, SlotStorage::None, true>;
+        case 7: return &steps_quant_avx512<R, 3, ElemType::BF16, 8, SlotStorage::None, true>;
+      }
+    }
     switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (four ? 1 : 0)) {
       case 4: return &steps_quant_avx512<R, 1, ElemType::F32, 8>;
       case 5: return &steps_quant_avx512<R, 1, ElemType::F32, 4>;

@@ -344,6 +344,29 @@ TEST(StepInterface, RoundingNoiseIsTheSameOnEveryPathAcross2To32) {
   }
 }
 
+// rule_slot_count_possible, by which the CPU's specialized loops are compiled, admits exactly the
+// moment-slot counts that rule_slots gives over the options that change them: one it refused would
+// send a layout the op admits to the per-block loop, one it admitted needlessly compiles dead loops.
+TEST(StepInterface, SpecializedSlotCountsAreTheOnesEachRulesOptionsGive) {
+  for (int r = 0; r < lk::kNumRules; ++r) {
+    const auto rule = static_cast<lk::Rule>(r);
+    SCOPED_TRACE(lk::rule_name(rule));
+    bool seen[lk::kMomentSlots + 1] = {};
+    for (int options = 0; options < 8; ++options) {
+      lk::StepConfig c;
+      c.rule = rule;
+      c.amsgrad = (options & 1) != 0;
+      c.momentum = (options & 2) != 0 ? 0.9 : 0.0;
+      c.centered = (options & 4) != 0;
+      const lk::RuleSlots s = lk::rule_slots(c);
+      int n = std::min(s.count, lk::kMomentSlots);
+      while (n > 0 && !s.used[n - 1]) --n;
+      seen[n] = true;
+    }
+    for (int n = 0; n <= lk::kMomentSlots; ++n) EXPECT_EQ(lk::rule_slot_count_possible(rule, n), seen[n]) << n << " slots";
+  }
+}
+
 // found_inf set: the call changes nothing, not even the step count.
 TEST(StepInterface, FoundInfSkipsTheCallOnEveryPath) {
   for (bool reference : {false, true}) {

@@ -108,6 +108,30 @@ inline int nonneg_update_slots(const StepConfig& c) {
   }
 }
 
+// Whether a step of rule r can have n moment slots in use: rule_slots' count for some options, the
+// unused slots at its end not counted (the step op admits no other layout). The CPU's specialized
+// loops are compiled for these counts only; any other takes the per-block loop.
+LOWBIT_HD constexpr bool rule_slot_count_possible(Rule r, int n) {
+  switch (r) {
+    case Rule::Adam:
+    case Rule::AdamW: return n == 2 || n == 3;  // amsgrad's maximum in the third
+    case Rule::LAMB: return n == 2;
+    case Rule::SGD: return n == 0 || n == 1;    // momentum's buffer
+    case Rule::Lion:
+    case Rule::Adagrad: return n == 1;
+    case Rule::RMSprop: return n >= 1 && n <= 3;  // momentum's buffer, centered's average
+    case Rule::AdEMAMix: return n == 3;
+  }
+  return false;
+}
+
+// The most moment slots a step of rule r carries (every option on).
+LOWBIT_HD constexpr int rule_max_slots(Rule r) {
+  int n = kMomentSlots;
+  while (n > 0 && !rule_slot_count_possible(r, n)) --n;
+  return n;
+}
+
 inline RuleSlots rule_slots(const StepConfig& c) {
   RuleSlots s;
   const auto add = [&](int k, const char* name, bool used = true) {

@@ -33,7 +33,7 @@ LOWBIT_HD constexpr int code_bits(int f) { return f == kCodes4 ? 4 : 8; }
 // Slots a rule's update reads and writes with every option on.
 template <Rule R>
 struct RuleMaxSlots {
-  static constexpr int value = (R == Rule::SGD || R == Rule::Lion || R == Rule::Adagrad) ? 1 : (R == Rule::LAMB ? 2 : 3);
+  static constexpr int value = rule_max_slots(R);
 };
 
 // Slots a launch's kernel carries in registers: the highest used slot + 1, rounded up to one

@@ -463,84 +463,59 @@ void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
 
 // ---- the choice ---------------------------------------------------------------------------------
 
-template <Rule R, int NS, ElemType PT, SlotStorage CORR = SlotStorage::None>
-RangeFn quant_loop(int bits, int codec) {
-  if (bits == 4) return &steps_quant_avx2<R, NS, PT, 4, kTable8, CORR>;
-  // With a correction the table codec alone, which takes any format: half the instantiations.
-  if constexpr (CORR != SlotStorage::None) {
-    return &steps_quant_avx2<R, NS, PT, 8, kTable8, CORR>;
+// The specialized loop for a task with NS moment slots, or nullptr where none applies (the per-block
+// loop then). Compiled only for the slot counts rule R can have (rule_slot_count_possible).
+template <Rule R, int NS>
+RangeFn specialized_fn(const ParamTask& t) {
+  if constexpr (!rule_slot_count_possible(R, NS)) {
+    return nullptr;
   } else {
-    switch (codec) {
-      case kFloat8: return &steps_quant_avx2<R, NS, PT, 8, kFloat8>;
-      case kPow8: return &steps_quant_avx2<R, NS, PT, 8, kPow8>;
-      default: return &steps_quant_avx2<R, NS, PT, 8, kTable8>;
+    const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
+    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
+    constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
+    constexpr SlotStorage kInt8 = SlotStorage::Int8, kF32 = SlotStorage::F32, kBF16 = SlotStorage::BF16;
+    // All slots quantized with one code width, with no correction or bf16's int8 one (the 24-bit
+    // mode): the pipelined loop, with the 8-bit codec every slot's format allows.
+    const SlotStorage corr = t.slots[kCorrectionSlot].storage;
+    const bool corr8 = bf16 && corr == kInt8;
+    const int bits = t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
+    bool uniform = (f32 || bf16) && bits != 0 && (!has_correction(t) || corr8), float8 = bits == 8, pow8 = bits == 8;
+    for (int k = 0; k < NS; ++k) {
+      uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
+      const CodebookKind kind = format_spec(t.slots[k].format).codebook;
+      float8 &= kind == CodebookKind::Float8;
+      pow8 &= kind == CodebookKind::Power;
     }
-  }
-}
-
-template <Rule R>
-RangeFn pick_quant_loop(int num_slots, bool bf16, bool corr8, int bits, int codec) {
-  if (corr8) {
-    switch (num_slots) {
-      case 1: return quant_loop<R, 1, ElemType::BF16, SlotStorage::Int8>(bits, codec);
-      case 2: return quant_loop<R, 2, ElemType::BF16, SlotStorage::Int8>(bits, codec);
-      default: return quant_loop<R, 3, ElemType::BF16, SlotStorage::Int8>(bits, codec);
+    if (uniform && corr8) {
+      // With a correction the table codec alone, which takes any format: half the instantiations.
+      return bits == 4 ? &steps_quant_avx2<R, NS, H, 4, kTable8, kInt8>
+                       : &steps_quant_avx2<R, NS, H, 8, kTable8, kInt8>;
     }
-  }
-  switch (num_slots * 2 + (bf16 ? 1 : 0)) {
-    case 2: return quant_loop<R, 1, ElemType::F32>(bits, codec);
-    case 3: return quant_loop<R, 1, ElemType::BF16>(bits, codec);
-    case 4: return quant_loop<R, 2, ElemType::F32>(bits, codec);
-    case 5: return quant_loop<R, 2, ElemType::BF16>(bits, codec);
-    case 6: return quant_loop<R, 3, ElemType::F32>(bits, codec);
-    default: return quant_loop<R, 3, ElemType::BF16>(bits, codec);
+    if (uniform) {
+      if (bits == 4) return f32 ? &steps_quant_avx2<R, NS, F, 4, kTable8> : &steps_quant_avx2<R, NS, H, 4, kTable8>;
+      if (float8) return f32 ? &steps_quant_avx2<R, NS, F, 8, kFloat8> : &steps_quant_avx2<R, NS, H, 8, kFloat8>;
+      if (pow8) return f32 ? &steps_quant_avx2<R, NS, F, 8, kPow8> : &steps_quant_avx2<R, NS, H, 8, kPow8>;
+      return f32 ? &steps_quant_avx2<R, NS, F, 8, kTable8> : &steps_quant_avx2<R, NS, H, 8, kTable8>;
+    }
+    // All slots dense of one storage, bf16 parameters rounded to nearest, no correction: the dense loop.
+    const SlotStorage st0 = t.slots[0].storage;
+    bool dense = (f32 || (bf16 && !t.stochastic_round)) && !has_correction(t) && (st0 == kF32 || st0 == kBF16);
+    for (int k = 0; k < NS; ++k) dense &= t.slots[k].storage == st0;
+    if (!dense) return nullptr;
+    if (st0 == kF32) return f32 ? &steps_dense_avx2<R, NS, F, kF32> : &steps_dense_avx2<R, NS, H, kF32>;
+    return f32 ? &steps_dense_avx2<R, NS, F, kBF16> : &steps_dense_avx2<R, NS, H, kBF16>;
   }
 }
 
 template <Rule R>
 RangeFn range_fn(const ParamTask& t) {
-  const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
-  const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
-  // All slots quantized with one code width, with no correction or bf16's int8 one (the 24-bit mode):
-  // the pipelined loop.
-  const SlotStorage corr = t.slots[kCorrectionSlot].storage;
-  const bool corr8 = bf16 && corr == SlotStorage::Int8;
-  const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
-  bool uniform = (f32 || bf16) && bits != 0 && (!has_correction(t) || corr8);
-  for (int k = 0; k < t.num_slots; ++k)
-    uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
-  if (uniform) {
-    // The 8-bit codec every slot's format allows.
-    bool float8 = bits == 8, pow8 = bits == 8;
-    for (int k = 0; k < t.num_slots; ++k) {
-      const CodebookKind kind = format_spec(t.slots[k].format).codebook;
-      float8 &= kind == CodebookKind::Float8;
-      pow8 &= kind == CodebookKind::Power;
-    }
-    const int codec = float8 ? kFloat8 : pow8 ? kPow8 : kTable8;
-    return pick_quant_loop<R>(t.num_slots, bf16, corr8, bits, codec);
+  RangeFn fn = nullptr;
+  switch (t.num_slots) {
+    case 1: fn = specialized_fn<R, 1>(t); break;
+    case 2: fn = specialized_fn<R, 2>(t); break;
+    case 3: fn = specialized_fn<R, 3>(t); break;
   }
-  // All slots dense of one storage, bf16 parameters rounded to nearest, no correction: the dense loop.
-  const SlotStorage st0 = t.num_slots >= 1 ? t.slots[0].storage : SlotStorage::None;
-  bool dense = (f32 || (bf16 && !t.stochastic_round)) && !has_correction(t) &&
-               (st0 == SlotStorage::F32 || st0 == SlotStorage::BF16);
-  for (int k = 0; k < t.num_slots; ++k) dense &= t.slots[k].storage == st0;
-  if (dense) {
-    switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (st0 == SlotStorage::BF16 ? 1 : 0)) {
-      case 4: return &steps_dense_avx2<R, 1, ElemType::F32, SlotStorage::F32>;
-      case 5: return &steps_dense_avx2<R, 1, ElemType::F32, SlotStorage::BF16>;
-      case 6: return &steps_dense_avx2<R, 1, ElemType::BF16, SlotStorage::F32>;
-      case 7: return &steps_dense_avx2<R, 1, ElemType::BF16, SlotStorage::BF16>;
-      case 8: return &steps_dense_avx2<R, 2, ElemType::F32, SlotStorage::F32>;
-      case 9: return &steps_dense_avx2<R, 2, ElemType::F32, SlotStorage::BF16>;
-      case 10: return &steps_dense_avx2<R, 2, ElemType::BF16, SlotStorage::F32>;
-      case 11: return &steps_dense_avx2<R, 2, ElemType::BF16, SlotStorage::BF16>;
-      case 12: return &steps_dense_avx2<R, 3, ElemType::F32, SlotStorage::F32>;
-      case 13: return &steps_dense_avx2<R, 3, ElemType::F32, SlotStorage::BF16>;
-      case 14: return &steps_dense_avx2<R, 3, ElemType::BF16, SlotStorage::F32>;
-      case 15: return &steps_dense_avx2<R, 3, ElemType::BF16, SlotStorage::BF16>;
-    }
-  }
+  if (fn) return fn;
   switch (t.num_slots) {
     case 0: return &each_block<&step_block_avx2<R, 0>>;
     case 1: return &each_block<&step_block_avx2<R, 1>>;

@@ -399,81 +399,55 @@ void steps_dense_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
 
 // ---- the choice ---------------------------------------------------------------------------------
 
+// The specialized loop for a task with NS moment slots, or nullptr where none applies. Compiled only
+// for the slot counts rule R can have (rule_slot_count_possible).
+template <Rule R, int NS>
+RangeFn specialized_fn(const ParamTask& t) {
+  if constexpr (!rule_slot_count_possible(R, NS)) {
+    return nullptr;
+  } else {
+    const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
+    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
+    const SlotStorage corr = t.slots[kCorrectionSlot].storage;
+    // All slots quantized with one code width: the pipelined loop (bf16 parameters with the 24-bit
+    // mode's int8 correction too); C8 in every slot decodes in registers.
+    const int bits = t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
+    bool uniform = (f32 || bf16) && bits != 0, pow8 = bits == 8;
+    for (int k = 0; k < NS; ++k) {
+      uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
+      pow8 &= format_spec(t.slots[k].format).codebook == CodebookKind::Power;
+    }
+    constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
+    constexpr SlotStorage kNone = SlotStorage::None, kF32 = SlotStorage::F32, kBF16 = SlotStorage::BF16;
+    if (uniform && bf16 && corr == SlotStorage::Int8) {
+      constexpr SlotStorage kInt8 = SlotStorage::Int8;
+      return bits == 4 ? &steps_quant_avx512<R, NS, H, 4, kInt8> : &steps_quant_avx512<R, NS, H, 8, kInt8>;
+    }
+    if (is_correction(corr)) return nullptr;  // any other state with a correction
+    if (uniform) {
+      if (bits == 4) return f32 ? &steps_quant_avx512<R, NS, F, 4> : &steps_quant_avx512<R, NS, H, 4>;
+      if (pow8) return f32 ? &steps_quant_avx512<R, NS, F, 8, kNone, true> : &steps_quant_avx512<R, NS, H, 8, kNone, true>;
+      return f32 ? &steps_quant_avx512<R, NS, F, 8> : &steps_quant_avx512<R, NS, H, 8>;
+    }
+    // All slots dense of one storage, bf16 parameters rounded to nearest: the dense loop.
+    const SlotStorage st0 = t.slots[0].storage;
+    bool dense = (f32 || (bf16 && !t.stochastic_round)) && (st0 == kF32 || st0 == kBF16);
+    for (int k = 0; k < NS; ++k) dense &= t.slots[k].storage == st0;
+    if (!dense) return nullptr;
+    if (st0 == kF32) return f32 ? &steps_dense_avx512<R, NS, F, kF32> : &steps_dense_avx512<R, NS, H, kF32>;
+    return f32 ? &steps_dense_avx512<R, NS, F, kBF16> : &steps_dense_avx512<R, NS, H, kBF16>;
+  }
+}
+
 template <Rule R>
 RangeFn range_fn(const ParamTask& t) {
-  const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
-  const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
-  const SlotStorage corr = t.slots[kCorrectionSlot].storage;
-  // All slots quantized with one code width: the pipelined loop (bf16 parameters with the 24-bit
-  // mode's int8 correction too).
-  const int bits = t.num_slots >= 1 && t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
-  bool uniform = (f32 || bf16) && bits != 0;
-  for (int k = 0; k < t.num_slots; ++k)
-    uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
-  if (uniform && bf16 && corr == SlotStorage::Int8) {
-    switch (t.num_slots * 2 + (bits == 4 ? 1 : 0)) {
-      case 2: return &steps_quant_avx512<R, 1, ElemType::BF16, 8, SlotStorage::Int8>;
-      case 3: return &steps_quant_avx512<R, 1, ElemType::BF16, 4, SlotStorage::Int8>;
-      case 4: return &steps_quant_avx512<R, 2, ElemType::BF16, 8, SlotStorage::Int8>;
-      case 5: return &steps_quant_avx512<R, 2, ElemType::BF16, 4, SlotStorage::Int8>;
-      case 6: return &steps_quant_avx512<R, 3, ElemType::BF16, 8, SlotStorage::Int8>;
-      case 7: return &steps_quant_avx512<R, 3, ElemType::BF16, 4, SlotStorage::Int8>;
-    }
+  RangeFn fn = nullptr;
+  switch (t.num_slots) {
+    case 1: fn = specialized_fn<R, 1>(t); break;
+    case 2: fn = specialized_fn<R, 2>(t); break;
+    case 3: fn = specialized_fn<R, 3>(t); break;
   }
-  // Any other state with a correction: the per-block loop.
-  if (is_correction(corr)) return &each_block<&step_block_avx512<R>>;
-  if (uniform) {
-    const bool four = bits == 4;
-    bool pow8 = !four;
-    for (int k = 0; k < t.num_slots; ++k) pow8 &= format_spec(t.slots[k].format).codebook == CodebookKind::Power;
-    if (pow8) {
-      switch (t.num_slots * 2 + (bf16 ? 1 : 0)) {
-        case 2: return &steps_quant_avx512<R, 1, ElemType::F32, 8, SlotStorage::None, true>;
-        case 3: return &steps_quant_avx512<R, 1, ElemType::BF16, 8, SlotStorage::None, true>;
-        case 4: return &steps_quant_avx512<R, 2, ElemType::F32, 8, SlotStorage::None, true>;
-        case 5: return &steps_quant_avx512<R, 2, ElemType::BF16, 8, SlotStorage::None, true>;
-        case 6: return &steps_quant_avx512<R, 3, ElemType::F32, 8, SlotStorage::None, true>;
-        case 7: return &steps_quant_avx512<R, 3, ElemType::BF16, 8, SlotStorage::None, true>;
-      }
-    }
-    switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (four ? 1 : 0)) {
-      case 4: return &steps_quant_avx512<R, 1, ElemType::F32, 8>;
-      case 5: return &steps_quant_avx512<R, 1, ElemType::F32, 4>;
-      case 6: return &steps_quant_avx512<R, 1, ElemType::BF16, 8>;
-      case 7: return &steps_quant_avx512<R, 1, ElemType::BF16, 4>;
-      case 8: return &steps_quant_avx512<R, 2, ElemType::F32, 8>;
-      case 9: return &steps_quant_avx512<R, 2, ElemType::F32, 4>;
-      case 10: return &steps_quant_avx512<R, 2, ElemType::BF16, 8>;
-      case 11: return &steps_quant_avx512<R, 2, ElemType::BF16, 4>;
-      case 12: return &steps_quant_avx512<R, 3, ElemType::F32, 8>;
-      case 13: return &steps_quant_avx512<R, 3, ElemType::F32, 4>;
-      case 14: return &steps_quant_avx512<R, 3, ElemType::BF16, 8>;
-      case 15: return &steps_quant_avx512<R, 3, ElemType::BF16, 4>;
-    }
-  }
-  // All slots dense of one storage, bf16 parameters rounded to nearest: the dense loop.
-  {
-    const SlotStorage st0 = t.num_slots >= 1 ? t.slots[0].storage : SlotStorage::None;
-    bool dense = (f32 || (bf16 && !t.stochastic_round)) && (st0 == SlotStorage::F32 || st0 == SlotStorage::BF16);
-    for (int k = 0; k < t.num_slots; ++k) dense &= t.slots[k].storage == st0;
-    if (dense) {
-      switch (t.num_slots * 4 + (bf16 ? 2 : 0) + (st0 == SlotStorage::BF16 ? 1 : 0)) {
-        case 4: return &steps_dense_avx512<R, 1, ElemType::F32, SlotStorage::F32>;
-        case 5: return &steps_dense_avx512<R, 1, ElemType::F32, SlotStorage::BF16>;
-        case 6: return &steps_dense_avx512<R, 1, ElemType::BF16, SlotStorage::F32>;
-        case 7: return &steps_dense_avx512<R, 1, ElemType::BF16, SlotStorage::BF16>;
-        case 8: return &steps_dense_avx512<R, 2, ElemType::F32, SlotStorage::F32>;
-        case 9: return &steps_dense_avx512<R, 2, ElemType::F32, SlotStorage::BF16>;
-        case 10: return &steps_dense_avx512<R, 2, ElemType::BF16, SlotStorage::F32>;
-        case 11: return &steps_dense_avx512<R, 2, ElemType::BF16, SlotStorage::BF16>;
-        case 12: return &steps_dense_avx512<R, 3, ElemType::F32, SlotStorage::F32>;
-        case 13: return &steps_dense_avx512<R, 3, ElemType::F32, SlotStorage::BF16>;
-        case 14: return &steps_dense_avx512<R, 3, ElemType::BF16, SlotStorage::F32>;
-        case 15: return &steps_dense_avx512<R, 3, ElemType::BF16, SlotStorage::BF16>;
-      }
-    }
-  }
-  return &each_block<&step_block_avx512<R>>;
+  return fn ? fn : &each_block<&step_block_avx512<R>>;
 }
 
 }  // namespace

@@ -74,6 +74,32 @@ StepPlan::StepPlan(const StepLaunch& s)
     for (int k = 0; k < t.num_slots; ++k) t.slots[k].tables = &views[static_cast<int>(t.slots[k].format)];
 }
 
+TaskShape task_shape(const ParamTask& t) {
+  TaskShape s;
+  s.f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
+  s.bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
+  s.corr8 = s.bf16 && t.slots[kCorrectionSlot].storage == SlotStorage::Int8;
+  if (t.num_slots == 0 || !(s.f32 || s.bf16)) return s;
+  const StateSlotRef& first = t.slots[0];
+  bool quant = first.storage == SlotStorage::Quant && (!has_correction(t) || s.corr8);
+  bool dense = (first.storage == SlotStorage::F32 || first.storage == SlotStorage::BF16) && !has_correction(t) &&
+               !(s.bf16 && t.stochastic_round);
+  s.float8 = s.pow8 = quant && format_bits(first.format) == 8;
+  for (int k = 0; k < t.num_slots; ++k) {
+    const StateSlotRef& r = t.slots[k];
+    quant &= r.storage == SlotStorage::Quant && format_bits(r.format) == format_bits(first.format);
+    dense &= r.storage == first.storage;
+    const CodebookKind kind = format_spec(r.format).codebook;
+    s.float8 &= kind == CodebookKind::Float8;
+    s.pow8 &= kind == CodebookKind::Power;
+  }
+  s.quant_bits = quant ? format_bits(first.format) : 0;
+  s.float8 &= quant;
+  s.pow8 &= quant;
+  if (dense) s.dense = first.storage;
+  return s;
+}
+
 namespace {
 
 RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {

@@ -91,6 +91,47 @@ void each_block(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, fl
   for (int64_t b = b0; b < b1; ++b) bad[b - b0] = static_cast<uint8_t>(F(t, b, grad_scale, buf));
 }
 
+// A task as the vector loops' choice sees it (optim_step_cpu.cpp): which of their specialized loops
+// can take it.
+struct TaskShape {
+  bool f32 = false, bf16 = false;  // parameter and gradient both fp32, both bf16
+  bool corr8 = false;              // bf16 with the 24-bit mode's int8 correction
+  // fp32 or bf16, no correction but corr8, every moment slot quantized with codes this wide; else 0.
+  int quant_bits = 0;
+  bool float8 = false, pow8 = false;  // ... and every slot's codebook is FP8's / C8's
+  // fp32, or bf16 rounded to nearest, no correction, every moment slot F32 or every one BF16; else None.
+  SlotStorage dense = SlotStorage::None;
+};
+TaskShape task_shape(const ParamTask& t);
+
+// A vector file's specialized loop for rule R and a task with NS moment slots, nullptr where none
+// applies (the file's per-block loop then): Loops<R, NS>::quant(shape) for quantized state, its
+// dense<parameter type, state storage> for dense state.
+template <template <Rule, int> class Loops, Rule R, int NS>
+RangeFn pick_for_slots(const TaskShape& s) {
+  using L = Loops<R, NS>;
+  if (s.quant_bits != 0) return L::quant(s);
+  if (s.dense == SlotStorage::None) return nullptr;
+  constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
+  constexpr SlotStorage kF32 = SlotStorage::F32, kBF16 = SlotStorage::BF16;
+  constexpr RangeFn kDense[2][2] = {{L::template dense<F, kF32>, L::template dense<F, kBF16>},
+                                    {L::template dense<H, kF32>, L::template dense<H, kBF16>}};
+  return kDense[s.bf16][s.dense == kBF16];
+}
+
+// pick_for_slots for the task's slot count, compiled only for the counts rule R can have
+// (rule_slot_count_possible).
+template <template <Rule, int> class Loops, Rule R>
+RangeFn pick_specialized(const ParamTask& t) {
+  const TaskShape s = task_shape(t);
+  switch (t.num_slots) {
+    case 1: if constexpr (rule_slot_count_possible(R, 1)) return pick_for_slots<Loops, R, 1>(s); break;
+    case 2: if constexpr (rule_slot_count_possible(R, 2)) return pick_for_slots<Loops, R, 2>(s); break;
+    case 3: if constexpr (rule_slot_count_possible(R, 3)) return pick_for_slots<Loops, R, 3>(s); break;
+  }
+  return nullptr;
+}
+
 // pick(std::integral_constant<Rule, R>{}) for the rule named at run time: how a loop file hands out
 // its loop for rule R.
 template <typename Pick>

@@ -463,59 +463,33 @@ void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
 
 // ---- the choice ---------------------------------------------------------------------------------
 
-// The specialized loop for a task with NS moment slots, or nullptr where none applies (the per-block
-// loop then). Compiled only for the slot counts rule R can have (rule_slot_count_possible).
+// The specialized loops for rule R with NS moment slots (pick_for_slots): quant for quantized state.
 template <Rule R, int NS>
-RangeFn specialized_fn(const ParamTask& t) {
-  if constexpr (!rule_slot_count_possible(R, NS)) {
-    return nullptr;
-  } else {
-    const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
-    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
+struct Loops {
+  static RangeFn quant(const TaskShape& s) {
     constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
-    constexpr SlotStorage kInt8 = SlotStorage::Int8, kF32 = SlotStorage::F32, kBF16 = SlotStorage::BF16;
-    // All slots quantized with one code width, with no correction or bf16's int8 one (the 24-bit
-    // mode): the pipelined loop, with the 8-bit codec every slot's format allows.
-    const SlotStorage corr = t.slots[kCorrectionSlot].storage;
-    const bool corr8 = bf16 && corr == kInt8;
-    const int bits = t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
-    bool uniform = (f32 || bf16) && bits != 0 && (!has_correction(t) || corr8), float8 = bits == 8, pow8 = bits == 8;
-    for (int k = 0; k < NS; ++k) {
-      uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
-      const CodebookKind kind = format_spec(t.slots[k].format).codebook;
-      float8 &= kind == CodebookKind::Float8;
-      pow8 &= kind == CodebookKind::Power;
+    constexpr SlotStorage kInt8 = SlotStorage::Int8;
+    // Quantized state: the pipelined loop, with the 8-bit codec every slot's format allows (with a
+    // correction the table codec alone, which takes any format: half the instantiations).
+    if (s.quant_bits == 4) {
+      if (s.corr8) return &steps_quant_avx2<R, NS, H, 4, kTable8, kInt8>;
+      return s.f32 ? &steps_quant_avx2<R, NS, F, 4, kTable8> : &steps_quant_avx2<R, NS, H, 4, kTable8>;
     }
-    if (uniform && corr8) {
-      // With a correction the table codec alone, which takes any format: half the instantiations.
-      return bits == 4 ? &steps_quant_avx2<R, NS, H, 4, kTable8, kInt8>
-                       : &steps_quant_avx2<R, NS, H, 8, kTable8, kInt8>;
+    if (s.quant_bits == 8) {
+      if (s.corr8) return &steps_quant_avx2<R, NS, H, 8, kTable8, kInt8>;
+      if (s.float8) return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kFloat8> : &steps_quant_avx2<R, NS, H, 8, kFloat8>;
+      if (s.pow8) return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kPow8> : &steps_quant_avx2<R, NS, H, 8, kPow8>;
+      return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kTable8> : &steps_quant_avx2<R, NS, H, 8, kTable8>;
     }
-    if (uniform) {
-      if (bits == 4) return f32 ? &steps_quant_avx2<R, NS, F, 4, kTable8> : &steps_quant_avx2<R, NS, H, 4, kTable8>;
-      if (float8) return f32 ? &steps_quant_avx2<R, NS, F, 8, kFloat8> : &steps_quant_avx2<R, NS, H, 8, kFloat8>;
-      if (pow8) return f32 ? &steps_quant_avx2<R, NS, F, 8, kPow8> : &steps_quant_avx2<R, NS, H, 8, kPow8>;
-      return f32 ? &steps_quant_avx2<R, NS, F, 8, kTable8> : &steps_quant_avx2<R, NS, H, 8, kTable8>;
-    }
-    // All slots dense of one storage, bf16 parameters rounded to nearest, no correction: the dense loop.
-    const SlotStorage st0 = t.slots[0].storage;
-    bool dense = (f32 || (bf16 && !t.stochastic_round)) && !has_correction(t) && (st0 == kF32 || st0 == kBF16);
-    for (int k = 0; k < NS; ++k) dense &= t.slots[k].storage == st0;
-    if (!dense) return nullptr;
-    if (st0 == kF32) return f32 ? &steps_dense_avx2<R, NS, F, kF32> : &steps_dense_avx2<R, NS, H, kF32>;
-    return f32 ? &steps_dense_avx2<R, NS, F, kBF16> : &steps_dense_avx2<R, NS, H, kBF16>;
+    return nullptr;
   }
-}
+  template <ElemType PT, SlotStorage ST>
+  static constexpr RangeFn dense = &steps_dense_avx2<R, NS, PT, ST>;
+};
 
 template <Rule R>
 RangeFn range_fn(const ParamTask& t) {
-  RangeFn fn = nullptr;
-  switch (t.num_slots) {
-    case 1: fn = specialized_fn<R, 1>(t); break;
-    case 2: fn = specialized_fn<R, 2>(t); break;
-    case 3: fn = specialized_fn<R, 3>(t); break;
-  }
-  if (fn) return fn;
+  if (const RangeFn fn = pick_specialized<Loops, R>(t)) return fn;
   switch (t.num_slots) {
     case 0: return &each_block<&step_block_avx2<R, 0>>;
     case 1: return &each_block<&step_block_avx2<R, 1>>;

@@ -399,54 +399,33 @@ void steps_dense_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
 
 // ---- the choice ---------------------------------------------------------------------------------
 
-// The specialized loop for a task with NS moment slots, or nullptr where none applies. Compiled only
-// for the slot counts rule R can have (rule_slot_count_possible).
+// The specialized loops for rule R with NS moment slots (pick_for_slots): quant for quantized state.
 template <Rule R, int NS>
-RangeFn specialized_fn(const ParamTask& t) {
-  if constexpr (!rule_slot_count_possible(R, NS)) {
-    return nullptr;
-  } else {
-    const bool f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
-    const bool bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
-    const SlotStorage corr = t.slots[kCorrectionSlot].storage;
-    // All slots quantized with one code width: the pipelined loop (bf16 parameters with the 24-bit
-    // mode's int8 correction too); C8 in every slot decodes in registers.
-    const int bits = t.slots[0].storage == SlotStorage::Quant ? format_bits(t.slots[0].format) : 0;
-    bool uniform = (f32 || bf16) && bits != 0, pow8 = bits == 8;
-    for (int k = 0; k < NS; ++k) {
-      uniform &= t.slots[k].storage == SlotStorage::Quant && format_bits(t.slots[k].format) == bits;
-      pow8 &= format_spec(t.slots[k].format).codebook == CodebookKind::Power;
-    }
+struct Loops {
+  static RangeFn quant(const TaskShape& s) {
     constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
-    constexpr SlotStorage kNone = SlotStorage::None, kF32 = SlotStorage::F32, kBF16 = SlotStorage::BF16;
-    if (uniform && bf16 && corr == SlotStorage::Int8) {
-      constexpr SlotStorage kInt8 = SlotStorage::Int8;
-      return bits == 4 ? &steps_quant_avx512<R, NS, H, 4, kInt8> : &steps_quant_avx512<R, NS, H, 8, kInt8>;
+    constexpr SlotStorage kInt8 = SlotStorage::Int8, kNone = SlotStorage::None;
+    // Quantized state: the pipelined loop; C8 in every slot decodes in registers.
+    if (s.quant_bits == 4) {
+      if (s.corr8) return &steps_quant_avx512<R, NS, H, 4, kInt8>;
+      return s.f32 ? &steps_quant_avx512<R, NS, F, 4> : &steps_quant_avx512<R, NS, H, 4>;
     }
-    if (is_correction(corr)) return nullptr;  // any other state with a correction
-    if (uniform) {
-      if (bits == 4) return f32 ? &steps_quant_avx512<R, NS, F, 4> : &steps_quant_avx512<R, NS, H, 4>;
-      if (pow8) return f32 ? &steps_quant_avx512<R, NS, F, 8, kNone, true> : &steps_quant_avx512<R, NS, H, 8, kNone, true>;
-      return f32 ? &steps_quant_avx512<R, NS, F, 8> : &steps_quant_avx512<R, NS, H, 8>;
+    if (s.quant_bits == 8) {
+      if (s.corr8) return &steps_quant_avx512<R, NS, H, 8, kInt8>;
+      if (s.pow8) {
+        return s.f32 ? &steps_quant_avx512<R, NS, F, 8, kNone, true> : &steps_quant_avx512<R, NS, H, 8, kNone, true>;
+      }
+      return s.f32 ? &steps_quant_avx512<R, NS, F, 8> : &steps_quant_avx512<R, NS, H, 8>;
     }
-    // All slots dense of one storage, bf16 parameters rounded to nearest: the dense loop.
-    const SlotStorage st0 = t.slots[0].storage;
-    bool dense = (f32 || (bf16 && !t.stochastic_round)) && (st0 == kF32 || st0 == kBF16);
-    for (int k = 0; k < NS; ++k) dense &= t.slots[k].storage == st0;
-    if (!dense) return nullptr;
-    if (st0 == kF32) return f32 ? &steps_dense_avx512<R, NS, F, kF32> : &steps_dense_avx512<R, NS, H, kF32>;
-    return f32 ? &steps_dense_avx512<R, NS, F, kBF16> : &steps_dense_avx512<R, NS, H, kBF16>;
+    return nullptr;
   }
-}
+  template <ElemType PT, SlotStorage ST>
+  static constexpr RangeFn dense = &steps_dense_avx512<R, NS, PT, ST>;
+};
 
 template <Rule R>
 RangeFn range_fn(const ParamTask& t) {
-  RangeFn fn = nullptr;
-  switch (t.num_slots) {
-    case 1: fn = specialized_fn<R, 1>(t); break;
-    case 2: fn = specialized_fn<R, 2>(t); break;
-    case 3: fn = specialized_fn<R, 3>(t); break;
-  }
+  const RangeFn fn = pick_specialized<Loops, R>(t);
   return fn ? fn : &each_block<&step_block_avx512<R>>;
 }
 

@@ -34,6 +34,7 @@ struct Case {
   int64_t block;
   k::ElemType param_type = k::ElemType::F32;    // and the gradient's
   k::SlotStorage correction = k::SlotStorage::None;  // bf16's master-weight correction (Int8: 24 bits)
+  lowbit::QuantFormat third_format = lowbit::QuantFormat::Dyn8Unsigned;  // slot 2 (AdEMAMix's nu)
 };
 
 // One AdamW parameter with its state, in the kernel's raw form.
@@ -41,9 +42,9 @@ struct Problem {
   std::vector<float> param, grad;
   std::vector<uint16_t> param16, grad16;  // bf16 cases
   std::vector<int8_t> correction;
-  std::vector<float> dense[2];
-  std::vector<uint8_t> codes[2];
-  std::vector<float> absmax[2];
+  std::vector<float> dense[3];
+  std::vector<uint8_t> codes[3];
+  std::vector<float> absmax[3];
   int64_t counters[2] = {0, 0};
   double lr = 1e-3;
   k::StepParamRef ref;
@@ -89,7 +90,7 @@ struct Problem {
     launch.block_size = c.block;
     launch.num_slots = c.slots;
     launch.lr = &lr;
-    const lowbit::QuantFormat fmts[2] = {c.m_format, c.v_format};
+    const lowbit::QuantFormat fmts[3] = {c.m_format, c.v_format, c.third_format};
     for (int s = 0; s < c.slots; ++s) {
       launch.slots[s] = {c.storage, fmts[s]};
       if (c.storage == k::SlotStorage::F32) {
@@ -146,6 +147,9 @@ int main(int argc, char** argv) {
       // One 8-bit slot without (SGD) and with (Adagrad) a sqrt and a division per element.
       {"SGD Q8", k::Rule::SGD, 1, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Signed, 256},
       {"Adagrad Q8", k::Rule::Adagrad, 1, k::SlotStorage::Quant, QF::Dyn8Unsigned, QF::Dyn8Unsigned, 256},
+      // Three 8-bit slots (m1, m2, nu); LAMB's two passes (the norms, then the update).
+      {"AdEMAMix Q8", k::Rule::AdEMAMix, 3, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Signed, 256},
+      {"LAMB Q8", k::Rule::LAMB, 2, k::SlotStorage::Quant, QF::Dyn8Signed, QF::Dyn8Unsigned, 256},
   };
   std::printf("%-11s %10s %10s %10s %10s %12s %12s %10s\n", "state", "memcpy", "pre-pass", "step", "ns/param",
               "step/memcpy", "(pre+step)/memcpy", "best step");

@@ -37,7 +37,7 @@ struct Case {
   lowbit::QuantFormat third_format = lowbit::QuantFormat::Dyn8Unsigned;  // slot 2 (AdEMAMix's nu)
 };
 
-// One AdamW parameter with its state, in the kernel's raw form.
+// One parameter with its state (up to three slots), in the kernel's raw form.
 struct Problem {
   std::vector<float> param, grad;
   std::vector<uint16_t> param16, grad16;  // bf16 cases

@@ -84,7 +84,7 @@ TaskShape task_shape(const ParamTask& t) {
   bool quant = first.storage == SlotStorage::Quant && (!has_correction(t) || s.corr8);
   bool dense = (first.storage == SlotStorage::F32 || first.storage == SlotStorage::BF16) && !has_correction(t) &&
                !(s.bf16 && t.stochastic_round);
-  s.float8 = s.pow8 = quant && format_bits(first.format) == 8;
+  s.float8 = s.pow8 = format_bits(first.format) == 8;
   for (int k = 0; k < t.num_slots; ++k) {
     const StateSlotRef& r = t.slots[k];
     quant &= r.storage == SlotStorage::Quant && format_bits(r.format) == format_bits(first.format);

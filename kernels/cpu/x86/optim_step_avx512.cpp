@@ -228,7 +228,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   __m512i rank_codes[NS];
   Pow8Decode16 pow8[NS];      // POW8
   bool is_signed[NS];
-  float* cur[NS];   // the block being updated: decoded state, then its new values
+  float* cur[NS];   // the block being updated: decoded state (but for POW8), then its new values
   float* prev[NS];  // the previous block's new values, encoded during this block's update
   for (int k = 0; k < NS; ++k) {
     const StateSlotRef& r = t.slots[k];

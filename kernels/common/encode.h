@@ -82,12 +82,6 @@ LOWBIT_HD void scan_add(BlockScan& s, float x) {
   s.amax = a > s.amax ? a : s.amax;
 }
 
-LOWBIT_HD void scan_merge(BlockScan& s, const BlockScan& o) {
-  s.nonfinite |= o.nonfinite;
-  s.negative |= o.negative;
-  s.amax = o.amax > s.amax ? o.amax : s.amax;
-}
-
 // The absmax stored for a block. Invalid blocks are flagged in-band, so one reduction over absmax
 // finds them without a second pass over the input:
 //   NaN        the block holds NaN or Inf;

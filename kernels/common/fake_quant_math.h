@@ -118,17 +118,6 @@ LOWBIT_HD float fq_apply(float x, float scale, float inv_scale, float zero_point
   return (fq_clamp(q, r.qmin, r.qmax) - zero_point) * scale;
 }
 
-// Integer code of x, stored offset by qmin so every format fits an unsigned byte: code = q - qmin.
-LOWBIT_HD uint8_t fq_code(float x, float inv_scale, float zero_point, FakeQuantRange r) {
-  const float q = fq_clamp(fq_unclamped(x, inv_scale, zero_point), r.qmin, r.qmax);
-  return static_cast<uint8_t>(static_cast<int>(q - r.qmin));
-}
-
-// Dequantized value of a code: exactly fq_apply's result for the x that produced it.
-LOWBIT_HD float fq_decode(uint8_t code, float scale, float zero_point, FakeQuantRange r) {
-  return ((static_cast<float>(code) + r.qmin) - zero_point) * scale;
-}
-
 // LSQ / LSQ+ per-element contributions to d scale and d zero_point (before the gradient scale).
 struct LsqGrad {
   float dx, dscale, dzero;

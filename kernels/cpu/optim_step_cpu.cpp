@@ -104,7 +104,8 @@ namespace {
 
 RangeFn pick_range_fn(Rule rule, const ParamTask& t, bool vector_path) {
 #if LOWBIT_X86_AVX512_LOOPS
-  if (vector_path && cpu_has_avx512()) return avx512_range_fn(rule, t);
+  if (vector_path && cpu_has_avx512())
+    if (const RangeFn fn = avx512_range_fn(rule, t)) return fn;
 #endif
 #if LOWBIT_X86_AVX2_LOOPS
   if (vector_path && cpu_has_avx2()) return avx2_range_fn(rule, t);

@@ -152,7 +152,7 @@ RangeFn with_rule(Rule rule, Pick&& pick) {
 // The scalar loop of a rule: any parameter type, any state.
 RangeFn scalar_range_fn(Rule rule);
 
-// The AVX-512 loop of a rule for t (any parameter type and state, corrections included): only where
+// The AVX-512 loop of a rule for t where it has one (see task_shape), else nullptr: only where
 // cpu_has_avx512().
 RangeFn avx512_range_fn(Rule rule, const ParamTask& t);
 

@@ -1,7 +1,9 @@
 // The AVX-512 loops of the CPU step (optim_step_parts.h), 16 lanes at a time: a pipelined loop for
-// fp32/bf16 parameters whose state is all 8-bit or all 4-bit codes, and a per-block loop for the
-// rest. They compute the scalar loop's IEEE operations in its order (no contraction; vector sqrt
-// and div are correctly rounded), so both write the same bits.
+// fp32/bf16 parameters whose state is all 8-bit or all 4-bit codes, and a loop for dense state.
+// The rest (fp16 parameters, the 32-bit mode's int16 correction, mixed state) takes the AVX2
+// file's per-block loop on 8 lanes: rare shapes, one per-block loop to keep. The loops compute the
+// scalar loop's IEEE operations in its order (no contraction; vector sqrt and div are correctly
+// rounded), so all write the same bits.
 //
 // Compiled with the AVX-512 flags (CMakeLists.txt) and run only where the CPU has AVX-512. So all
 // here but the entry point has internal linkage: an inline function compiled for AVX-512 and shared
@@ -26,134 +28,6 @@
 namespace lowbit {
 namespace kernels {
 namespace {
-
-// ---- the per-block loop -------------------------------------------------------------------------
-
-// One state slot as the loop sees it: where it lives and, for quantized slots, the block's
-// decode constants and the running scan of the new values.
-struct VecSlot {
-  SlotStorage storage;
-  float* values;          // F32
-  uint16_t* bf16;         // BF16
-  const uint8_t* codes;   // Quant: the block's first code byte
-  __m512 cb16;            // Quant: 4-bit codebook, in a register
-  __m512 amax;
-  bool four_bit;
-  float* out;             // Quant: decoded values (8-bit), then the new values, encoded after the loop
-  __m512i max_bits;
-  __mmask16 negative;
-};
-
-inline __m512 decode16(const VecSlot& s, int64_t i, __mmask16 m) {
-  if (s.four_bit) {
-    // Element 2j is the low nibble of byte j: unpack (low, high) nibbles to 16 bytes in order.
-    const __mmask16 bytes = static_cast<__mmask16>((1u << ((__builtin_popcount(m) + 1) / 2)) - 1u);
-    const __m128i b = _mm_maskz_loadu_epi8(bytes, s.codes + i / 2);
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
-    return _mm512_mul_ps(_mm512_permutexvar_ps(idx, s.cb16), s.amax);
-  }
-  return _mm512_maskz_loadu_ps(m, s.out + i);  // 8-bit: decoded before the loop
-}
-
-template <Rule R>
-int step_block_avx512(const ParamTask& t, int64_t block, float grad_scale, float* buf) {
-  const int64_t B = t.block_size;
-  const int64_t begin = block * B;
-  const int64_t len = std::min(B, t.numel - begin);
-  const StateSlotRef& corr = t.slots[kCorrectionSlot];
-  // Params stored through the scalar conversions (f16, stochastic bf16) go via buf; with a master-weight
-  // correction the master is split into (bf16, correction) here.
-  const bool param_direct = is_correction(corr.storage) || t.param_type == ElemType::F32 ||
-                            (t.param_type == ElemType::BF16 && !t.stochastic_round);
-  float* pbuf = buf + 3 * B;
-  VecSlot slot[kMomentSlots];
-  for (int k = 0; k < t.num_slots; ++k) {
-    const StateSlotRef& r = t.slots[k];
-    VecSlot& v = slot[k];
-    v.storage = r.storage;
-    v.values = static_cast<float*>(r.values);
-    v.bf16 = static_cast<uint16_t*>(r.values);
-    v.out = buf + k * B;
-    v.max_bits = _mm512_setzero_si512();
-    v.negative = 0;
-    if (r.storage == SlotStorage::Quant) {
-      v.four_bit = format_bits(r.format) == 4;
-      v.cb16 = v.four_bit ? _mm512_loadu_ps(r.tables->codebook) : _mm512_setzero_ps();
-      v.amax = _mm512_set1_ps(r.absmax[block]);
-      v.codes = r.codes + (v.four_bit ? begin / 2 : begin);
-      // 8-bit codes are decoded for the whole block first (64 at a time, no gathers); the loop
-      // reads them back from L1 and writes the new values over them.
-      if (!v.four_bit) decode_codes8(*r.tables, v.codes, len, r.absmax[block], v.out);
-    }
-  }
-  prefetch_ahead(t, begin + kPrefetchBlocks * B, B);
-  const __m512 scale = _mm512_set1_ps(grad_scale);
-  const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
-  for (int64_t i = 0; i < len; i += 16) {
-    const __mmask16 m = lanes_below(len - i);
-    __m512 pv;
-    if (corr.storage == SlotStorage::Int16) {
-      pv = master16_from16(static_cast<const uint16_t*>(t.param) + begin + i, static_cast<const int16_t*>(corr.values) + begin + i, m);
-    } else if (corr.storage == SlotStorage::Int8) {
-      pv = master16_from8(static_cast<const uint16_t*>(t.param) + begin + i, static_cast<const int8_t*>(corr.values) + begin + i, m);
-    } else {
-      pv = load16(t.param, t.param_type, begin + i, m);
-    }
-    f32x16 p = (f32x16)pv;
-    __m512 graw = load16(t.grad, t.grad_type, begin + i, m);
-    if (grad_scale != 1.0f) graw = _mm512_mul_ps(graw, scale);
-    const f32x16 g = (f32x16)graw;
-    f32x16 s[kMomentSlots] = {};
-    for (int k = 0; k < t.num_slots; ++k) {
-      const VecSlot& v = slot[k];
-      switch (v.storage) {
-        case SlotStorage::None:
-        case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
-        case SlotStorage::Int8: break;
-        case SlotStorage::F32: s[k] = (f32x16)_mm512_maskz_loadu_ps(m, v.values + begin + i); break;
-        case SlotStorage::BF16: s[k] = (f32x16)load16(v.bf16, ElemType::BF16, begin + i, m); break;
-        case SlotStorage::Quant: s[k] = (f32x16)decode16(v, i, m); break;
-      }
-    }
-    apply_rule<R>(h, g, p, s);
-    for (int k = 0; k < t.num_slots; ++k) {
-      VecSlot& v = slot[k];
-      switch (v.storage) {
-        case SlotStorage::None:
-        case SlotStorage::Int16:  // a master-weight correction: with the parameter (master_weight.h)
-        case SlotStorage::Int8: break;
-        case SlotStorage::F32: _mm512_mask_storeu_ps(v.values + begin + i, m, (__m512)s[k]); break;
-        case SlotStorage::BF16: store16_bf16(v.bf16 + begin + i, (__m512)s[k], m); break;
-        case SlotStorage::Quant:
-          _mm512_storeu_ps(v.out + i, (__m512)s[k]);
-          scan16((__m512)s[k], m, v.max_bits, v.negative);
-          break;
-      }
-    }
-    if (corr.storage == SlotStorage::Int16) {
-      master16_to16((__m512)p, static_cast<uint16_t*>(t.param) + begin + i, static_cast<int16_t*>(corr.values) + begin + i, m);
-    } else if (corr.storage == SlotStorage::Int8) {
-      master16_to8((__m512)p, static_cast<uint16_t*>(t.param) + begin + i, static_cast<int8_t*>(corr.values) + begin + i, m);
-    } else if (t.param_type == ElemType::F32) {
-      _mm512_mask_storeu_ps(static_cast<float*>(t.param) + begin + i, m, (__m512)p);
-    } else if (param_direct) {
-      store16_bf16(static_cast<uint16_t*>(t.param) + begin + i, (__m512)p, m);
-    } else {
-      _mm512_storeu_ps(pbuf + i, (__m512)p);
-    }
-  }
-  int bad = 0;
-  for (int k = 0; k < t.num_slots; ++k) {
-    const VecSlot& v = slot[k];
-    if (v.storage != SlotStorage::Quant) continue;
-    const uint32_t max_bits = _mm512_reduce_max_epu32(v.max_bits);
-    bad |= store_quantized_slot(t.slots[k], block, begin, len, v.out, max_bits, v.negative != 0);
-  }
-  if (!param_direct) store_param(t, begin, len, pbuf);
-  return bad;
-}
 
 // ---- the pipelined loop -------------------------------------------------------------------------
 
@@ -423,16 +297,10 @@ struct Loops {
   static constexpr RangeFn dense = &steps_dense_avx512<R, NS, PT, ST>;
 };
 
-template <Rule R>
-RangeFn range_fn(const ParamTask& t) {
-  const RangeFn fn = pick_specialized<Loops, R>(t);
-  return fn ? fn : &each_block<&step_block_avx512<R>>;
-}
-
 }  // namespace
 
 RangeFn avx512_range_fn(Rule rule, const ParamTask& t) {
-  return with_rule(rule, [&t](auto r) { return range_fn<decltype(r)::value>(t); });
+  return with_rule(rule, [&t](auto r) { return pick_specialized<Loops, decltype(r)::value>(t); });
 }
 
 }  // namespace kernels

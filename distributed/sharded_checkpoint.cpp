@@ -683,7 +683,7 @@ void save_fragments(const optim::LowbitOptimizer& o, const std::string& prefix) 
     for (size_t i = 0; i < groups[gi].params().size(); ++i) {
       const at::Tensor& p = groups[gi].params()[i];
       weights.push_back({static_cast<int64_t>(gi), static_cast<int64_t>(i), 0, p.numel(), p.numel(), p.detach(), ""});
-      const optim::ParamState* st = FragmentAccess::state(o, p);
+      const optim::ParamState* st = o.state_of(p);
       if (!st) continue;
       Fragment f;
       f.group = gi;
@@ -695,7 +695,7 @@ void save_fragments(const optim::LowbitOptimizer& o, const std::string& prefix) 
     }
   std::vector<const Fragment*> ptrs;
   for (const Fragment& f : frags) ptrs.push_back(&f);
-  write_file(fragment_file(prefix, 0, 1), 0, 1, FragmentAccess::seed(o), FragmentAccess::skipped(o), ptrs, weights);
+  write_file(fragment_file(prefix, 0, 1), 0, 1, FragmentAccess::seed(o), o.skipped_steps(), ptrs, weights);
 }
 
 void load_fragments(optim::LowbitOptimizer& o, const std::string& prefix, const optim::LoadOptions& options) {

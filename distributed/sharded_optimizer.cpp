@@ -99,7 +99,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<optim::LowbitOptimizer> optim
                   "'s master_weight_bits ", FragmentAccess::group_step(*optimizer_, gi).common.master_weight_bits,
                   ": ", where(), " stays a float32 shard, its own master weight; set master_weight_bits 0 (or "
                   "build the model in bfloat16 for a bfloat16 shard with a correction)");
-      TORCH_CHECK(!FragmentAccess::state(*optimizer_, p), kSharded, ": ", where(),
+      TORCH_CHECK(!optimizer_->state_of(p), kSharded, ": ", where(),
                   " already has optimizer state; wrap a fresh optimizer and load checkpoints into the ShardedOptimizer");
       params_.push_back(Param{gi, i, p, 0, 0, -1, FragmentAccess::layout(*optimizer_, gi, p), at::Tensor()});
     }

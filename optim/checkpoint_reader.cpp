@@ -1,11 +1,9 @@
 // read_checkpoint, check_checkpoint_file and the version-2 digests (checkpoint_reader.h).
 #include "checkpoint_reader.h"
 
-#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -13,7 +11,6 @@
 #include "../tensors/qtensor.h"
 #include "../tensors/quant_format.h"
 
-#include "checkpoint_digest.h"
 #include "checkpoint_zip.h"
 #include "state_format.h"
 
@@ -24,43 +21,76 @@ namespace optim {
 // Digests
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+constexpr uint64_t kDigestSeed = 0xcbf29ce484222325ull;  // FNV-1a's offset basis
+constexpr uint64_t kDigestPrime = 0x100000001b3ull;     // FNV-1a's 64-bit prime (odd: a bijection)
+
+inline uint64_t digest_mix(uint64_t h, uint64_t w) { return (h ^ w) * kDigestPrime; }
+
+// FNV-1a style over 8-byte little-endian words (then the tail bytes, then the length), finished
+// by a 64-bit avalanche. Each step h = (h ^ w) * P is a bijection of h for a fixed word w and of
+// w for a fixed h, so any change confined to one 8-byte word (every single bit flip) always
+// changes the digest. `seed` chains digests: digest_bytes(b, n, digest_bytes(a, m)).
+uint64_t digest_bytes(const void* data, size_t n, uint64_t seed = kDigestSeed) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint64_t h = seed;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);  // unaligned-safe; checkpoints are written and read little-endian
+    h = digest_mix(h, w);
+  }
+  for (; i < n; ++i) h = digest_mix(h, p[i]);
+  h = digest_mix(h, static_cast<uint64_t>(n));
+  // Avalanche (the finalizer of MurmurHash3's fmix64) so that nearby inputs spread over all bits.
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+int64_t digest_as_int(uint64_t h) {
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
+
+}  // namespace
+
 int64_t tensor_digest(const std::string& key, const at::Tensor& t) {
   const at::Tensor c = t.detach().cpu().contiguous();
   const int64_t dtype = static_cast<int64_t>(c.scalar_type());
   uint64_t h = digest_bytes(key.data(), key.size());
   h = digest_bytes(&dtype, sizeof dtype, h);
   h = digest_bytes(c.sizes().data(), c.sizes().size() * sizeof(int64_t), h);
-  h = digest_bytes(c.data_ptr(), c.nbytes(), h);
-  int64_t out;
-  std::memcpy(&out, &h, sizeof out);
-  return out;
+  return digest_as_int(digest_bytes(c.data_ptr(), c.nbytes(), h));
 }
 
 int64_t header_digest(const std::map<std::string, c10::IValue>& entries) {
   uint64_t h = kDigestSeed;
+  // Each value after a one-byte tag of its type.
+  const auto tagged = [&h](char tag, const void* data, size_t n) {
+    h = digest_bytes(&tag, 1, h);
+    h = digest_bytes(data, n, h);
+  };
   for (const auto& [key, v] : entries) {
     h = digest_bytes(key.data(), key.size(), h);
     if (v.isInt()) {
       const int64_t x = v.toInt();
-      const char tag = 'i';
-      h = digest_bytes(&tag, 1, h);
-      h = digest_bytes(&x, sizeof x, h);
+      tagged('i', &x, sizeof x);
     } else if (v.isDouble()) {
       const double x = v.toDouble();
-      const char tag = 'd';
-      h = digest_bytes(&tag, 1, h);
-      h = digest_bytes(&x, sizeof x, h);
+      tagged('d', &x, sizeof x);
     } else {
       TORCH_CHECK(v.isString(), "lowbit checkpoint: entry '", key, "' has an unexpected type ", v.tagKind());
       const std::string& s = v.toStringRef();
-      const char tag = 's';
-      h = digest_bytes(&tag, 1, h);
-      h = digest_bytes(s.data(), s.size(), h);
+      tagged('s', s.data(), s.size());
     }
   }
-  int64_t out;
-  std::memcpy(&out, &h, sizeof out);
-  return out;
+  return digest_as_int(h);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -111,11 +141,6 @@ void check_tensor_extent(const std::string& who, const std::string& key, const a
 
 namespace {
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 // The layout libtorch's reader (torch::jit::load) takes for granted: every record looked up
 // under the folder of the first one; its version, constants.pkl and data.pkl there. A torch.save
 // file from Python is a zip archive too, of pickled Python objects without constants.pkl, and
@@ -136,9 +161,9 @@ void check_archive_layout(const std::string& path, const std::vector<ZipRecord>&
                 "' is a zip archive without a checkpoint's entries (no '", folder, entry,
                 "'): a torch.save file from Python? lowbit reads the checkpoints LowbitOptimizer::save "
                 "(torch::save) and ShardedOptimizer::save write");
-  const std::string data = lower(folder) + "data/";  // miniz looks names up regardless of case
+  const std::string data = ascii_lower(folder) + "data/";  // miniz looks names up regardless of case
   for (const ZipRecord& r : records)
-    TORCH_CHECK(!r.deflated || lower(r.name).compare(0, data.size(), data) != 0, "lowbit checkpoint: '", path,
+    TORCH_CHECK(!r.deflated || ascii_lower(r.name).compare(0, data.size(), data) != 0, "lowbit checkpoint: '", path,
                 "' is damaged: tensor record '", r.name, "' is deflated; libtorch stores tensors' records as they are");
 }
 
@@ -369,29 +394,14 @@ class Reader {
 
   int64_t version = 0;
 
-  int64_t get_int(const std::string& key) {
-    c10::IValue v;
-    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
-    TORCH_CHECK(v.isInt(), who_, ": checkpoint entry '", key, "' is not an integer (", v.tagKind(), ")");
-    return v.toInt();
-  }
+  int64_t get_int(const std::string& key) { return get(key, &c10::IValue::isInt, "an integer").toInt(); }
   int64_t get_int(const std::string& key, int64_t lo, int64_t hi) {
     const int64_t x = get_int(key);
     TORCH_CHECK(x >= lo && x <= hi, who_, ": checkpoint entry '", key, "' is ", x, ", expected ", lo, "..", hi);
     return x;
   }
-  double get_double(const std::string& key) {
-    c10::IValue v;
-    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
-    TORCH_CHECK(v.isDouble(), who_, ": checkpoint entry '", key, "' is not a number (", v.tagKind(), ")");
-    return v.toDouble();
-  }
-  std::string get_string(const std::string& key) {
-    c10::IValue v;
-    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
-    TORCH_CHECK(v.isString(), who_, ": checkpoint entry '", key, "' is not a string (", v.tagKind(), ")");
-    return v.toStringRef();
-  }
+  double get_double(const std::string& key) { return get(key, &c10::IValue::isDouble, "a number").toDouble(); }
+  std::string get_string(const std::string& key) { return get(key, &c10::IValue::isString, "a string").toStringRef(); }
   // A tensor of `dtype`; version 2 also checks its digest.
   at::Tensor get_tensor(const std::string& key, at::ScalarType dtype) {
     at::Tensor t;
@@ -420,6 +430,14 @@ class Reader {
   const std::string& who() const { return who_; }
 
  private:
+  // The entry `key`, which must be `what` (is_kind).
+  c10::IValue get(const std::string& key, bool (c10::IValue::*is_kind)() const, const char* what) {
+    c10::IValue v;
+    TORCH_CHECK(a_.try_read(key, v), who_, ": checkpoint entry '", key, "' is missing");
+    TORCH_CHECK((v.*is_kind)(), who_, ": checkpoint entry '", key, "' is not ", what, " (", v.tagKind(), ")");
+    return v;
+  }
+
   torch::serialize::InputArchive& a_;
   std::string who_;
 };

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <map>
 #include <string>

@@ -34,8 +34,7 @@ struct FragmentAccess {
     o.state_changed();
   }
 
-  // The optimizer's own state of `p` (nullptr before its first step), and replacing it (checkpoints).
-  static const ParamState* state(const O& o, const at::Tensor& p) { return o.state_of(p); }
+  // Replacing the optimizer's own state of `p` (checkpoints; state_of reads it).
   static void set_state(O& o, const at::Tensor& p, ParamState st) {
     o.states_[p.unsafeGetTensorImpl()] = std::move(st);
     o.state_changed();
@@ -44,7 +43,6 @@ struct FragmentAccess {
     o.states_.erase(p.unsafeGetTensorImpl());
     o.state_changed();
   }
-  static int64_t skipped(const O& o) { return o.skipped_steps(); }
   static void set_skipped(O& o, int64_t n) {
     o.skipped_ = at::Tensor();
     o.skipped_loaded_ = n;

@@ -319,7 +319,7 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
               options.host_threads());
   TORCH_CHECK(!opt.clips_gradients(), "HostOffload: a param group has max_grad_norm > 0; global-norm clipping needs "
               "every gradient at once, which the offload copies to the host as it goes. Set max_grad_norm to 0");
-  int64_t largest = 0;
+  int64_t largest = 0, total = 0;
   bool pinned = false;
   for (size_t gi = 0; gi < opt.param_groups().size(); ++gi) {
     const auto& ps = opt.param_groups()[gi].params();
@@ -332,14 +332,10 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
       p.device = ps[i];
       p.name = name;
       sh.params.push_back(std::move(p));
+      pinned |= !ps[i].is_cpu();
+      largest = std::max(largest, bytes_of(ps[i]));
+      total += bytes_of(ps[i]) + 64;
     }
-  }
-  int64_t total = 0;
-  for (const OffloadedParam& p : sh.params) {
-    pinned |= !p.device.is_cpu();
-    const int64_t bytes = p.device.numel() * static_cast<int64_t>(p.device.element_size());
-    largest = std::max(largest, bytes);
-    total += bytes + 64;
   }
   sh.stage_weights = options.stage_weights();
   const int64_t per_buffer = (sh.stage_weights ? 2 : 1) * (largest + 128);

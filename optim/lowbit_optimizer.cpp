@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -57,8 +56,7 @@ void LowbitOptimizer::check_groups() {
                 ": max_grad_norm must be finite and >= 0, got ", c.max_grad_norm);
     TORCH_CHECK(c.fp8_second_moment == QuantFormat::FP8E4M3 || c.fp8_second_moment == QuantFormat::FP8E5M2, who,
                 ": fp8_second_moment must be FP8E4M3 or FP8E5M2, got ", format_name(c.fp8_second_moment));
-    TORCH_CHECK(c.master_weight_bits == 0 || c.master_weight_bits == 24 || c.master_weight_bits == 32, who,
-                ": master_weight_bits must be 0, 24 or 32, got ", c.master_weight_bits);
+    correction_slot_type(c.master_weight_bits, who.c_str());
     check_options(options, who.c_str());
     params += param_groups_[gi].params().size();
   }
@@ -551,11 +549,8 @@ void LowbitOptimizer::enqueue_step(std::vector<DeviceGrads>& devices, bool want_
   for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
     if (range[gi].first == range[gi].second) continue;  // no parameter of this group in the step
     if (common(param_groups_[gi].options()).skip_nonfinite && cpu_found) continue;
-    if (first_passed[gi]) {
-      first_passed[gi]->step();
-    } else {
-      group_calls(gi)->step();
-    }
+    if (!first_passed[gi]) first_passed[gi] = group_calls(gi);  // no first pass made them
+    first_passed[gi]->step();
   }
 }
 

@@ -3,8 +3,6 @@
 //   lowbit::optim::AdamW opt(model->parameters(), lowbit::optim::AdamWOptions(1e-3).state_format(lowbit::StateFormat::Q8));
 #pragma once
 
-#include <cmath>
-
 #include "lowbit_optimizer.h"
 
 namespace lowbit {
@@ -28,61 +26,55 @@ class OptimizerWith : public LowbitOptimizer {
 
 }  // namespace detail
 
-#define LOWBIT_OPTIMIZER_CTORS(Name, Options)                                                         \
-  explicit Name(std::vector<torch::optim::OptimizerParamGroup> groups, Options defaults = {})         \
+// DEFAULTS: `= {}`, or nothing where the options have no default (SGD: lr is required).
+#define LOWBIT_OPTIMIZER_CTORS(Name, Options, DEFAULTS)                                               \
+  explicit Name(std::vector<torch::optim::OptimizerParamGroup> groups, Options defaults DEFAULTS)      \
       : detail::OptimizerWith<Options>(std::move(groups), defaults) {                                \
     check_groups();                                                                                   \
   }                                                                                                   \
-  explicit Name(std::vector<at::Tensor> params, Options defaults = {})                                \
+  explicit Name(std::vector<at::Tensor> params, Options defaults DEFAULTS)                             \
       : Name(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, \
              defaults) {}                                                                             \
   const char* name() const override { return "lowbit::optim::" #Name; }
 
 class Adam : public detail::OptimizerWith<AdamOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(Adam, AdamOptions)
+  LOWBIT_OPTIMIZER_CTORS(Adam, AdamOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };
 
 class AdamW : public detail::OptimizerWith<AdamWOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(AdamW, AdamWOptions)
+  LOWBIT_OPTIMIZER_CTORS(AdamW, AdamWOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };
 
 class SGD : public detail::OptimizerWith<SGDOptions> {
  public:
-  explicit SGD(std::vector<torch::optim::OptimizerParamGroup> groups, SGDOptions defaults)
-      : detail::OptimizerWith<SGDOptions>(std::move(groups), defaults) {
-    check_groups();
-  }
-  explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults)
-      : SGD(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
-            defaults) {}
-  const char* name() const override { return "lowbit::optim::SGD"; }
+  LOWBIT_OPTIMIZER_CTORS(SGD, SGDOptions, )
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };
 
 class Lion : public detail::OptimizerWith<LionOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(Lion, LionOptions)
+  LOWBIT_OPTIMIZER_CTORS(Lion, LionOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };
 
 class RMSprop : public detail::OptimizerWith<RMSpropOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(RMSprop, RMSpropOptions)
+  LOWBIT_OPTIMIZER_CTORS(RMSprop, RMSpropOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };
 
 class Adagrad : public detail::OptimizerWith<AdagradOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(Adagrad, AdagradOptions)
+  LOWBIT_OPTIMIZER_CTORS(Adagrad, AdagradOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
   double initial_state_value(const torch::optim::OptimizerOptions& o, int slot) const override;
@@ -91,14 +83,14 @@ class Adagrad : public detail::OptimizerWith<AdagradOptions> {
 
 class AdEMAMix : public detail::OptimizerWith<AdEMAMixOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(AdEMAMix, AdEMAMixOptions)
+  LOWBIT_OPTIMIZER_CTORS(AdEMAMix, AdEMAMixOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };
 
 class LAMB : public detail::OptimizerWith<LAMBOptions> {
  public:
-  LOWBIT_OPTIMIZER_CTORS(LAMB, LAMBOptions)
+  LOWBIT_OPTIMIZER_CTORS(LAMB, LAMBOptions, = {})
  protected:
   kernels::StepConfig config(const torch::optim::OptimizerOptions& o) const override;
 };

@@ -4,7 +4,6 @@
 
 #include <torch/optim/optimizer.h>
 
-#include <cmath>
 #include <tuple>
 
 #include "state_format.h"

@@ -9,7 +9,6 @@
 #include <ATen/ATen.h>
 
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "../tensors/optim_ops.h"

@@ -148,6 +148,15 @@ int main(int argc, char** argv) {
         std::make_shared<lo::AdamW>(one(at::kBFloat16),
                                     lo::AdamWOptions(1e-3).state_format(f).master_weight_bits(24)));
   }
+  // bf16 parameters with the 32-bit mode's int16 correction, and fp16 parameters: the shapes the
+  // vector files' per-block loop takes (AVX2's, also on AVX-512 machines).
+  if (want("AdamW-bf16-m32", "Q8"))
+    add("AdamW-bf16-m32", "Q8",
+        std::make_shared<lo::AdamW>(one(at::kBFloat16),
+                                    lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).master_weight_bits(32)));
+  if (want("AdamW-fp16", "Q8"))
+    add("AdamW-fp16", "Q8", std::make_shared<lo::AdamW>(one(at::kHalf),
+                                                        lo::AdamWOptions(1e-3).state_format(StateFormat::Q8)));
   // The other optimizers in Q8.
   if (want("Adam", "Q8")) add("Adam", "Q8", std::make_shared<lo::Adam>(one(), lo::AdamOptions(1e-3)));
   if (want("SGD", "Q8")) add("SGD", "Q8", std::make_shared<lo::SGD>(one(), lo::SGDOptions(1e-3).momentum(0.9)));

@@ -78,10 +78,10 @@ TaskShape task_shape(const ParamTask& t) {
   TaskShape s;
   s.f32 = t.param_type == ElemType::F32 && t.grad_type == ElemType::F32;
   s.bf16 = t.param_type == ElemType::BF16 && t.grad_type == ElemType::BF16;
-  s.corr8 = s.bf16 && t.slots[kCorrectionSlot].storage == SlotStorage::Int8;
+  if (s.bf16) s.corr = t.slots[kCorrectionSlot].storage;
   if (t.num_slots == 0 || !(s.f32 || s.bf16)) return s;
   const StateSlotRef& first = t.slots[0];
-  bool quant = first.storage == SlotStorage::Quant && (!has_correction(t) || s.corr8);
+  bool quant = first.storage == SlotStorage::Quant && (!has_correction(t) || s.bf16);
   bool dense = (first.storage == SlotStorage::F32 || first.storage == SlotStorage::BF16) && !has_correction(t) &&
                !(s.bf16 && t.stochastic_round);
   s.float8 = s.pow8 = format_bits(first.format) == 8;

@@ -95,8 +95,9 @@ void each_block(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, fl
 // can take it.
 struct TaskShape {
   bool f32 = false, bf16 = false;  // parameter and gradient both fp32, both bf16
-  bool corr8 = false;              // bf16 with the 24-bit mode's int8 correction
-  // fp32 or bf16, no correction but corr8, every moment slot quantized with codes this wide; else 0.
+  // bf16's master-weight correction: None, Int8 (the 24-bit mode) or Int16 (the 32-bit mode).
+  SlotStorage corr = SlotStorage::None;
+  // fp32, or bf16 with or without a correction, every moment slot quantized with codes this wide; else 0.
   int quant_bits = 0;
   bool float8 = false, pow8 = false;  // ... and every slot's codebook is FP8's / C8's
   // fp32, or bf16 rounded to nearest, no correction, every moment slot F32 or every one BF16; else None.

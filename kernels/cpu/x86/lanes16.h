@@ -89,20 +89,38 @@ inline void store16_bf16_stochastic(uint16_t* out, __m512 x, __mmask16 m, uint64
 
 // ---- master weights (master_weight.h) ------------------------------------------------------------
 
-// master_from8 on 16 lanes: (b << 16) + 256 c, c the int8 correction.
+// master_from16 / master_from8 on 16 lanes: (b << 16) + c, c the int16 correction or 256 times the
+// int8 one.
+inline __m512 master16_from16(const uint16_t* b, const int16_t* c, __mmask16 m) {
+  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b)), 16);
+  const __m512i lo = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, c));
+  return _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
+}
+
 inline __m512 master16_from8(const uint16_t* b, const int8_t* c, __mmask16 m) {
   const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b)), 16);
   const __m512i lo = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, c)), 8);
   return _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
 }
 
-// master_to8 on 16 lanes: NaN masters store the canonical NaN, sign kept, and 0.
+// master_to16 / master_to8 on 16 lanes: NaN masters store the canonical NaN, sign kept, and 0.
 inline __mmask16 master_nan16(__m512i u) {
   return _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
 }
 inline __m512i master_nan_bits16(__m512i u) {
   return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)),
                          _mm512_set1_epi32(0x7FC0));
+}
+
+inline void master16_to16(__m512 x, uint16_t* b, int16_t* c, __mmask16 m) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = master_nan16(u);
+  __m512i hi = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
+  __m512i lo = _mm512_sub_epi32(u, _mm512_slli_epi32(hi, 16));  // in [-32768, 32767]
+  hi = _mm512_mask_mov_epi32(hi, nan, master_nan_bits16(u));
+  lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), lo);
+  _mm256_mask_storeu_epi16(b, m, _mm512_cvtepi32_epi16(hi));
+  _mm256_mask_storeu_epi16(c, m, _mm512_cvtepi32_epi16(lo));
 }
 
 inline void master16_to8(__m512 x, uint16_t* b, int8_t* c, __mmask16 m) {

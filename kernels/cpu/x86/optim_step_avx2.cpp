@@ -471,12 +471,13 @@ struct Loops {
     constexpr SlotStorage kInt8 = SlotStorage::Int8;
     // Quantized state: the pipelined loop, with the 8-bit codec every slot's format allows (with a
     // correction the table codec alone, which takes any format: half the instantiations).
+    if (s.corr == SlotStorage::Int16) return nullptr;  // the 32-bit mode: the per-block loop
     if (s.quant_bits == 4) {
-      if (s.corr8) return &steps_quant_avx2<R, NS, H, 4, kTable8, kInt8>;
+      if (s.corr == kInt8) return &steps_quant_avx2<R, NS, H, 4, kTable8, kInt8>;
       return s.f32 ? &steps_quant_avx2<R, NS, F, 4, kTable8> : &steps_quant_avx2<R, NS, H, 4, kTable8>;
     }
     if (s.quant_bits == 8) {
-      if (s.corr8) return &steps_quant_avx2<R, NS, H, 8, kTable8, kInt8>;
+      if (s.corr == kInt8) return &steps_quant_avx2<R, NS, H, 8, kTable8, kInt8>;
       if (s.float8) return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kFloat8> : &steps_quant_avx2<R, NS, H, 8, kFloat8>;
       if (s.pow8) return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kPow8> : &steps_quant_avx2<R, NS, H, 8, kPow8>;
       return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kTable8> : &steps_quant_avx2<R, NS, H, 8, kTable8>;

@@ -1,7 +1,7 @@
 // The AVX-512 loops of the CPU step (optim_step_parts.h), 16 lanes at a time: a pipelined loop for
 // fp32/bf16 parameters whose state is all 8-bit or all 4-bit codes, and a loop for dense state.
-// The rest (fp16 parameters, the 32-bit mode's int16 correction, mixed state) takes the AVX2
-// file's per-block loop on 8 lanes: rare shapes, one per-block loop to keep. The loops compute the
+// The rest (fp16 parameters, mixed state) takes the AVX2 file's per-block loop on 8 lanes: rare
+// shapes, one per-block loop to keep. The loops compute the
 // scalar loop's IEEE operations in its order (no contraction; vector sqrt and div are correctly
 // rounded), so all write the same bits.
 //
@@ -64,7 +64,7 @@ struct Pow8Decode16 {
 };
 
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
-// stochastically, or bf16 with the 24-bit mode's int8 correction: CORR Int8), NS state slots all
+// stochastically, or bf16 with a master-weight correction: CORR Int8 or Int16), NS state slots all
 // quantized with BITS-bit codes (Q8 / FP8 / C8: 8, Q4: 4), over a run of consecutive blocks of one
 // parameter. No branch on storage kinds; all in registers. POW8: every slot is C8, whose codes
 // decode by arithmetic inside the loop (Pow8Decode16) instead of into the buffer first: C8's blocks
@@ -79,7 +79,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
                                       uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
-  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && CORR == SlotStorage::Int8), "bf16's int8 correction");
+  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && (CORR == SlotStorage::Int8 || CORR == SlotStorage::Int16)),
+                "bf16's correction");
   static_assert(!POW8 || BITS == 8, "C8 codes are 8-bit");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
@@ -93,7 +94,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
-  int8_t* const corr = static_cast<int8_t*>(t.slots[kCorrectionSlot].values);
+  using Corr = typename std::conditional<CORR == SlotStorage::Int16, int16_t, int8_t>::type;
+  Corr* const corr = static_cast<Corr*>(t.slots[kCorrectionSlot].values);
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];   // 8-bit: the packed key table
@@ -146,9 +148,15 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       const int64_t i = 16 * c;
       if (whole || i < len) {
         const __mmask16 m = whole ? __mmask16(0xFFFF) : lanes_below(len - i);
-        f32x16 p = (f32x16)(CORR == SlotStorage::Int8
-                                ? master16_from8(reinterpret_cast<const uint16_t*>(param) + begin + i, corr + begin + i, m)
-                                : load16(param, PT, begin + i, m));
+        __m512 pv;
+        if constexpr (CORR == SlotStorage::Int8) {
+          pv = master16_from8(reinterpret_cast<const uint16_t*>(param) + begin + i, corr + begin + i, m);
+        } else if constexpr (CORR == SlotStorage::Int16) {
+          pv = master16_from16(reinterpret_cast<const uint16_t*>(param) + begin + i, corr + begin + i, m);
+        } else {
+          pv = load16(param, PT, begin + i, m);
+        }
+        f32x16 p = (f32x16)pv;
         const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
         f32x16 st[kMomentSlots] = {};
         for (int k = 0; k < NS; ++k) {
@@ -165,8 +173,10 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
           max_abs[k] = _mm512_mask_max_epu32(max_abs[k], m, max_abs[k], _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
           max_raw[k] = _mm512_mask_max_epu32(max_raw[k], m, max_raw[k], u);
         }
-        if (CORR == SlotStorage::Int8) {
+        if constexpr (CORR == SlotStorage::Int8) {
           master16_to8((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, corr + begin + i, m);
+        } else if constexpr (CORR == SlotStorage::Int16) {
+          master16_to16((__m512)p, reinterpret_cast<uint16_t*>(param) + begin + i, corr + begin + i, m);
         } else if (PT == ElemType::F32) {
           _mm512_mask_storeu_ps(reinterpret_cast<float*>(param) + begin + i, m, (__m512)p);
         } else {
@@ -278,14 +288,16 @@ template <Rule R, int NS>
 struct Loops {
   static RangeFn quant(const TaskShape& s) {
     constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
-    constexpr SlotStorage kInt8 = SlotStorage::Int8, kNone = SlotStorage::None;
+    constexpr SlotStorage kInt8 = SlotStorage::Int8, kInt16 = SlotStorage::Int16, kNone = SlotStorage::None;
     // Quantized state: the pipelined loop; C8 in every slot decodes in registers.
     if (s.quant_bits == 4) {
-      if (s.corr8) return &steps_quant_avx512<R, NS, H, 4, kInt8>;
+      if (s.corr == kInt8) return &steps_quant_avx512<R, NS, H, 4, kInt8>;
+      if (s.corr == kInt16) return &steps_quant_avx512<R, NS, H, 4, kInt16>;
       return s.f32 ? &steps_quant_avx512<R, NS, F, 4> : &steps_quant_avx512<R, NS, H, 4>;
     }
     if (s.quant_bits == 8) {
-      if (s.corr8) return &steps_quant_avx512<R, NS, H, 8, kInt8>;
+      if (s.corr == kInt8) return &steps_quant_avx512<R, NS, H, 8, kInt8>;
+      if (s.corr == kInt16) return &steps_quant_avx512<R, NS, H, 8, kInt16>;
       if (s.pow8) {
         return s.f32 ? &steps_quant_avx512<R, NS, F, 8, kNone, true> : &steps_quant_avx512<R, NS, H, 8, kNone, true>;
       }

@@ -33,6 +33,8 @@
 
 #include "../kernels/common/fake_quant_params.h"
 
+#include "blockwise_ops.h"  // elem_type
+
 namespace lowbit {
 namespace ops {
 
@@ -77,6 +79,13 @@ int64_t mask_bytes(int64_t n);
 // Kernel parameters for checked arguments and allocated outputs (any device).
 kernels::FakeQuantParams fake_quant_params(const FakeQuantArgs& a, at::Tensor& out, at::Tensor& mask,
                                            at::Tensor& scale, at::Tensor& zero_point);
+// Empty outputs for checked arguments: the bit-packed mask, one float32 per group.
+inline at::Tensor empty_mask(const FakeQuantArgs& a) {
+  return at::empty({mask_bytes(a.input.numel())}, a.input.options().dtype(at::kByte));
+}
+inline at::Tensor empty_per_group(const FakeQuantArgs& a) {
+  return at::empty({a.ngroups}, a.input.options().dtype(at::kFloat));
+}
 
 // fake_quant_lsq_backward checked, its outputs allocated and its kernel parameters filled (any
 // device): what the CPU and CUDA bindings share before calling their kernel.
@@ -87,6 +96,117 @@ struct LsqBackwardCall {
 LsqBackwardCall prepare_lsq_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
                                      const at::Tensor& zero_point, int64_t group_size, int64_t bits, bool is_signed,
                                      double grad_factor, const char* op);
+
+// The ops' bodies on a backend with its own kernels (fake_quant_op_cpu.cpp, fake_quant_op_cuda.cpp):
+// checks, then B::Guard (the device guard, held from before the outputs are allocated) and
+// B::run(params, op), which runs the kernel of that params struct.
+template <typename B>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_op(
+    const at::Tensor& input, int64_t group_size, int64_t bits, bool is_signed, bool symmetric, double eps) {
+  const char* op = "lowbit::fake_quant_dynamic";
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
+  check_eps(eps, op);
+  const typename B::Guard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = empty_mask(a);
+  at::Tensor scale = empty_per_group(a);
+  at::Tensor zp = empty_per_group(a);
+  kernels::FakeQuantParams p = fake_quant_params(a, out, mask, scale, zp);
+  p.dynamic = true;
+  p.symmetric = symmetric;
+  p.eps = static_cast<float>(eps);
+  B::run(p, op);
+  return {out, mask, scale, zp};
+}
+
+template <typename B>
+std::tuple<at::Tensor, at::Tensor> fake_quant_static_op(const at::Tensor& input, const at::Tensor& scale,
+                                                        const at::Tensor& zero_point, int64_t group_size,
+                                                        int64_t bits, bool is_signed) {
+  const char* op = "lowbit::fake_quant_static";
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, bits, is_signed, op);
+  auto [s, z] = check_qparams(a, scale, zero_point, op);
+  const typename B::Guard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = empty_mask(a);
+  kernels::FakeQuantParams p = fake_quant_params(a, out, mask, s, z);
+  p.dynamic = false;  // the kernel only reads scale / zero_point
+  B::run(p, op);
+  return {out, mask};
+}
+
+template <typename B>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_float8_op(const at::Tensor& input, int64_t group_size,
+                                                                    std::string_view format, double eps) {
+  const char* op = "lowbit::fake_quant_float8";
+  const bool e4m3 = parse_float8_format(format, op);
+  const FakeQuantArgs a = check_fake_quant_args(input, group_size, 8, true, op);
+  check_eps(eps, op);
+  const typename B::Guard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = empty_mask(a);
+  at::Tensor scale = empty_per_group(a);
+  kernels::Float8FakeQuantParams p;
+  p.input = a.input.data_ptr();
+  p.type = elem_type(a.input.scalar_type());
+  p.n = a.input.numel();
+  p.group_size = a.group_size;
+  p.e4m3 = e4m3;
+  p.eps = static_cast<float>(eps);
+  p.scale = scale.data_ptr<float>();
+  p.output = out.data_ptr();
+  p.mask = mask.data_ptr<uint8_t>();
+  B::run(p, op);
+  return {out, mask, scale};
+}
+
+template <typename B>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_block_float_op(const at::Tensor& input,
+                                                                         std::string_view format, double eps) {
+  const char* op = "lowbit::fake_quant_block_float";
+  const BlockFloatFormat f = parse_block_float_format(format, op);
+  const FakeQuantArgs a = check_block_float_args(input, f, eps, op);
+  const typename B::Guard guard(a.input.device());
+  at::Tensor out = at::empty_like(a.input);
+  at::Tensor mask = empty_mask(a);
+  at::Tensor scale = empty_per_group(a);
+  // NVFP4's tensor amax: ATen's amax (exact, and NaN-propagating like the block scan); it stays on
+  // the input's device (no host sync), where the kernel reads it.
+  const at::Tensor tamax = f.nvfp4 && a.ngroups > 0 ? a.input.abs().amax().to(at::kFloat).contiguous() : at::Tensor();
+  kernels::BlockFloatParams p = block_float_params(a, f, eps, tamax, out, mask, scale);
+  B::run(p, op);
+  return {out, mask, scale};
+}
+
+template <typename B>
+at::Tensor fake_quant_backward_op(const at::Tensor& grad, const at::Tensor& mask) {
+  const char* op = "lowbit::fake_quant_backward";
+  const at::Tensor m = check_mask(grad, mask, op);
+  const typename B::Guard guard(grad.device());
+  const at::Tensor g = grad.contiguous();
+  at::Tensor dx = at::empty_like(g);
+  kernels::FakeQuantBackwardParams p;
+  p.grad = g.data_ptr();
+  p.type = elem_type(g.scalar_type());
+  p.n = g.numel();
+  p.mask = m.data_ptr<uint8_t>();
+  p.grad_input = dx.data_ptr();
+  B::run(p, op);
+  return dx;
+}
+
+template <typename B>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_lsq_backward_op(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
+    int64_t group_size, int64_t bits, bool is_signed, double grad_factor) {
+  const char* op = "lowbit::fake_quant_lsq_backward";
+  // prepare_lsq_backward allocates the outputs: the guard comes first.
+  const typename B::Guard guard(input.device());
+  LsqBackwardCall c =
+      prepare_lsq_backward(grad, input, scale, zero_point, group_size, bits, is_signed, grad_factor, op);
+  B::run(c.params, op);
+  return {c.grad_input, c.grad_scale, c.grad_zero_point};
+}
 
 // ATen-only reference (also the CompositeExplicitAutograd kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_reference(

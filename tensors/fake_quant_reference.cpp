@@ -3,22 +3,15 @@
 // kernels that serve any device without a dedicated one; the code ops of convert() live only here.
 #include <torch/library.h>
 
-#include "blockwise_ops.h"  // first_true
+#include "../kernels/common/fake_quant_math.h"  // fq_range
+
+#include "blockwise_ops.h"  // first_true, pack_nibbles
 #include "fake_quant_ops.h"
 #include "float_code_tensors.h"  // round_to_float_format: the rounding convert() stores too
 
 namespace lowbit {
 namespace ops {
 namespace {
-
-struct Range {
-  double qmin, qmax;
-};
-
-Range range_of(int bits, bool is_signed) {
-  if (is_signed) return {-double(int64_t(1) << (bits - 1)), double((int64_t(1) << (bits - 1)) - 1)};
-  return {0.0, double((int64_t(1) << bits) - 1)};
-}
 
 // Every code of `codes` (uint8) within `bits` bits (one wait for a device: convert() runs once).
 void check_codes_fit(const at::Tensor& codes, int64_t bits, const char* op) {
@@ -51,7 +44,7 @@ at::Tensor unpack_mask(const at::Tensor& mask, int64_t n) {
 
 // (output, mask) of x [ngroups, G] (float32) with per-group scale, zero point.
 std::tuple<at::Tensor, at::Tensor> apply(const at::Tensor& xf, const at::Tensor& scale, const at::Tensor& zp,
-                                         Range r) {
+                                         kernels::FakeQuantRange r) {
   const at::Tensor inv = at::reciprocal(scale).unsqueeze(1);
   const at::Tensor q = at::round(xf * inv) + zp.unsqueeze(1);
   const at::Tensor inside = at::logical_and(q >= r.qmin, q <= r.qmax);
@@ -63,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor> apply(const at::Tensor& xf, const at::Tensor&
 // dynamic op's group that holds NaN or Inf turns NaN, as torchao's does).
 std::tuple<at::Tensor, at::Tensor> qparams_of(const at::Tensor& min, const at::Tensor& max, int64_t bits,
                                               bool is_signed, bool symmetric, double eps) {
-  const Range r = range_of(int(bits), is_signed);
+  const kernels::FakeQuantRange r = kernels::fq_range(int(bits), is_signed);
   const at::Tensor mn = min.to(at::kFloat), mx = max.to(at::kFloat);
   const at::Tensor zero = at::zeros_like(mn);
   const at::Tensor min_neg = at::minimum(mn, zero);
@@ -111,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fake_quant_dynamic_re
   }
   const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);
   auto [scale, zp] = qparams_of(xf.amin(1), xf.amax(1), bits, is_signed, symmetric, eps);
-  auto [y, inside] = apply(xf, scale, zp, range_of(a.bits, a.is_signed));
+  auto [y, inside] = apply(xf, scale, zp, kernels::fq_range(a.bits, a.is_signed));
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside), scale, zp};
 }
 
@@ -123,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quant_static_reference(const at::Tensor&
   auto [s, z] = check_qparams(a, scale, zero_point, op);
   if (a.ngroups == 0) return {at::empty_like(a.input), at::zeros({0}, a.input.options().dtype(at::kByte))};
   const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);
-  auto [y, inside] = apply(xf, s, z, range_of(a.bits, a.is_signed));
+  auto [y, inside] = apply(xf, s, z, kernels::fq_range(a.bits, a.is_signed));
   return {y.to(input.scalar_type()).view(input.sizes()), pack_mask(inside)};
 }
 
@@ -195,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quant_lsq_backward_reference
               grad.sizes(), ", ", grad.scalar_type(), ") must match input (", input.sizes(), ", ",
               input.scalar_type(), ")");
   if (a.ngroups == 0) return {at::empty_like(a.input), at::zeros_like(s), at::zeros_like(z)};
-  const Range r = range_of(a.bits, a.is_signed);
+  const kernels::FakeQuantRange r = kernels::fq_range(a.bits, a.is_signed);
   const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);
   const at::Tensor dy = grad.contiguous().reshape({a.ngroups, a.group_size}).to(at::kFloat);
   const at::Tensor xs = xf * at::reciprocal(s).unsqueeze(1);
@@ -220,7 +213,7 @@ at::Tensor quantize_codes_reference(const at::Tensor& input, const at::Tensor& s
   TORCH_CHECK(a.input.is_meta() || at::isfinite(a.input).all().item<bool>(), op,
               ": input holds NaN or Inf; codes cannot represent them");
   if (a.ngroups == 0) return at::empty(input.sizes(), a.input.options().dtype(at::kByte));
-  const Range r = range_of(a.bits, a.is_signed);
+  const kernels::FakeQuantRange r = kernels::fq_range(a.bits, a.is_signed);
   const at::Tensor xf = a.input.reshape({a.ngroups, a.group_size}).to(at::kFloat);
   const at::Tensor q = at::clamp(at::round(xf * at::reciprocal(s).unsqueeze(1)) + z.unsqueeze(1), r.qmin, r.qmax);
   return (q - r.qmin).to(at::kByte).view(input.sizes());
@@ -241,7 +234,7 @@ at::Tensor dequantize_codes_reference(const at::Tensor& codes, const at::Tensor&
   if (ngroups == 0) return at::empty(codes.sizes(), codes.options().dtype(dtype));
   check_qparam_values(scale.to(at::kFloat), zero_point.to(at::kFloat), int(bits), is_signed, op);
   check_codes_fit(codes, bits, op);
-  const Range r = range_of(int(bits), is_signed);
+  const kernels::FakeQuantRange r = kernels::fq_range(int(bits), is_signed);
   const at::Tensor q = codes.reshape({ngroups, group_size}).to(at::kFloat) + r.qmin;
   const at::Tensor y = (q - zero_point.to(at::kFloat).view({-1, 1})) * scale.to(at::kFloat).view({-1, 1});
   return y.to(dtype).view(codes.sizes());
@@ -250,13 +243,10 @@ at::Tensor dequantize_codes_reference(const at::Tensor& codes, const at::Tensor&
 at::Tensor pack_codes_reference(const at::Tensor& codes, int64_t bits) {
   TORCH_CHECK(codes.scalar_type() == at::kByte, "lowbit::pack_codes: codes must be uint8, got ", codes.scalar_type());
   TORCH_CHECK(bits >= 2 && bits <= 8, "lowbit::pack_codes: bits must be in [2, 8], got ", bits);
-  at::Tensor flat = codes.contiguous().view(-1);
+  const at::Tensor flat = codes.contiguous().view(-1);
   // A code of more bits would spill into its neighbour's half of the byte.
   check_codes_fit(flat, bits, "lowbit::pack_codes");
-  if (bits > 4) return flat.clone();
-  if (flat.numel() % 2) flat = at::cat({flat, at::zeros({1}, flat.options())});
-  const at::Tensor pairs = flat.view({-1, 2});
-  return at::bitwise_or(pairs.select(1, 0), at::bitwise_left_shift(pairs.select(1, 1), 4)).contiguous();
+  return bits > 4 ? flat.clone() : pack_nibbles(flat);
 }
 
 at::Tensor unpack_codes_reference(const at::Tensor& packed, int64_t bits, int64_t numel) {
@@ -268,10 +258,7 @@ at::Tensor unpack_codes_reference(const at::Tensor& packed, int64_t bits, int64_
   TORCH_CHECK(packed.numel() == want, "lowbit::unpack_codes: numel ", numel, " (codes of ", bits, " bits) needs ", want,
               " packed bytes, got ", packed.numel());
   const at::Tensor flat = packed.contiguous().view(-1);
-  if (bits > 4) return flat.clone();
-  const at::Tensor lo = at::bitwise_and(flat, 0xF);
-  const at::Tensor hi = at::bitwise_right_shift(flat, 4);
-  return at::stack({lo, hi}, 1).view(-1).narrow(0, 0, numel).contiguous();
+  return bits > 4 ? flat.clone() : unpack_nibbles(flat, numel).contiguous();
 }
 
 }  // namespace ops

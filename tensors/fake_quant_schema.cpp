@@ -1,22 +1,29 @@
 // Declares the fake-quant (QAT) dispatcher ops; tensors/fake_quant_ops.h documents them.
 #include <torch/library.h>
 
+#include <string>
+#include <utility>
+
 TORCH_LIBRARY_FRAGMENT(lowbit, m) {
-  m.def(
-      "fake_quant_dynamic(Tensor input, int group_size, int bits, bool is_signed, bool symmetric, float eps) "
-      "-> (Tensor output, Tensor mask, Tensor scale, Tensor zero_point)");
-  m.def(
-      "fake_quant_static(Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, bool is_signed) "
-      "-> (Tensor output, Tensor mask)");
-  m.def(
-      "fake_quant_float8(Tensor input, int group_size, str format, float eps) "
-      "-> (Tensor output, Tensor mask, Tensor scale)");
-  m.def(
-      "fake_quant_block_float(Tensor input, str format, float eps) -> (Tensor output, Tensor mask, Tensor scale)");
-  m.def("fake_quant_backward(Tensor grad, Tensor mask) -> Tensor");
-  m.def(
-      "fake_quant_lsq_backward(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, "
-      "bool is_signed, float grad_factor) -> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)");
+  // {name, arguments -> returns}: each op is also declared as name + "_reference", the ATen-only
+  // oracle under its own name, so tests can compare any backend against it.
+  const std::pair<const char*, const char*> with_reference[] = {
+      {"fake_quant_dynamic",
+       "(Tensor input, int group_size, int bits, bool is_signed, bool symmetric, float eps) "
+       "-> (Tensor output, Tensor mask, Tensor scale, Tensor zero_point)"},
+      {"fake_quant_static",
+       "(Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, bool is_signed) "
+       "-> (Tensor output, Tensor mask)"},
+      {"fake_quant_float8",
+       "(Tensor input, int group_size, str format, float eps) -> (Tensor output, Tensor mask, Tensor scale)"},
+      {"fake_quant_block_float", "(Tensor input, str format, float eps) -> (Tensor output, Tensor mask, Tensor scale)"},
+      {"fake_quant_backward", "(Tensor grad, Tensor mask) -> Tensor"},
+      {"fake_quant_lsq_backward",
+       "(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, bool is_signed, "
+       "float grad_factor) -> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)"},
+  };
+  for (const char* suffix : {"", "_reference"})
+    for (const auto& [name, signature] : with_reference) m.def((std::string(name) + suffix + signature).c_str());
   m.def(
       "fake_quant_qparams(Tensor min, Tensor max, int bits, bool is_signed, bool symmetric, float eps) "
       "-> (Tensor scale, Tensor zero_point)");
@@ -28,21 +35,4 @@ TORCH_LIBRARY_FRAGMENT(lowbit, m) {
       "ScalarType dtype) -> Tensor");
   m.def("pack_codes(Tensor codes, int bits) -> Tensor");
   m.def("unpack_codes(Tensor packed, int bits, int numel) -> Tensor");
-  // The ATen-only oracle under its own name, so tests can compare any backend against it.
-  m.def(
-      "fake_quant_dynamic_reference(Tensor input, int group_size, int bits, bool is_signed, bool symmetric, "
-      "float eps) -> (Tensor output, Tensor mask, Tensor scale, Tensor zero_point)");
-  m.def(
-      "fake_quant_static_reference(Tensor input, Tensor scale, Tensor zero_point, int group_size, int bits, "
-      "bool is_signed) -> (Tensor output, Tensor mask)");
-  m.def(
-      "fake_quant_float8_reference(Tensor input, int group_size, str format, float eps) "
-      "-> (Tensor output, Tensor mask, Tensor scale)");
-  m.def(
-      "fake_quant_block_float_reference(Tensor input, str format, float eps) "
-      "-> (Tensor output, Tensor mask, Tensor scale)");
-  m.def("fake_quant_backward_reference(Tensor grad, Tensor mask) -> Tensor");
-  m.def(
-      "fake_quant_lsq_backward_reference(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, int group_size, "
-      "int bits, bool is_signed, float grad_factor) -> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)");
 }

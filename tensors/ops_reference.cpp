@@ -44,11 +44,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_reference_flagged(const at::Tensor& 
   const at::Tensor normalized = (blocks * pre.unsqueeze(1)) * inv.unsqueeze(1);
   const at::Tensor idx = at::bucketize(normalized, thresholds, /*out_int32=*/false, /*right=*/false);
   at::Tensor codes = sorted_codes.index({idx.view(-1)}).narrow(0, 0, n);
-  if (format_bits(a.format) == 4) {
-    if (n % 2) codes = at::cat({codes, at::zeros({1}, codes.options())});
-    const at::Tensor pairs = codes.view({-1, 2});
-    codes = at::bitwise_or(pairs.select(1, 0), at::bitwise_left_shift(pairs.select(1, 1), 4));
-  }
+  if (format_bits(a.format) == 4) codes = pack_nibbles(codes);
   return {codes.contiguous(), absmax.contiguous()};
 }
 
@@ -66,14 +62,7 @@ at::Tensor dequantize_reference(const at::Tensor& codes, const at::Tensor& absma
                                                  "lowbit::dequantize_blockwise");
   check_absmax_values(a, "lowbit::dequantize_blockwise");
   const int64_t n = a.numel;
-  at::Tensor idx;
-  if (format_bits(a.format) == 4) {
-    const at::Tensor lo = at::bitwise_and(a.codes, 0xF);
-    const at::Tensor hi = at::bitwise_right_shift(a.codes, 4);
-    idx = at::stack({lo, hi}, 1).view(-1).narrow(0, 0, n);
-  } else {
-    idx = a.codes;
-  }
+  const at::Tensor idx = format_bits(a.format) == 4 ? unpack_nibbles(a.codes, n) : a.codes;
   const at::Tensor cb = codebook(a.format).to(a.codes.device());
   const at::Tensor scale = a.absmax.repeat_interleave(a.block_size).narrow(0, 0, n);
   const at::Tensor values = cb.index({idx.to(at::kLong)}) * scale;

@@ -85,19 +85,24 @@
 namespace lowbit {
 namespace ops {
 
-// The arguments of optim_step_ / optim_lamb_norms as C++ values (what the optimizers fill in).
-struct StepArgs {
-  std::vector<at::Tensor> params, grads, state, counters;
+// The per-call values of optim_step_ / optim_lamb_norms besides the lists: given in StepArgs, kept
+// as given in the checked StepCall.
+struct StepScalars {
   at::Tensor lr;
   kernels::StepConfig config;
-  std::vector<kernels::SlotType> slots;  // one per slot index, up to kernels::kMaxSlots
-  int64_t block_size = 0;
-  std::vector<int64_t> offsets, rng_keys;  // empty: all 0
   uint64_t seed = 0;
   bool stochastic_round = false;
   std::optional<at::Tensor> found_inf, grad_sumsq, grad_scale, lamb_norms;
   double max_grad_norm = 0.0;
   bool scalar_loop = false;
+};
+
+// The arguments of optim_step_ / optim_lamb_norms as C++ values (what the optimizers fill in).
+struct StepArgs : StepScalars {
+  std::vector<at::Tensor> params, grads, state, counters;
+  std::vector<kernels::SlotType> slots;  // one per slot index, up to kernels::kMaxSlots
+  int64_t block_size = 0;
+  std::vector<int64_t> offsets, rng_keys;  // empty: all 0
 };
 
 // One parameter of a checked call. Its tensors are borrowed from the StepArgs it was checked
@@ -115,17 +120,10 @@ struct StepParam {
 
 // A checked call: every list has the length its parameters need, every tensor the dtype, size and
 // device the kernels assume; errors name the op, the argument and the parameter.
-struct StepCall {
-  kernels::StepConfig config;
+struct StepCall : StepScalars {
   kernels::SlotType slots[kernels::kMaxSlots];
   int num_slots = 0;  // 1 + the last slot that is not None
   int64_t block_size = 0;
-  uint64_t seed = 0;
-  bool stochastic_round = false;
-  at::Tensor lr;
-  std::optional<at::Tensor> found_inf, grad_sumsq, grad_scale, lamb_norms;
-  double max_grad_norm = 0.0;
-  bool scalar_loop = false;
   std::vector<StepParam> params;
   // Each parameter as the kernels take it (kernels/common/step_launch.h), from what check_step_call
   // read, so a backend touches no tensor's metadata again (over thousands of small tensors each
@@ -178,9 +176,6 @@ std::tuple<at::Tensor, at::Tensor> grad_check(at::TensorList grads, at::IntArray
                                               bool want_sumsq);
 at::Tensor lamb_add_block_sums(const at::Tensor& block_sums, at::IntArrayRef first, at::IntArrayRef count);
 
-// The reference step of parameter i of c at step t (ATen ops; any device); returns the blocks of
-// quantized state that became non-finite. trust: LAMB's trust ratio.
-int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_mult, float trust);
 // The reference steps of the call's parameters `which` (none where the call is skipped): what a
 // backend's kernels leave to it (parameters that are not contiguous), and the whole reference op.
 void reference_steps(const StepCall& c, const std::vector<size_t>& which);
@@ -189,8 +184,6 @@ void reference_steps(const StepCall& c, const std::vector<size_t>& which);
 // and x (any float dtype, b's numel) split into b and c, written in place.
 at::Tensor master_values(const at::Tensor& b, const at::Tensor& c);
 void store_master(const at::Tensor& x, at::Tensor b, at::Tensor c);
-// LAMB's sums of p^2 and r^2 over parameter i of c, in the kernels' order, at step t.
-std::array<double, 2> reference_lamb_sums(const StepCall& c, size_t i, int64_t t, float grad_mult);
 
 }  // namespace ops
 }  // namespace lowbit

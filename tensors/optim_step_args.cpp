@@ -170,7 +170,7 @@ void check_step_config(const kernels::StepConfig& c, const char* who) {
 
 StepCall check_step_call(const StepArgs& a, const char* op) {
   StepCall c;
-  c.config = a.config;
+  static_cast<StepScalars&>(c) = a;
   const kernels::StepConfig& k = a.config;
   check_step_config(k, op);
 
@@ -238,15 +238,6 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
   TORCH_CHECK(!(correction && a.stochastic_round), op, ": stochastic_round and a master-weight correction (",
               slot_type_name(c.slots[kernels::kCorrectionSlot]),
               ") exclude each other: the correction keeps what rounding to bf16 drops");
-  c.seed = a.seed;
-  c.stochastic_round = a.stochastic_round;
-  c.max_grad_norm = a.max_grad_norm;
-  c.scalar_loop = a.scalar_loop;
-  c.found_inf = a.found_inf;
-  c.grad_sumsq = a.grad_sumsq;
-  c.grad_scale = a.grad_scale;
-  c.lamb_norms = a.lamb_norms;
-  c.lr = a.lr;
   if (n == 0) return c;
 
   const at::Device device = a.params[0].device();
@@ -358,22 +349,16 @@ StepCall check_step_call(const StepArgs& a, const char* op) {
         outputs.add(x, *data, kind, static_cast<int>(i), s);
         return &x;
       };
-      if (kernels::is_correction(t.storage)) {
-        p.values[s] = take("correction", OutputRanges::kValues, data_of_slot);
-        const at::ScalarType want = t.storage == kernels::SlotStorage::Int16 ? at::kShort : at::kChar;
-        TORCH_CHECK(p.param_type == at::kBFloat16, op, ": parameter ", i, " has dtype ", p.param_type,
+      if (t.storage != kernels::SlotStorage::Quant) {  // dense values or a master-weight correction
+        const bool corr = kernels::is_correction(t.storage);
+        p.values[s] = take(corr ? "correction" : "values", OutputRanges::kValues, data_of_slot);
+        const at::ScalarType want = corr ? (t.storage == kernels::SlotStorage::Int16 ? at::kShort : at::kChar)
+                                         : (t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16);
+        TORCH_CHECK(!corr || p.param_type == at::kBFloat16, op, ": parameter ", i, " has dtype ", p.param_type,
                     "; a master-weight correction (", slot_type_name(t), ") needs bfloat16 parameters");
         const at::Tensor& v = *p.values[s];
-        TORCH_CHECK(v.scalar_type() == want && v.numel() == numel, op, ": the correction of parameter ", i, " (",
-                    slot_type_name(t), ") must be ", want, " with ", numel, " elements, got ", v.scalar_type(),
-                    " with ", v.numel());
-        continue;
-      }
-      if (t.storage != kernels::SlotStorage::Quant) {
-        p.values[s] = take("values", OutputRanges::kValues, data_of_slot);
-        const at::ScalarType want = t.storage == kernels::SlotStorage::F32 ? at::kFloat : at::kBFloat16;
-        const at::Tensor& v = *p.values[s];
-        TORCH_CHECK(v.scalar_type() == want && v.numel() == numel, op, ": slot ", s, " of parameter ", i, " (",
+        TORCH_CHECK(v.scalar_type() == want && v.numel() == numel, op, ": ",
+                    corr ? std::string("the correction") : "slot " + std::to_string(s), " of parameter ", i, " (",
                     slot_type_name(t), ") must be ", want, " with ", numel, " elements, got ", v.scalar_type(),
                     " with ", v.numel());
         continue;

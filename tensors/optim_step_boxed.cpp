@@ -65,20 +65,6 @@ std::vector<at::Tensor> take_tensors(c10::IValue& v) {
   return out;
 }
 
-template <typename T>
-T ivalue_as(const c10::IValue& v);
-template <>
-double ivalue_as<double>(const c10::IValue& v) { return v.toDouble(); }
-template <>
-int64_t ivalue_as<int64_t>(const c10::IValue& v) { return v.toInt(); }
-template <>
-bool ivalue_as<bool>(const c10::IValue& v) { return v.toBool(); }
-
-std::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
-  if (v.isNone()) return std::nullopt;
-  return v.toTensor();
-}
-
 }  // namespace
 
 StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -105,18 +91,18 @@ StepArgs pop_step_args(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     a.slots.push_back(t);
   }
   a.block_size = arg("block_size").toInt();
-#define LOWBIT_PARSE_ARG(type, name, default_value, range) c.name = ivalue_as<type>(arg(#name));
+#define LOWBIT_PARSE_ARG(type, name, default_value, range) c.name = arg(#name).to<type>();
   LOWBIT_STEP_HYPER_PARAMETERS(LOWBIT_PARSE_ARG)
 #undef LOWBIT_PARSE_ARG
   a.offsets = arg("offsets").toIntVector();
   a.rng_keys = arg("rng_keys").toIntVector();
   a.seed = static_cast<uint64_t>(arg("seed").toInt());
   a.stochastic_round = arg("stochastic_round").toBool();
-  a.found_inf = optional_tensor(arg("found_inf"));
-  a.grad_sumsq = optional_tensor(arg("grad_sumsq"));
+  a.found_inf = arg("found_inf").toOptional<at::Tensor>();
+  a.grad_sumsq = arg("grad_sumsq").toOptional<at::Tensor>();
   a.max_grad_norm = arg("max_grad_norm").toDouble();
-  a.grad_scale = optional_tensor(arg("grad_scale"));
-  a.lamb_norms = optional_tensor(arg("lamb_norms"));
+  a.grad_scale = arg("grad_scale").toOptional<at::Tensor>();
+  a.lamb_norms = arg("lamb_norms").toOptional<at::Tensor>();
   a.scalar_loop = arg("scalar_loop").toBool();
   torch::jit::drop(*stack, n);
   return a;

@@ -67,43 +67,11 @@ Tensor bf16_stochastic(const Tensor& p, uint64_t seed, int64_t offset) {
   return bits.to(at::kInt).to(at::kShort).view(at::kBFloat16);
 }
 
-}  // namespace
-
-// ---- master weights (kernels/common/master_weight.h) in int64 ATen ops -------------------------
-
-namespace {
 // The fp32 bit patterns (as int64 in [0, 2^32)) of x.
 Tensor f32_bits(const Tensor& x) { return at::bitwise_and(x.view(at::kInt).to(at::kLong), int64_t(0xFFFFFFFF)); }
 
 // int64 values in [0, 2^32) as the fp32 values with those bits (int32 wraps modulo 2^32).
 Tensor from_f32_bits(const Tensor& u) { return u.to(at::kInt).view(at::kFloat); }
-}  // namespace
-
-Tensor master_values(const Tensor& b, const Tensor& c) {
-  const Tensor hi = at::bitwise_and(b.view(at::kShort).to(at::kLong), int64_t(0xFFFF));
-  const int64_t unit = c.scalar_type() == at::kShort ? 1 : 256;
-  const Tensor u = at::add(at::mul(hi, int64_t(1) << 16), at::mul(c.to(at::kLong), unit));
-  return from_f32_bits(at::bitwise_and(u, int64_t(0xFFFFFFFF))).view(b.sizes());
-}
-
-void store_master(const Tensor& x_in, Tensor b, Tensor c) {
-  const Tensor x = x_in.to(at::kFloat).contiguous();
-  Tensor u = f32_bits(x);
-  const bool m16 = c.scalar_type() == at::kShort;
-  if (!m16) u = shr(at::add(u, int64_t(0x80)), 8);  // the 24-bit value q
-  const int64_t half = m16 ? 0x8000 : 0x80;
-  const int shift = m16 ? 16 : 8;
-  Tensor hi = shr(at::add(u, half), shift);
-  Tensor corr = at::sub(u, at::mul(hi, int64_t(1) << shift));
-  const Tensor nan = at::isnan(x);
-  const Tensor nan_bits = at::bitwise_or(at::bitwise_and(shr(f32_bits(x), 16), int64_t(0x8000)), int64_t(0x7FC0));
-  hi = at::where(nan, nan_bits, hi);
-  corr = at::where(nan, at::zeros_like(corr), corr);
-  b.copy_(hi.to(at::kInt).to(at::kShort).view(at::kBFloat16).view(b.sizes()));
-  c.copy_(corr.to(c.scalar_type()).view(c.sizes()));
-}
-
-namespace {
 
 // One parameter's values as fp32: p (its master values with a correction slot), the gradient
 // times grad_mult, the decoded slots (zeros for unused ones).
@@ -134,22 +102,17 @@ Loaded load(const StepCall& c, const StepParam& sp, float grad_mult) {
   return x;
 }
 
-template <kernels::Rule R>
-void run_rule(const kernels::Hyper& h, const Tensor& g, AtenFloat& p, AtenFloat* s) {
-  kernels::apply_rule<R>(h, AtenFloat{g}, p, s);
-}
-
-void apply(kernels::Rule rule, const kernels::Hyper& h, const Tensor& g, AtenFloat& p, AtenFloat* s) {
+void apply(kernels::Rule rule, const kernels::Hyper& h, const AtenFloat& g, AtenFloat& p, AtenFloat* s) {
   using kernels::Rule;
   switch (rule) {
-    case Rule::Adam: return run_rule<Rule::Adam>(h, g, p, s);
-    case Rule::AdamW: return run_rule<Rule::AdamW>(h, g, p, s);
-    case Rule::SGD: return run_rule<Rule::SGD>(h, g, p, s);
-    case Rule::Lion: return run_rule<Rule::Lion>(h, g, p, s);
-    case Rule::RMSprop: return run_rule<Rule::RMSprop>(h, g, p, s);
-    case Rule::Adagrad: return run_rule<Rule::Adagrad>(h, g, p, s);
-    case Rule::AdEMAMix: return run_rule<Rule::AdEMAMix>(h, g, p, s);
-    case Rule::LAMB: return run_rule<Rule::LAMB>(h, g, p, s);
+    case Rule::Adam: return kernels::apply_rule<Rule::Adam>(h, g, p, s);
+    case Rule::AdamW: return kernels::apply_rule<Rule::AdamW>(h, g, p, s);
+    case Rule::SGD: return kernels::apply_rule<Rule::SGD>(h, g, p, s);
+    case Rule::Lion: return kernels::apply_rule<Rule::Lion>(h, g, p, s);
+    case Rule::RMSprop: return kernels::apply_rule<Rule::RMSprop>(h, g, p, s);
+    case Rule::Adagrad: return kernels::apply_rule<Rule::Adagrad>(h, g, p, s);
+    case Rule::AdEMAMix: return kernels::apply_rule<Rule::AdEMAMix>(h, g, p, s);
+    case Rule::LAMB: return kernels::apply_rule<Rule::LAMB>(h, g, p, s);
   }
 }
 
@@ -172,8 +135,7 @@ double block_order_sumsq(const Tensor& x, int64_t block) {
   return kernels::lamb_add_block_sums(nb, [&](int64_t b) { return block_sums[b]; });
 }
 
-}  // namespace
-
+// LAMB's sums of p^2 and r^2 over parameter i of c, in the kernels' order, at step t.
 std::array<double, 2> reference_lamb_sums(const StepCall& c, size_t i, int64_t t, float grad_mult) {
   Loaded x = load(c, c.params[i], grad_mult);
   const kernels::Hyper h = kernels::derive_hyper(c.config, t, call_lr(c));
@@ -183,13 +145,15 @@ std::array<double, 2> reference_lamb_sums(const StepCall& c, size_t i, int64_t t
   return {block_order_sumsq(x.p, c.block_size), block_order_sumsq(r.t, c.block_size)};
 }
 
+// The reference step of parameter i of c at step t; returns the blocks of quantized state that
+// became non-finite. trust: LAMB's trust ratio.
 int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_mult, float trust) {
   const StepParam& sp = c.params[i];
   Loaded x = load(c, sp, grad_mult);
   kernels::Hyper h = kernels::derive_hyper(c.config, t, call_lr(c));
   h.trust = trust;
   AtenFloat p{x.p};
-  apply(c.config.rule, h, x.g, p, x.s);
+  apply(c.config.rule, h, AtenFloat{x.g}, p, x.s);
   int64_t nonfinite = 0;
   for (int k = 0; k < c.num_slots; ++k) {
     const kernels::SlotType& type = c.slots[k];
@@ -213,28 +177,6 @@ int64_t reference_param_step(const StepCall& c, size_t i, int64_t t, float grad_
   }
   return nonfinite;
 }
-
-void reference_steps(const StepCall& c, const std::vector<size_t>& which) {
-  if (which.empty() || call_skipped(c)) return;
-  const float mult = call_grad_multiplier(c);
-  Tensor norms;
-  if (c.config.rule == kernels::Rule::LAMB && c.lamb_norms) norms = c.lamb_norms->cpu();
-  for (size_t i : which) {
-    const StepParam& p = c.params[i];
-    const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
-    float trust = 1.0f;
-    if (c.config.rule == kernels::Rule::LAMB) {
-      const auto sums = norms.defined() ? std::array<double, 2>{norms[i][0].item<double>(), norms[i][1].item<double>()}
-                                        : reference_lamb_sums(c, i, t, mult);
-      trust = kernels::lamb_trust(sums[0], sums[1]);
-    }
-    const int64_t bad = reference_param_step(c, i, t, mult, trust);
-    p.counters->select(0, 0).fill_(t);
-    p.counters->select(0, 1).add_(bad);
-  }
-}
-
-namespace {
 
 void step_reference(const StepArgs& args) {
   const StepCall c = check_step_call(args, "lowbit::optim_step_");
@@ -271,6 +213,53 @@ std::tuple<Tensor, Tensor> grad_check_reference(at::TensorList grads, at::IntArr
 }
 
 }  // namespace
+
+// ---- master weights (kernels/common/master_weight.h) in int64 ATen ops -------------------------
+
+Tensor master_values(const Tensor& b, const Tensor& c) {
+  const Tensor hi = at::bitwise_and(b.view(at::kShort).to(at::kLong), int64_t(0xFFFF));
+  const int64_t unit = c.scalar_type() == at::kShort ? 1 : 256;
+  const Tensor u = at::add(at::mul(hi, int64_t(1) << 16), at::mul(c.to(at::kLong), unit));
+  return from_f32_bits(at::bitwise_and(u, int64_t(0xFFFFFFFF))).view(b.sizes());
+}
+
+void store_master(const Tensor& x_in, Tensor b, Tensor c) {
+  const Tensor x = x_in.to(at::kFloat).contiguous();
+  Tensor u = f32_bits(x);
+  const bool m16 = c.scalar_type() == at::kShort;
+  if (!m16) u = shr(at::add(u, int64_t(0x80)), 8);  // the 24-bit value q
+  const int64_t half = m16 ? 0x8000 : 0x80;
+  const int shift = m16 ? 16 : 8;
+  Tensor hi = shr(at::add(u, half), shift);
+  Tensor corr = at::sub(u, at::mul(hi, int64_t(1) << shift));
+  const Tensor nan = at::isnan(x);
+  const Tensor nan_bits = at::bitwise_or(at::bitwise_and(shr(f32_bits(x), 16), int64_t(0x8000)), int64_t(0x7FC0));
+  hi = at::where(nan, nan_bits, hi);
+  corr = at::where(nan, at::zeros_like(corr), corr);
+  b.copy_(hi.to(at::kInt).to(at::kShort).view(at::kBFloat16).view(b.sizes()));
+  c.copy_(corr.to(c.scalar_type()).view(c.sizes()));
+}
+
+void reference_steps(const StepCall& c, const std::vector<size_t>& which) {
+  if (which.empty() || call_skipped(c)) return;
+  const float mult = call_grad_multiplier(c);
+  Tensor norms;
+  if (c.config.rule == kernels::Rule::LAMB && c.lamb_norms) norms = c.lamb_norms->cpu();
+  for (size_t i : which) {
+    const StepParam& p = c.params[i];
+    const int64_t t = (*p.counters)[0].item<int64_t>() + 1;
+    float trust = 1.0f;
+    if (c.config.rule == kernels::Rule::LAMB) {
+      const auto sums = norms.defined() ? std::array<double, 2>{norms[i][0].item<double>(), norms[i][1].item<double>()}
+                                        : reference_lamb_sums(c, i, t, mult);
+      trust = kernels::lamb_trust(sums[0], sums[1]);
+    }
+    const int64_t bad = reference_param_step(c, i, t, mult, trust);
+    p.counters->select(0, 0).fill_(t);
+    p.counters->select(0, 1).add_(bad);
+  }
+}
+
 }  // namespace ops
 }  // namespace lowbit
 

@@ -7,18 +7,13 @@
 #include "blockwise_ops.h"
 
 namespace lowbit {
-namespace {
-
-const char* format_str(QuantFormat f) { return format_name(f); }
-
-}  // namespace
 
 QTensor::QTensor(at::Tensor codes, at::Tensor absmax, std::vector<int64_t> shape, QuantFormat format,
                  int64_t block_size)
     : codes_(std::move(codes)), absmax_(std::move(absmax)), shape_(std::move(shape)), format_(format) {
   block_size_ = resolve_block_size(format, block_size, "lowbit::QTensor");
   // Same rules as the dequantize op: sizes, dtypes and devices must agree.
-  ops::check_dequantize_args(codes_, absmax_, format_str(format_), block_size_, shape_, at::kFloat,
+  ops::check_dequantize_args(codes_, absmax_, format_name(format_), block_size_, shape_, at::kFloat,
                              "lowbit::QTensor");
 }
 
@@ -34,7 +29,7 @@ at::Tensor QTensor::dequantize(at::ScalarType dtype) const {
                        .findSchemaOrThrow("lowbit::dequantize_blockwise", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, std::string_view, int64_t,
                                          at::IntArrayRef, std::optional<at::ScalarType>)>();
-  return op.call(codes_, absmax_, format_str(format_), block_size_, shape_, dtype);
+  return op.call(codes_, absmax_, format_name(format_), block_size_, shape_, dtype);
 }
 
 int64_t QTensor::nbytes() const {
@@ -52,7 +47,7 @@ QTensor quantize(const at::Tensor& input, QuantFormat format, int64_t block_size
                        .findSchemaOrThrow("lowbit::quantize_blockwise", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, std::string_view, int64_t)>();
   const int64_t block = resolve_block_size(format, block_size, "lowbit::quantize");
-  auto [codes, absmax] = op.call(input, format_str(format), block);
+  auto [codes, absmax] = op.call(input, format_name(format), block);
   return QTensor(codes, absmax, input.sizes().vec(), format, block);
 }
 

@@ -48,6 +48,24 @@ WireArgs check_wire_args(const at::Tensor& flat, const at::Tensor& packed, const
 kernels::QuantizeParams wire_pack_params(const WireArgs& a, int64_t r);
 kernels::DequantizeParams wire_unpack_params(const WireArgs& a, int64_t r);
 
+// The ops' bodies on a backend with its own kernels, as quantize_blockwise_op's (blockwise_ops.h):
+// row by row (one kernel run per row, in order); a flagged block is carried, not refused.
+template <typename B>
+void wire_pack_op(const at::Tensor& input, const at::Tensor& packed, std::string_view format, int64_t block_size) {
+  const char* op = "lowbit::wire_pack_";
+  const WireArgs a = check_wire_args(input, packed, std::string(format), block_size, false, op);
+  const typename B::Guard guard(a.flat.device());
+  for (int64_t r = 0; r < a.rows; ++r) B::run(wire_pack_params(a, r), op);
+}
+
+template <typename B>
+void wire_unpack_op(const at::Tensor& packed, const at::Tensor& output, std::string_view format, int64_t block_size) {
+  const char* op = "lowbit::wire_unpack_";
+  const WireArgs a = check_wire_args(output, packed, std::string(format), block_size, true, op);
+  const typename B::Guard guard(a.flat.device());
+  for (int64_t r = 0; r < a.rows; ++r) B::run(wire_unpack_params(a, r), op);
+}
+
 // The ATen-only references (the CompositeExplicitAutograd kernels, the tests' oracle).
 void wire_pack_reference(const at::Tensor& input, const at::Tensor& packed, std::string_view format,
                          int64_t block_size);

@@ -136,11 +136,13 @@ int main(int argc, char** argv) {
   if (want("AdamW-bf16", "Q8"))
     add("AdamW-bf16", "Q8", std::make_shared<lo::AdamW>(one(at::kBFloat16),
                                                         lo::AdamWOptions(1e-3).state_format(StateFormat::Q8)));
-  // bf16 parameters rounded stochastically (bf16_stochastic_round).
-  if (want("AdamW-bf16-SR", "Q8"))
-    add("AdamW-bf16-SR", "Q8",
+  // bf16 parameters rounded stochastically (bf16_stochastic_round), quantized or bf16 state.
+  for (StateFormat f : {StateFormat::Q8, StateFormat::BF16}) {
+    if (!want("AdamW-bf16-SR", lowbit::state_format_name(f))) continue;
+    add("AdamW-bf16-SR", lowbit::state_format_name(f),
         std::make_shared<lo::AdamW>(one(at::kBFloat16),
-                                    lo::AdamWOptions(1e-3).state_format(StateFormat::Q8).bf16_stochastic_round(true)));
+                                    lo::AdamWOptions(1e-3).state_format(f).bf16_stochastic_round(true)));
+  }
   // bf16 parameters with a 24-bit master correction (the memory floor's, and host offload's), Q8 and Q4.
   for (StateFormat f : {StateFormat::Q8, StateFormat::Q4}) {
     if (!want("AdamW-bf16-m24", lowbit::state_format_name(f))) continue;

@@ -82,8 +82,7 @@ TaskShape task_shape(const ParamTask& t) {
   if (t.num_slots == 0 || !(s.f32 || s.bf16)) return s;
   const StateSlotRef& first = t.slots[0];
   bool quant = first.storage == SlotStorage::Quant && (!has_correction(t) || s.bf16);
-  bool dense = (first.storage == SlotStorage::F32 || first.storage == SlotStorage::BF16) && !has_correction(t) &&
-               !(s.bf16 && t.stochastic_round);
+  bool dense = (first.storage == SlotStorage::F32 || first.storage == SlotStorage::BF16) && !has_correction(t);
   s.float8 = s.pow8 = format_bits(first.format) == 8;
   for (int k = 0; k < t.num_slots; ++k) {
     const StateSlotRef& r = t.slots[k];

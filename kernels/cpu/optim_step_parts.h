@@ -100,7 +100,7 @@ struct TaskShape {
   // fp32, or bf16 with or without a correction, every moment slot quantized with codes this wide; else 0.
   int quant_bits = 0;
   bool float8 = false, pow8 = false;  // ... and every slot's codebook is FP8's / C8's
-  // fp32, or bf16 rounded to nearest, no correction, every moment slot F32 or every one BF16; else None.
+  // fp32 or bf16, no correction, every moment slot F32 or every one BF16; else None.
   SlotStorage dense = SlotStorage::None;
 };
 TaskShape task_shape(const ParamTask& t);

@@ -410,7 +410,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
 // ---- the dense loop ----------------------------------------------------------------------------
 
 // Dense state (every slot fp32 or every slot bf16) for fp32 or bf16 parameters and gradients of the
-// same type, bf16 rounded to nearest, no correction: the per-block loop without its per-chunk
+// same type, bf16 rounded to nearest or stochastically, no correction: the per-block loop without its per-chunk
 // choices (optim_step_avx512.cpp's dense loop on 8 lanes). A parameter's last len % 8 elements take
 // the scalar rule (step_tail). Dense slots never flag a block.
 template <Rule R, int NS, ElemType PT, SlotStorage ST>
@@ -423,6 +423,7 @@ void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
   const Hyper h = t.hyper;  // a local: stores through the arrays cannot alias it
   const __m256 scale = _mm256_set1_ps(grad_scale);
   const bool scaled = grad_scale != 1.0f;
+  const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
   State* st[NS];
@@ -449,6 +450,8 @@ void steps_dense_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
       }
       if (PT == ElemType::F32) {
         _mm256_storeu_ps(reinterpret_cast<float*>(param) + e, (__m256)p);
+      } else if (stochastic) {
+        store8_bf16_stochastic(reinterpret_cast<uint16_t*>(param) + e, (__m256)p, t.seed, static_cast<uint64_t>(t.offset + e));
       } else {
         store8_bf16(reinterpret_cast<uint16_t*>(param) + e, (__m256)p);
       }

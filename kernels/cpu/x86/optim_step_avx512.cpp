@@ -1,7 +1,7 @@
 // The AVX-512 loops of the CPU step (optim_step_parts.h), 16 lanes at a time: a pipelined loop for
 // fp32/bf16 parameters whose state is all 8-bit or all 4-bit codes, and a loop for dense state.
-// The rest (fp16 parameters, mixed state) takes the AVX2 file's per-block loop on 8 lanes: rare
-// shapes, one per-block loop to keep. The loops compute the
+// The rest (fp16 parameters, a master-weight correction beside dense state, mixed state) takes the
+// AVX2 file's per-block loop on 8 lanes: rare shapes, one per-block loop to keep. The loops compute the
 // scalar loop's IEEE operations in its order (no contraction; vector sqrt and div are correctly
 // rounded), so all write the same bits.
 //
@@ -232,7 +232,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
 // ---- the dense loop ----------------------------------------------------------------------------
 
 // Dense state (every slot fp32 or every slot bf16) for fp32 or bf16 parameters and gradients of the
-// same type, bf16 rounded to nearest: no codes, so no block structure to keep. The run of blocks is
+// same type, bf16 rounded to nearest or stochastically: no codes, so no block structure to keep. The run of blocks is
 // one stream of 16-lane chunks, a mask only on a parameter's last chunk, nothing decided per chunk;
 // per block only the prefetch of the block kPrefetchBlocks ahead. Dense slots never flag a block.
 template <Rule R, int NS, ElemType PT, SlotStorage ST>
@@ -245,6 +245,7 @@ void steps_dense_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   const Hyper h = t.hyper;  // a local: stores through the arrays cannot alias it
   const __m512 scale = _mm512_set1_ps(grad_scale);
   const bool scaled = grad_scale != 1.0f;
+  const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
   State* st[NS];
@@ -274,6 +275,8 @@ void steps_dense_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       }
       if (PT == ElemType::F32) {
         _mm512_mask_storeu_ps(reinterpret_cast<float*>(param) + i, m, (__m512)p);
+      } else if (stochastic) {
+        store16_bf16_stochastic(reinterpret_cast<uint16_t*>(param) + i, (__m512)p, m, t.seed, static_cast<uint64_t>(t.offset + i));
       } else {
         store16_bf16(reinterpret_cast<uint16_t*>(param) + i, (__m512)p, m);
       }

@@ -3,6 +3,7 @@
 // kernel; a block-aligned range of a parameter, stepped with its element offset (and the whole
 // parameter's LAMB / clipping inputs), equals the same range of the whole parameter's step.
 #include <lowbit/kernels/cpu/optim_step_cpu.h>
+#include <lowbit/kernels/cpu/optim_step_parts.h>
 #include <lowbit/optim/step_testing.h>
 #include <lowbit/tensors/blockwise_ops.h>
 #include <lowbit/tensors/optim_ops.h>
@@ -365,6 +366,36 @@ TEST(StepInterface, SpecializedSlotCountsAreTheOnesEachRulesOptionsGive) {
     }
     for (int n = 0; n <= lk::kMomentSlots; ++n) EXPECT_EQ(lk::rule_slot_count_possible(rule, n), seen[n]) << n << " slots";
   }
+}
+
+// Which shapes the vector files' specialized loops take (task_shape): bf16 with either master-weight
+// correction and quantized state goes to the pipelined loop, bf16 rounded stochastically with dense
+// state to the dense loop; a correction beside dense state and fp16 parameters to the per-block loop.
+// (The loops' bits are StepDigest's; this holds the routing, which only speed shows otherwise.)
+TEST(StepInterface, TaskShapeSendsCorrectionsAndStochasticRoundingToTheSpecializedLoops) {
+  const auto task = [](lk::ElemType type, lk::SlotStorage state, lk::SlotStorage correction, bool stochastic) {
+    lk::ParamTask t;
+    t.param_type = t.grad_type = type;
+    t.num_slots = 2;
+    t.stochastic_round = stochastic;
+    t.slots[0] = {state, lowbit::QuantFormat::Dyn8Signed};
+    t.slots[1] = {state, lowbit::QuantFormat::Dyn8Unsigned};
+    t.slots[lk::kCorrectionSlot].storage = correction;
+    return t;
+  };
+  using S = lk::SlotStorage;
+  const auto bf16 = lk::ElemType::BF16;
+  for (S corr : {S::None, S::Int8, S::Int16}) {
+    const lk::TaskShape q = lk::task_shape(task(bf16, S::Quant, corr, false));
+    EXPECT_EQ(q.quant_bits, 8) << static_cast<int>(corr);
+    EXPECT_EQ(q.corr, corr);
+  }
+  EXPECT_EQ(lk::task_shape(task(bf16, S::BF16, S::None, true)).dense, S::BF16);
+  EXPECT_EQ(lk::task_shape(task(bf16, S::F32, S::None, true)).dense, S::F32);
+  EXPECT_EQ(lk::task_shape(task(bf16, S::F32, S::Int8, false)).dense, S::None);
+  const lk::TaskShape f16 = lk::task_shape(task(lk::ElemType::F16, S::Quant, S::None, false));
+  EXPECT_EQ(f16.quant_bits, 0);
+  EXPECT_EQ(f16.dense, S::None);
 }
 
 // found_inf set: the call changes nothing, not even the step count.

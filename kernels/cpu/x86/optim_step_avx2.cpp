@@ -254,7 +254,7 @@ int step_block_avx2(const ParamTask& t, int64_t block, float grad_scale, float* 
 enum Codec8 { kTable8 = 0, kFloat8 = 1, kPow8 = 2 };
 
 // The common case specialized: parameter and gradient both fp32 or both bf16 (rounded to nearest or
-// stochastically, or bf16 with the 24-bit mode's int8 correction: CORR Int8), NS state slots all
+// stochastically, or bf16 with a master-weight correction: CORR Int8 or Int16), NS state slots all
 // quantized with BITS-bit codes (Q8 / FP8 / C8: 8, Q4: 4), over a run of consecutive blocks of one
 // parameter; CODEC: how 8-bit codes decode and encode. Software-pipelined by one block as the
 // AVX-512 loop is: while block b is updated (decoding its codes as it goes), the new values of
@@ -263,7 +263,8 @@ template <Rule R, int NS, ElemType PT, int BITS, int CODEC, SlotStorage CORR = S
 void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_scale, float* buf, uint8_t* bad) {
   static_assert(PT == ElemType::F32 || PT == ElemType::BF16, "fp32 or bf16 parameters");
   static_assert(BITS == 8 || BITS == 4, "8-bit or 4-bit codes");
-  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && CORR == SlotStorage::Int8), "bf16's int8 correction");
+  static_assert(CORR == SlotStorage::None || (PT == ElemType::BF16 && (CORR == SlotStorage::Int8 || CORR == SlotStorage::Int16)),
+                "bf16's correction");
   using Elem = typename std::conditional<PT == ElemType::F32, float, uint16_t>::type;
   const int64_t B = t.block_size;
   const Hyper h = t.hyper;  // a local: stores through the buffers cannot alias it
@@ -272,7 +273,8 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
   const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
   Elem* const param = static_cast<Elem*>(t.param);
   const Elem* const grad = static_cast<const Elem*>(t.grad);
-  int8_t* const corr = static_cast<int8_t*>(t.slots[kCorrectionSlot].values);
+  using Corr = typename std::conditional<CORR == SlotStorage::Int16, int16_t, int8_t>::type;
+  Corr* const corr = static_cast<Corr*>(t.slots[kCorrectionSlot].values);
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];  // 8-bit: the packed key table
@@ -332,8 +334,15 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
     for (int64_t i = 0; i < end; i += 8) {
       if (i < len8) {
         const int64_t e = begin + i;
-        f32x8 p = (f32x8)(CORR == SlotStorage::Int8 ? master8_from8(reinterpret_cast<const uint16_t*>(param) + e, corr + e)
-                                                    : load8(param, PT, e));
+        __m256 pv;
+        if constexpr (CORR == SlotStorage::Int8) {
+          pv = master8_from8(reinterpret_cast<const uint16_t*>(param) + e, corr + e);
+        } else if constexpr (CORR == SlotStorage::Int16) {
+          pv = master8_from16(reinterpret_cast<const uint16_t*>(param) + e, corr + e);
+        } else {
+          pv = load8(param, PT, e);
+        }
+        f32x8 p = (f32x8)pv;
         __m256 g = load8(grad, PT, e);
         if (scaled) g = _mm256_mul_ps(g, scale);
         f32x8 st[kMomentSlots] = {};
@@ -353,8 +362,10 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
           _mm256_storeu_ps(cur[k] + i, (__m256)st[k]);
           scan[k].add((__m256)st[k]);
         }
-        if (CORR == SlotStorage::Int8) {
+        if constexpr (CORR == SlotStorage::Int8) {
           master8_to8((__m256)p, reinterpret_cast<uint16_t*>(param) + e, corr + e);
+        } else if constexpr (CORR == SlotStorage::Int16) {
+          master8_to16((__m256)p, reinterpret_cast<uint16_t*>(param) + e, corr + e);
         } else if (PT == ElemType::F32) {
           _mm256_storeu_ps(reinterpret_cast<float*>(param) + e, (__m256)p);
         } else if (stochastic) {
@@ -471,16 +482,17 @@ template <Rule R, int NS>
 struct Loops {
   static RangeFn quant(const TaskShape& s) {
     constexpr ElemType F = ElemType::F32, H = ElemType::BF16;
-    constexpr SlotStorage kInt8 = SlotStorage::Int8;
+    constexpr SlotStorage kInt8 = SlotStorage::Int8, kInt16 = SlotStorage::Int16;
     // Quantized state: the pipelined loop, with the 8-bit codec every slot's format allows (with a
     // correction the table codec alone, which takes any format: half the instantiations).
-    if (s.corr == SlotStorage::Int16) return nullptr;  // the 32-bit mode: the per-block loop
     if (s.quant_bits == 4) {
       if (s.corr == kInt8) return &steps_quant_avx2<R, NS, H, 4, kTable8, kInt8>;
+      if (s.corr == kInt16) return &steps_quant_avx2<R, NS, H, 4, kTable8, kInt16>;
       return s.f32 ? &steps_quant_avx2<R, NS, F, 4, kTable8> : &steps_quant_avx2<R, NS, H, 4, kTable8>;
     }
     if (s.quant_bits == 8) {
       if (s.corr == kInt8) return &steps_quant_avx2<R, NS, H, 8, kTable8, kInt8>;
+      if (s.corr == kInt16) return &steps_quant_avx2<R, NS, H, 8, kTable8, kInt16>;
       if (s.float8) return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kFloat8> : &steps_quant_avx2<R, NS, H, 8, kFloat8>;
       if (s.pow8) return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kPow8> : &steps_quant_avx2<R, NS, H, 8, kPow8>;
       return s.f32 ? &steps_quant_avx2<R, NS, F, 8, kTable8> : &steps_quant_avx2<R, NS, H, 8, kTable8>;

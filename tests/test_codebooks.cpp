@@ -1,6 +1,8 @@
 // Codebooks are generated, not pasted: check their defining properties and the encode tables.
 #include <lowbit/kernels/common/code_tables.h>
 #include <lowbit/kernels/common/encode.h>
+#include <lowbit/kernels/cpu/cpu_features.h>
+#include <lowbit/kernels/cpu/encode_avx512.h>
 #include <lowbit/kernels/cpu/format_tables.h>
 
 #include <algorithm>
@@ -241,6 +243,36 @@ TEST(Codebooks, BulkDecodeMatchesCodebookOnBothPaths) {
     }
   }
 }
+
+#if defined(__x86_64__)
+namespace {
+// Floats whose 4-bit code by formula (encode16_linear4) differs from the tree search's
+// (encode16_tree4) for Linear4Unsigned, over every bit pattern, NaNs and infinities among them.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) int64_t linear4_mismatches() {
+  const lk::FormatView view = lk::format_tables(QuantFormat::Linear4Unsigned);
+  const __m512 tree = _mm512_loadu_ps(view.eytzinger);
+  const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(view.sorted_codes)));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t bad = 0;
+  for (uint64_t first = 0; first < (uint64_t(1) << 32); first += 16) {
+    const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)), lane));
+    const __m128i a = lk::encode16_linear4(x, one, one), b = lk::encode16_tree4(tree, codes, x, one, one);
+    bad += 16 - __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(a, b))));
+  }
+  return bad;
+}
+}  // namespace
+
+// The 4-bit evenly spaced format is encoded by a formula in the AVX-512 step (no tree search): its
+// codes equal the tree's for every float, and only that format's tables claim the formula.
+TEST(Codebooks, Linear4FormulaEqualsTheTreeOnEveryFloat) {
+  for (auto f : lowbit_test::all_formats())
+    EXPECT_EQ(lk::format_tables(f).linear4, f == QuantFormat::Linear4Unsigned) << lowbit::format_name(f);
+  if (!lk::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 here";
+  EXPECT_EQ(linear4_mismatches(), 0);
+}
+#endif
 
 TEST(Codebooks, ParseNames) {
   QuantFormat f;

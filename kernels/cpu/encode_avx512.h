@@ -69,6 +69,19 @@ LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512 tree, __m512i codes, __m512 x
   return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
 }
 
+// Linear4Unsigned (codebook (c + 1) / 16, so thresholds (2k + 3) / 32 and codes in value order:
+// FormatView::linear4) without the tree: #{k < 15 : (2k + 3) / 32 < n} = clamp(ceil(16 n - 1.5), 0, 15).
+// 16 n is exact, and so is 16 n - 1.5 wherever the ceiling can land on 1..14 (16 n below 2^23,
+// where 1.5 is a multiple of its ulp); elsewhere the clamp decides. NaN clamps to 0 as the tree's
+// compares (all false) give, +Inf to 15. Checked against the tree on every float (test_codebooks).
+LOWBIT_AVX512_ENCODE __m128i encode16_linear4(__m512 x, __m512 pre, __m512 inv) {
+  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+  const __m512 z = _mm512_sub_ps(_mm512_mul_ps(n, _mm512_set1_ps(16.0f)), _mm512_set1_ps(1.5f));
+  // max(z, 0) is 0 for a NaN z (the second operand): clamp, then round up in the conversion.
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(z, _mm512_setzero_ps()), _mm512_set1_ps(15.0f));
+  return _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+}
+
 // A 4-bit block, packed: (len + 1) / 2 bytes; lanes past the end encode as 0, so an odd last
 // element leaves its high nibble 0.
 LOWBIT_AVX512_ENCODE void encode_block4_packed(__m512 tree, __m512i codes, Normalizer nz, const float* v,

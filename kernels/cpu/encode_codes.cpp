@@ -14,14 +14,20 @@ namespace kernels {
 
 FormatTables::FormatTables(QuantFormat fmt)
     : table_(make_encode_table(fmt)), entries_(make_key_table(table_)), codebook_(make_codebook(fmt)) {
-  if (table_.bits == 4)
+  if (table_.bits == 4) {
     for (int i = 1; i < 16; ++i) eytzinger_[i] = table_.eytzinger[i];
+    // The evenly spaced 4-bit codebook's thresholds, as the encode by formula assumes them.
+    linear4_ = table_.num_values == 16;
+    for (int k = 0; k < 15; ++k)
+      linear4_ &= table_.thresholds[k] == static_cast<float>(2 * k + 3) / 32.0f && table_.sorted_codes[k] == k;
+    linear4_ &= table_.sorted_codes[15] == 15;
+  }
   for (size_t e = 0; e < codebook_.size() && e < 256; ++e)
     for (int k = 0; k < 4; ++k) planes_[256 * k + e] = static_cast<uint8_t>(f32_bits(codebook_[e]) >> (8 * k));
 }
 
 FormatView FormatTables::view() const {
-  return FormatView{entries_.data(), codebook_.data(), eytzinger_, table_.sorted_codes, planes_, table_.bits};
+  return FormatView{entries_.data(), codebook_.data(), eytzinger_, table_.sorted_codes, planes_, table_.bits, linear4_};
 }
 
 FormatView format_tables(QuantFormat fmt) {

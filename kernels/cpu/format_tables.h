@@ -23,6 +23,7 @@ struct FormatView {
   const uint8_t* sorted_codes;   // code of the i-th smallest value
   const uint8_t* planes;         // 8-bit formats: byte k of codebook[e] at planes[256 k + e]
   int bits;
+  bool linear4;                  // thresholds (2k + 3) / 32, codes in value order: encoded by formula
 
   uint8_t encode(float normalized) const {
     const uint32_t key = order_key_bits(f32_bits(normalized));
@@ -40,6 +41,7 @@ class FormatTables {
   EncodeTable table_;
   std::vector<uint32_t> entries_;  // 256 KiB; the entries a tensor touches are a small hot part
   std::vector<float> codebook_;
+  bool linear4_ = false;
   alignas(64) float eytzinger_[16] = {};
   alignas(64) uint8_t planes_[4 * 256] = {};
 };

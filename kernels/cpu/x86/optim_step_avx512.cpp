@@ -102,6 +102,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   __m512 tree[NS];            // 4-bit: the thresholds' search tree, the codebook, the codes by rank
   __m512 cb16[NS];
   __m512i rank_codes[NS];
+  bool linear4[NS];            // 4-bit: Linear4Unsigned, encoded by formula (encode16_linear4)
   Pow8Decode16 pow8[NS];      // POW8
   bool is_signed[NS];
   float* cur[NS];   // the block being updated: decoded state (but for POW8), then its new values
@@ -116,6 +117,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       cb16[k] = _mm512_loadu_ps(r.tables->codebook);
       rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
     }
+    linear4[k] = BITS == 4 && r.tables->linear4;
     if (POW8) pow8[k] = Pow8Decode16::make(r.format);
     is_signed[k] = format_is_signed(r.format);
     cur[k] = buf + k * B;
@@ -196,8 +198,9 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
           if (BITS == 8) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], x, pre[k], inv[k]));
           } else {
-            _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2),
-                             pack_nibbles(encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k])));
+            const __m128i c = linear4[k] ? encode16_linear4(x, pre[k], inv[k])
+                                         : encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k]);
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2), pack_nibbles(c));
           }
         }
       }

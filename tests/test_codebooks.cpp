@@ -246,31 +246,45 @@ TEST(Codebooks, BulkDecodeMatchesCodebookOnBothPaths) {
 
 #if defined(__x86_64__)
 namespace {
-// Floats whose 4-bit code by formula (encode16_linear4) differs from the tree search's
-// (encode16_tree4) for Linear4Unsigned, over every bit pattern, NaNs and infinities among them.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) int64_t linear4_mismatches() {
-  const lk::FormatView view = lk::format_tables(QuantFormat::Linear4Unsigned);
-  const __m512 tree = _mm512_loadu_ps(view.eytzinger);
-  const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(view.sorted_codes)));
+// Lanes where two vectors of 16 codes differ.
+int differ(__m128i a, __m128i b) {
+  return 16 - __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(a, b))));
+}
+
+// Over every float bit pattern (NaNs included), how many AVX-512 4-bit codes differ from the key
+// table's (the scalar path's definition): out[0] DE4Signed's tree search, out[1] and out[2]
+// Linear4Unsigned's tree search and formula.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(int64_t out[3]) {
+  const lk::FormatView de4 = lk::format_tables(QuantFormat::DE4Signed);
+  const lk::FormatView lin = lk::format_tables(QuantFormat::Linear4Unsigned);
+  const __m512i de4_tree = lk::tree4_keys(de4.eytzinger), lin_tree = lk::tree4_keys(lin.eytzinger);
+  const __m512i de4_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(de4.sorted_codes)));
+  const __m512i lin_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lin.sorted_codes)));
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  int64_t bad = 0;
+  out[0] = out[1] = out[2] = 0;
   for (uint64_t first = 0; first < (uint64_t(1) << 32); first += 16) {
     const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)), lane));
-    const __m128i a = lk::encode16_linear4(x, one, one), b = lk::encode16_tree4(tree, codes, x, one, one);
-    bad += 16 - __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(a, b))));
+    out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x, one, one), lk::encode16(de4.key_entries, x, one, one));
+    const __m128i want = lk::encode16(lin.key_entries, x, one, one);
+    out[1] += differ(lk::encode16_tree4(lin_tree, lin_codes, x, one, one), want);
+    out[2] += differ(lk::encode16_linear4(x, one, one), want);
   }
-  return bad;
 }
 }  // namespace
 
-// The 4-bit evenly spaced format is encoded by a formula in the AVX-512 step (no tree search): its
-// codes equal the tree's for every float, and only that format's tables claim the formula.
-TEST(Codebooks, Linear4FormulaEqualsTheTreeOnEveryFloat) {
+// The AVX-512 4-bit encodes give the key table's code for every float: the tree search of both
+// 4-bit formats, and the formula that replaces it for the evenly spaced one in the step (only that
+// format's tables claim the formula).
+TEST(Codebooks, FourBitVectorEncodesEqualTheKeyTableOnEveryFloat) {
   for (auto f : lowbit_test::all_formats())
     EXPECT_EQ(lk::format_tables(f).linear4, f == QuantFormat::Linear4Unsigned) << lowbit::format_name(f);
   if (!lk::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 here";
-  EXPECT_EQ(linear4_mismatches(), 0);
+  int64_t bad[3];
+  four_bit_mismatches(bad);
+  EXPECT_EQ(bad[0], 0) << "DE4Signed, tree";
+  EXPECT_EQ(bad[1], 0) << "Linear4Unsigned, tree";
+  EXPECT_EQ(bad[2], 0) << "Linear4Unsigned, formula";
 }
 #endif
 

@@ -55,36 +55,53 @@ LOWBIT_AVX512_ENCODE __m128i pack_nibbles(__m128i c) {
   return _mm_packus_epi16(w, w);
 }
 
-// 4-bit: #{thresholds < x} by descending the 15-node tree held in one register (four permutes and
-// compares), then the code of that count from a 16-entry table, also in a register.
-LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512 tree, __m512i codes, __m512 x, __m512 pre, __m512 inv) {
+// Linear4Unsigned (codebook (c + 1) / 16, so thresholds (2k + 3) / 32 and codes in value order:
+// FormatView::linear4) without the tree: #{k < 15 : (2k + 3) / 32 < n} = clamp(ceil(16 n - 1.5), 0, 15).
+// 16 n is exact, and so is 16 n - 1.5 wherever the ceiling can land on 1..14 (16 n below 2^23,
+// where 1.5 is a multiple of its ulp); elsewhere the clamp decides. Checked against the key table
+// on every float (test_codebooks).
+LOWBIT_AVX512_ENCODE __m128i encode16_linear4(__m512 x, __m512 pre, __m512 inv) {
   const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+  const __m512 z = _mm512_sub_ps(_mm512_mul_ps(n, _mm512_set1_ps(16.0f)), _mm512_set1_ps(1.5f));
+  // max(z, 0) is 0 for a NaN z (the second operand), the key table's code of a NaN with the sign
+  // set; one without it is above every threshold (15). Then the ceiling, in the conversion.
+  __m512 c = _mm512_min_ps(_mm512_max_ps(z, _mm512_setzero_ps()), _mm512_set1_ps(15.0f));
+  const __mmask16 nan = _mm512_cmp_ps_mask(n, n, _CMP_UNORD_Q);
+  c = _mm512_mask_mov_ps(c, _mm512_mask_cmpge_epi32_mask(nan, _mm512_castps_si512(n), _mm512_setzero_si512()),
+                         _mm512_set1_ps(15.0f));
+  return _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+}
+
+// The 4-bit search tree as order keys (encode.h's order_key_bits, as signed integers: the float
+// order with -0.0 below +0.0 and NaNs by sign at either end), so the tree gives the key table's
+// answer for every input (NaN included), as the scalar and AVX2 paths do. Padding (+Inf: fewer
+// than 15 thresholds) becomes the largest key, which no input exceeds.
+LOWBIT_AVX512_ENCODE __m512i signed_keys16(__m512i u) {
+  return _mm512_xor_si512(u, _mm512_and_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x7FFFFFFF)));
+}
+LOWBIT_AVX512_ENCODE __m512i tree4_keys(const float* eytzinger) {
+  const __m512i u = _mm512_loadu_si512(eytzinger);
+  return _mm512_mask_mov_epi32(signed_keys16(u), _mm512_cmpeq_epi32_mask(u, _mm512_set1_epi32(0x7F800000)),
+                               _mm512_set1_epi32(INT32_MAX));
+}
+
+// 4-bit: #{thresholds < x} by descending the 15-node tree held in one register (four permutes and
+// compares of keys), then the code of that count from a 16-entry table, also in a register.
+LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512i tree, __m512i codes, __m512 x, __m512 pre, __m512 inv) {
+  const __m512i k = signed_keys16(_mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(x, pre), inv)));
   const __m512i one = _mm512_set1_epi32(1);
   __m512i i = one;
   for (int level = 0; level < 4; ++level) {
-    const __mmask16 right = _mm512_cmp_ps_mask(_mm512_permutexvar_ps(i, tree), n, _CMP_LT_OQ);
+    const __mmask16 right = _mm512_cmpgt_epi32_mask(k, _mm512_permutexvar_epi32(i, tree));
     i = _mm512_add_epi32(i, i);
     i = _mm512_mask_add_epi32(i, right, i, one);
   }
   return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
 }
 
-// Linear4Unsigned (codebook (c + 1) / 16, so thresholds (2k + 3) / 32 and codes in value order:
-// FormatView::linear4) without the tree: #{k < 15 : (2k + 3) / 32 < n} = clamp(ceil(16 n - 1.5), 0, 15).
-// 16 n is exact, and so is 16 n - 1.5 wherever the ceiling can land on 1..14 (16 n below 2^23,
-// where 1.5 is a multiple of its ulp); elsewhere the clamp decides. NaN clamps to 0 as the tree's
-// compares (all false) give, +Inf to 15. Checked against the tree on every float (test_codebooks).
-LOWBIT_AVX512_ENCODE __m128i encode16_linear4(__m512 x, __m512 pre, __m512 inv) {
-  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
-  const __m512 z = _mm512_sub_ps(_mm512_mul_ps(n, _mm512_set1_ps(16.0f)), _mm512_set1_ps(1.5f));
-  // max(z, 0) is 0 for a NaN z (the second operand): clamp, then round up in the conversion.
-  const __m512 c = _mm512_min_ps(_mm512_max_ps(z, _mm512_setzero_ps()), _mm512_set1_ps(15.0f));
-  return _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
-}
-
 // A 4-bit block, packed: (len + 1) / 2 bytes; lanes past the end encode as 0, so an odd last
 // element leaves its high nibble 0.
-LOWBIT_AVX512_ENCODE void encode_block4_packed(__m512 tree, __m512i codes, Normalizer nz, const float* v,
+LOWBIT_AVX512_ENCODE void encode_block4_packed(__m512i tree, __m512i codes, Normalizer nz, const float* v,
                                                int64_t len, uint8_t* out) {
   const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
   int64_t i = 0;

@@ -59,7 +59,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_avx512(const Fo
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(const FormatView& enc, Normalizer nz,
                                                                                const float* v, int64_t len,
                                                                                uint8_t* out) {
-  const __m512 tree = _mm512_loadu_ps(enc.eytzinger);
+  const __m512i tree = tree4_keys(enc.eytzinger);
   const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(enc.sorted_codes)));
   encode_block4_packed(tree, codes, nz, v, len, out);
 }
@@ -69,7 +69,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512(
     const FormatView& enc, bool format_signed, const float* x, int64_t n, int64_t block, int64_t b0, int64_t b1,
     uint8_t* codes, float* absmax) {
-  const __m512 tree = _mm512_loadu_ps(enc.eytzinger);
+  const __m512i tree = tree4_keys(enc.eytzinger);
   const __m512i tree_codes =
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(enc.sorted_codes)));
   const bool four_bit = enc.bits == 4;

@@ -99,7 +99,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];   // 8-bit: the packed key table
-  __m512 tree[NS];            // 4-bit: the thresholds' search tree, the codebook, the codes by rank
+  __m512i tree[NS];           // 4-bit: the thresholds' search tree (keys), the codebook, the codes by rank
   __m512 cb16[NS];
   __m512i rank_codes[NS];
   bool linear4[NS];            // 4-bit: Linear4Unsigned, encoded by formula (encode16_linear4)
@@ -113,7 +113,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     absmax[k] = r.absmax;
     keys[k] = r.tables->key_entries;
     if (BITS == 4) {
-      tree[k] = _mm512_loadu_ps(r.tables->eytzinger);
+      tree[k] = tree4_keys(r.tables->eytzinger);
       cb16[k] = _mm512_loadu_ps(r.tables->codebook);
       rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
     }

@@ -3,6 +3,7 @@
 #include <lowbit/kernels/common/encode.h>
 #include <lowbit/kernels/cpu/cpu_features.h>
 #include <lowbit/kernels/cpu/encode_avx512.h>
+#include <lowbit/kernels/cpu/encode_linear4.h>
 #include <lowbit/kernels/cpu/format_tables.h>
 
 #include <algorithm>
@@ -251,10 +252,10 @@ int differ(__m128i a, __m128i b) {
   return 16 - __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(a, b))));
 }
 
-// Over every float bit pattern (NaNs included), how many AVX-512 4-bit codes differ from the key
+// Over every float bit pattern (NaNs included), how many vector 4-bit codes differ from the key
 // table's (the scalar path's definition): out[0] DE4Signed's tree search, out[1] and out[2]
-// Linear4Unsigned's tree search and formula.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(int64_t out[3]) {
+// Linear4Unsigned's tree search and formula on AVX-512, out[3] the formula on AVX2.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(int64_t out[4]) {
   const lk::FormatView de4 = lk::format_tables(QuantFormat::DE4Signed);
   const lk::FormatView lin = lk::format_tables(QuantFormat::Linear4Unsigned);
   const __m512i de4_tree = lk::tree4_keys(de4.eytzinger), lin_tree = lk::tree4_keys(lin.eytzinger);
@@ -262,29 +263,33 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
   const __m512i lin_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lin.sorted_codes)));
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  out[0] = out[1] = out[2] = 0;
+  out[0] = out[1] = out[2] = out[3] = 0;
   for (uint64_t first = 0; first < (uint64_t(1) << 32); first += 16) {
     const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)), lane));
     out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x, one, one), lk::encode16(de4.key_entries, x, one, one));
     const __m128i want = lk::encode16(lin.key_entries, x, one, one);
     out[1] += differ(lk::encode16_tree4(lin_tree, lin_codes, x, one, one), want);
     out[2] += differ(lk::encode16_linear4(x, one, one), want);
+    const __m256i lo = lk::encode8_linear4(_mm512_castps512_ps256(x));
+    const __m256i hi = lk::encode8_linear4(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    out[3] += differ(_mm512_cvtepi32_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)), want);
   }
 }
 }  // namespace
 
-// The AVX-512 4-bit encodes give the key table's code for every float: the tree search of both
-// 4-bit formats, and the formula that replaces it for the evenly spaced one in the step (only that
-// format's tables claim the formula).
+// The vector 4-bit encodes give the key table's code for every float: AVX-512's tree search of both
+// 4-bit formats, and the formula that replaces the tree for the evenly spaced one in the AVX-512
+// and AVX2 steps (only that format's tables claim the formula). Checked where AVX-512 runs.
 TEST(Codebooks, FourBitVectorEncodesEqualTheKeyTableOnEveryFloat) {
   for (auto f : lowbit_test::all_formats())
     EXPECT_EQ(lk::format_tables(f).linear4, f == QuantFormat::Linear4Unsigned) << lowbit::format_name(f);
   if (!lk::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 here";
-  int64_t bad[3];
+  int64_t bad[4];
   four_bit_mismatches(bad);
   EXPECT_EQ(bad[0], 0) << "DE4Signed, tree";
   EXPECT_EQ(bad[1], 0) << "Linear4Unsigned, tree";
   EXPECT_EQ(bad[2], 0) << "Linear4Unsigned, formula";
+  EXPECT_EQ(bad[3], 0) << "Linear4Unsigned, formula on AVX2";
 }
 #endif
 

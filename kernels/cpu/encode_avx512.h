@@ -55,23 +55,6 @@ LOWBIT_AVX512_ENCODE __m128i pack_nibbles(__m128i c) {
   return _mm_packus_epi16(w, w);
 }
 
-// Linear4Unsigned (codebook (c + 1) / 16, so thresholds (2k + 3) / 32 and codes in value order:
-// FormatView::linear4) without the tree: #{k < 15 : (2k + 3) / 32 < n} = clamp(ceil(16 n - 1.5), 0, 15).
-// 16 n is exact, and so is 16 n - 1.5 wherever the ceiling can land on 1..14 (16 n below 2^23,
-// where 1.5 is a multiple of its ulp); elsewhere the clamp decides. Checked against the key table
-// on every float (test_codebooks).
-LOWBIT_AVX512_ENCODE __m128i encode16_linear4(__m512 x, __m512 pre, __m512 inv) {
-  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
-  const __m512 z = _mm512_sub_ps(_mm512_mul_ps(n, _mm512_set1_ps(16.0f)), _mm512_set1_ps(1.5f));
-  // max(z, 0) is 0 for a NaN z (the second operand), the key table's code of a NaN with the sign
-  // set; one without it is above every threshold (15). Then the ceiling, in the conversion.
-  __m512 c = _mm512_min_ps(_mm512_max_ps(z, _mm512_setzero_ps()), _mm512_set1_ps(15.0f));
-  const __mmask16 nan = _mm512_cmp_ps_mask(n, n, _CMP_UNORD_Q);
-  c = _mm512_mask_mov_ps(c, _mm512_mask_cmpge_epi32_mask(nan, _mm512_castps_si512(n), _mm512_setzero_si512()),
-                         _mm512_set1_ps(15.0f));
-  return _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
-}
-
 // The 4-bit search tree as order keys (encode.h's order_key_bits, as signed integers: the float
 // order with -0.0 below +0.0 and NaNs by sign at either end), so the tree gives the key table's
 // answer for every input (NaN included), as the scalar and AVX2 paths do. Padding (+Inf: fewer

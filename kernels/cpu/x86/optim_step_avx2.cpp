@@ -21,6 +21,7 @@
 #include "../../common/optim_rules.h"
 #include "../../common/stochastic_round.h"
 #include "../block_ops.h"
+#include "../encode_linear4.h"
 #include "../optim_step_parts.h"
 #include "codes8.h"
 #include "lanes8.h"
@@ -281,6 +282,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
   const float* cb[NS];       // 8-bit: the codebook
   Table16 cb16[NS];          // 4-bit: the codebook and the search tree in registers
   Tree4 tree[NS];
+  bool linear4[NS];          // 4-bit: Linear4Unsigned, encoded by formula (encode8_linear4)
   Float8Decoder f8[NS];      // kFloat8
   Pow8Codec p8[NS];          // kPow8
   bool is_signed[NS];
@@ -296,6 +298,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
       cb16[k] = Table16::load(r.tables->codebook);
       tree[k] = Tree4::make(*r.tables);
     }
+    linear4[k] = BITS == 4 && r.tables->linear4;
     if (CODEC == kFloat8) f8[k] = Float8Decoder::make(*r.tables, r.format);
     if (CODEC == kPow8) p8[k] = Pow8Codec::make(*r.tables, r.format);
     is_signed[k] = format_is_signed(r.format);
@@ -381,7 +384,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
             const uint64_t c = pack_bytes8(CODEC == kPow8 ? p8[k].encode(n) : encode8x8(keys[k], n));
             std::memcpy(codes[k] + prev_begin + i, &c, 8);
           } else {
-            const uint32_t c = pack_nibbles8(tree[k].encode(n));
+            const uint32_t c = pack_nibbles8(linear4[k] ? encode8_linear4(n) : tree[k].encode(n));
             std::memcpy(codes[k] + (prev_begin + i) / 2, &c, 4);
           }
         }

@@ -22,6 +22,7 @@
 #include "../../common/optim_rules.h"
 #include "../block_ops.h"
 #include "../encode_avx512.h"
+#include "../encode_linear4.h"
 #include "../optim_step_parts.h"
 #include "lanes16.h"
 

@@ -42,7 +42,10 @@ std::tuple<at::Tensor, at::Tensor> quantize_reference_flagged(const at::Tensor& 
                                    at::where(absmax > 0x1p64f, at::full_like(absmax, 0x1p-64f), at::ones_like(absmax)));
   const at::Tensor inv = at::where(absmax > 0, at::ones_like(absmax) / (absmax * pre), at::zeros_like(absmax));
   const at::Tensor normalized = (blocks * pre.unsqueeze(1)) * inv.unsqueeze(1);
-  const at::Tensor idx = at::bucketize(normalized, thresholds, /*out_int32=*/false, /*right=*/false);
+  // #{thresholds < x}; the kernels order floats by encode.h's order keys, where a NaN with its sign
+  // set is below every threshold (bucketize puts every NaN above them). Only flagged blocks hold one.
+  at::Tensor idx = at::bucketize(normalized, thresholds, /*out_int32=*/false, /*right=*/false);
+  idx = at::where(at::logical_and(at::isnan(normalized), at::signbit(normalized)), at::zeros_like(idx), idx);
   at::Tensor codes = sorted_codes.index({idx.view(-1)}).narrow(0, 0, n);
   if (format_bits(a.format) == 4) codes = pack_nibbles(codes);
   return {codes.contiguous(), absmax.contiguous()};

@@ -18,6 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
 import lowbit
+import rank_exit
 
 
 class Net(torch.nn.Module):
@@ -107,3 +108,4 @@ def main(rank, world, port, spec_path, out, ckpt2, ckpt3):
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])
+    rank_exit.exit_rank()

@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import lowbit
+import rank_exit
 
 
 def refused(cls_name, options, placement, expect):
@@ -47,3 +48,4 @@ def main(rank, world, port, dst):
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    rank_exit.exit_rank()

@@ -105,6 +105,12 @@ struct TaskShape {
 };
 TaskShape task_shape(const ParamTask& t);
 
+// Internal linkage for the two templates below: each vector file instantiates them with its own
+// Loops, which GCC does not count as making the instance internal (a template template argument),
+// so at -O1 both objects would export the same weak symbol and the linker could keep the AVX-512
+// one for the AVX2 caller (x86_objects_isolated).
+namespace {
+
 // A vector file's specialized loop for rule R and a task with NS moment slots, nullptr where none
 // applies (the file's per-block loop then): Loops<R, NS>::quant(shape) for quantized state, its
 // dense<parameter type, state storage> for dense state.
@@ -132,6 +138,8 @@ RangeFn pick_specialized(const ParamTask& t) {
   }
   return nullptr;
 }
+
+}  // namespace
 
 // pick(std::integral_constant<Rule, R>{}) for the rule named at run time: how a loop file hands out
 // its loop for rule R.

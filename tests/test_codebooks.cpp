@@ -252,10 +252,16 @@ int differ(__m128i a, __m128i b) {
   return 16 - __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(a, b))));
 }
 
+// Lanes where two vectors of 16 codes differ, among the lanes of m.
+int differ_in(__m128i a, __m128i b, __mmask16 m) {
+  return __builtin_popcount(static_cast<unsigned>(m & ~_mm_movemask_epi8(_mm_cmpeq_epi8(a, b))) & 0xFFFFu);
+}
+
 // Over every float bit pattern (NaNs included), how many vector 4-bit codes differ from the key
 // table's (the scalar path's definition): out[0] DE4Signed's tree search, out[1] and out[2]
-// Linear4Unsigned's tree search and formula on AVX-512, out[3] the formula on AVX2.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(int64_t out[4]) {
+// Linear4Unsigned's tree search and formula on AVX-512, out[3] the formula on AVX2; out[4] and
+// out[5] the float-compare trees of both formats over the finite floats (the only ones they get).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(int64_t out[6]) {
   const lk::FormatView de4 = lk::format_tables(QuantFormat::DE4Signed);
   const lk::FormatView lin = lk::format_tables(QuantFormat::Linear4Unsigned);
   const __m512i de4_tree = lk::tree4_keys(de4.eytzinger), lin_tree = lk::tree4_keys(lin.eytzinger);
@@ -263,11 +269,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
   const __m512i lin_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lin.sorted_codes)));
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  out[0] = out[1] = out[2] = out[3] = 0;
+  const __m512 de4_tree_f = _mm512_loadu_ps(de4.eytzinger), lin_tree_f = _mm512_loadu_ps(lin.eytzinger);
+  out[0] = out[1] = out[2] = out[3] = out[4] = out[5] = 0;
   for (uint64_t first = 0; first < (uint64_t(1) << 32); first += 16) {
     const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)), lane));
-    out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x, one, one), lk::encode16(de4.key_entries, x, one, one));
+    const __m128i de4_want = lk::encode16(de4.key_entries, x, one, one);
+    out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x, one, one), de4_want);
     const __m128i want = lk::encode16(lin.key_entries, x, one, one);
+    const __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF)),
+                                                     _mm512_set1_epi32(0x7F800000));
+    out[4] += differ_in(lk::encode16_tree4_finite(de4_tree_f, de4_codes, x, one, one), de4_want, finite);
+    out[5] += differ_in(lk::encode16_tree4_finite(lin_tree_f, lin_codes, x, one, one), want, finite);
     out[1] += differ(lk::encode16_tree4(lin_tree, lin_codes, x, one, one), want);
     out[2] += differ(lk::encode16_linear4(x, one, one), want);
     const __m256i lo = lk::encode8_linear4(_mm512_castps512_ps256(x));
@@ -279,17 +291,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
 
 // The vector 4-bit encodes give the key table's code for every float: AVX-512's tree search of both
 // 4-bit formats, and the formula that replaces the tree for the evenly spaced one in the AVX-512
-// and AVX2 steps (only that format's tables claim the formula). Checked where AVX-512 runs.
+// and AVX2 steps (only that format's tables claim the formula), and the float-compare tree the
+// AVX-512 step takes for a block whose values are all finite, on the finite floats. Checked where
+// AVX-512 runs.
 TEST(Codebooks, FourBitVectorEncodesEqualTheKeyTableOnEveryFloat) {
   for (auto f : lowbit_test::all_formats())
     EXPECT_EQ(lk::format_tables(f).linear4, f == QuantFormat::Linear4Unsigned) << lowbit::format_name(f);
   if (!lk::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 here";
-  int64_t bad[4];
+  int64_t bad[6];
   four_bit_mismatches(bad);
   EXPECT_EQ(bad[0], 0) << "DE4Signed, tree";
   EXPECT_EQ(bad[1], 0) << "Linear4Unsigned, tree";
   EXPECT_EQ(bad[2], 0) << "Linear4Unsigned, formula";
   EXPECT_EQ(bad[3], 0) << "Linear4Unsigned, formula on AVX2";
+  EXPECT_EQ(bad[4], 0) << "DE4Signed, float tree on finite values";
+  EXPECT_EQ(bad[5], 0) << "Linear4Unsigned, float tree on finite values";
 }
 #endif
 

@@ -354,7 +354,10 @@ TEST(StepInterface, RoundingNoiseIsTheSameOnEveryPathAcross2To32) {
 // (the AVX-512 4-bit tree once gave a NaN without its sign code 0 where the key table gives 15; the
 // reference's bucketize once put a NaN with its sign above every threshold). The CUDA kernel: below.
 TEST(StepInterface, NonFiniteStateIsEncodedAlikeOnEveryPath) {
-  const int64_t n = 1003;  // a short last block, encoded after the pipelined loop
+  // Enough blocks that the threads' ranges hold several (at 2 threads and at 16), so the early
+  // blocks, which hold the specials, are encoded inside the pipelined loop, not after it; a short
+  // last block, encoded after it.
+  const int64_t n = 16387;
   at::Tensor g = at::randn({n}) * 0.1;
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const float specials[] = {nan, -nan, inf, -inf, nan, -nan};

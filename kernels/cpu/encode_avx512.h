@@ -82,6 +82,22 @@ LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512i tree, __m512i codes, __m512 
   return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
 }
 
+// The same search with float compares, for values known to be finite (a block whose absmax is
+// finite): there the floats' order is the keys' (no threshold is -0.0, and -0.0 and +0.0 fall on
+// the same side of every other), and the keys' three integer ops are saved. `tree` holds the
+// thresholds as floats (padding +Inf, which no finite value exceeds).
+LOWBIT_AVX512_ENCODE __m128i encode16_tree4_finite(__m512 tree, __m512i codes, __m512 x, __m512 pre, __m512 inv) {
+  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i i = one;
+  for (int level = 0; level < 4; ++level) {
+    const __mmask16 right = _mm512_cmp_ps_mask(n, _mm512_permutexvar_ps(i, tree), _CMP_GT_OQ);
+    i = _mm512_add_epi32(i, i);
+    i = _mm512_mask_add_epi32(i, right, i, one);
+  }
+  return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
+}
+
 // A 4-bit block, packed: (len + 1) / 2 bytes; lanes past the end encode as 0, so an odd last
 // element leaves its high nibble 0.
 LOWBIT_AVX512_ENCODE void encode_block4_packed(__m512i tree, __m512i codes, Normalizer nz, const float* v,

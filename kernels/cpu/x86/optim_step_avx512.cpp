@@ -100,7 +100,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   uint8_t* codes[NS];
   float* absmax[NS];
   const uint32_t* keys[NS];   // 8-bit: the packed key table
-  __m512i tree[NS];           // 4-bit: the thresholds' search tree (keys), the codebook, the codes by rank
+  __m512i tree[NS];           // 4-bit: the thresholds' search tree (keys), the same as floats, the
+  __m512 tree_f[NS];          // codebook, the codes by rank
   __m512 cb16[NS];
   __m512i rank_codes[NS];
   bool linear4[NS];            // 4-bit: Linear4Unsigned, encoded by formula (encode16_linear4)
@@ -115,6 +116,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     keys[k] = r.tables->key_entries;
     if (BITS == 4) {
       tree[k] = tree4_keys(r.tables->eytzinger);
+      tree_f[k] = _mm512_loadu_ps(r.tables->eytzinger);
       cb16[k] = _mm512_loadu_ps(r.tables->codebook);
       rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
     }
@@ -125,6 +127,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     prev[k] = buf + (NS + k) * B;
   }
   __m512 pre[NS], inv[NS];  // the previous block's normalizers
+  bool finite[NS] = {};     // the previous block's new values are finite (its absmax is)
   int64_t prev_begin = 0, prev_len = 0;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t begin = b * B;
@@ -200,7 +203,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
             _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], x, pre[k], inv[k]));
           } else {
             const __m128i c = linear4[k] ? encode16_linear4(x, pre[k], inv[k])
-                                         : encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k]);
+                              : finite[k]  ? encode16_tree4_finite(tree_f[k], rank_codes[k], x, pre[k], inv[k])
+                                           : encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k]);
             _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2), pack_nibbles(c));
           }
         }
@@ -213,6 +217,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_abs[k]), negative, is_signed[k]);
       absmax[k][b] = am;
       flag |= am >= 0.0f ? 0 : 1;
+      finite[k] = am >= 0.0f;
       const Normalizer nz = make_normalizer(am);
       pre[k] = _mm512_set1_ps(nz.pre);
       inv[k] = _mm512_set1_ps(nz.inv);

@@ -143,10 +143,12 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
         decode4_block(cb16[k], codes[k] + begin / 2, len, absmax[k][b], cur[k]);
       }
     }
-    // Per slot: the largest |x| bit pattern, and the largest raw bit pattern (above 0x80000000
-    // exactly when some lane held a negative value; -0.0 is not one).
-    __m512i max_abs[NS], max_raw[NS];
-    for (int k = 0; k < NS; ++k) max_abs[k] = max_raw[k] = _mm512_setzero_si512();
+    // Per slot: the largest bit pattern as a signed integer (the largest positive value's, or 0:
+    // every negative float is a negative integer), and the largest as unsigned (above 0x80000000
+    // exactly when some lane held a negative value, -0.0 not one, and then the most negative
+    // value's). The larger of the first and the second without its sign is the largest |x|.
+    __m512i max_pos[NS], max_raw[NS];
+    for (int k = 0; k < NS; ++k) max_pos[k] = max_raw[k] = _mm512_setzero_si512();
     // Whole blocks on both sides (all but a parameter's first and last block here): no masks.
     const bool whole = len == B && prev_len == B;
     const int64_t chunks = (std::max(len, prev_len) + 15) / 16;
@@ -176,7 +178,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
         for (int k = 0; k < NS; ++k) {
           const __m512i u = _mm512_castps_si512((__m512)st[k]);
           _mm512_storeu_ps(cur[k] + i, (__m512)st[k]);
-          max_abs[k] = _mm512_mask_max_epu32(max_abs[k], m, max_abs[k], _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+          max_pos[k] = _mm512_mask_max_epi32(max_pos[k], m, max_pos[k], u);
           max_raw[k] = _mm512_mask_max_epu32(max_raw[k], m, max_raw[k], u);
         }
         if constexpr (CORR == SlotStorage::Int8) {
@@ -213,8 +215,10 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     // Block b is updated: its absmax, then it becomes the block to encode.
     uint8_t flag = 0;
     for (int k = 0; k < NS; ++k) {
-      const uint32_t negative = _mm512_reduce_max_epu32(max_raw[k]) > 0x80000000u ? 1u : 0u;
-      const float am = block_absmax_from_bits(_mm512_reduce_max_epu32(max_abs[k]), negative, is_signed[k]);
+      const uint32_t raw = _mm512_reduce_max_epu32(max_raw[k]);
+      const uint32_t negative = raw > 0x80000000u ? 1u : 0u;
+      const uint32_t max_abs = std::max(static_cast<uint32_t>(_mm512_reduce_max_epi32(max_pos[k])), raw & 0x7FFFFFFFu);
+      const float am = block_absmax_from_bits(max_abs, negative, is_signed[k]);
       absmax[k][b] = am;
       flag |= am >= 0.0f ? 0 : 1;
       finite[k] = am >= 0.0f;

@@ -267,21 +267,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
   const __m512i de4_tree = lk::tree4_keys(de4.eytzinger), lin_tree = lk::tree4_keys(lin.eytzinger);
   const __m512i de4_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(de4.sorted_codes)));
   const __m512i lin_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lin.sorted_codes)));
-  const __m512 one = _mm512_set1_ps(1.0f);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 de4_tree_f = _mm512_loadu_ps(de4.eytzinger), lin_tree_f = _mm512_loadu_ps(lin.eytzinger);
   out[0] = out[1] = out[2] = out[3] = out[4] = out[5] = 0;
   for (uint64_t first = 0; first < (uint64_t(1) << 32); first += 16) {
     const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)), lane));
-    const __m128i de4_want = lk::encode16(de4.key_entries, x, one, one);
-    out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x, one, one), de4_want);
-    const __m128i want = lk::encode16(lin.key_entries, x, one, one);
+    const __m128i de4_want = lk::encode16(de4.key_entries, x);
+    out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x), de4_want);
+    const __m128i want = lk::encode16(lin.key_entries, x);
     const __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF)),
                                                      _mm512_set1_epi32(0x7F800000));
-    out[4] += differ_in(lk::encode16_tree4_finite(de4_tree_f, de4_codes, x, one, one), de4_want, finite);
-    out[5] += differ_in(lk::encode16_tree4_finite(lin_tree_f, lin_codes, x, one, one), want, finite);
-    out[1] += differ(lk::encode16_tree4(lin_tree, lin_codes, x, one, one), want);
-    out[2] += differ(lk::encode16_linear4(x, one, one), want);
+    out[4] += differ_in(lk::encode16_tree4_finite(de4_tree_f, de4_codes, x), de4_want, finite);
+    out[5] += differ_in(lk::encode16_tree4_finite(lin_tree_f, lin_codes, x), want, finite);
+    out[1] += differ(lk::encode16_tree4(lin_tree, lin_codes, x), want);
+    out[2] += differ(lk::encode16_linear4(x), want);
     const __m256i lo = lk::encode8_linear4(_mm512_castps512_ps256(x));
     const __m256i hi = lk::encode8_linear4(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
     out[3] += differ(_mm512_cvtepi32_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)), want);

@@ -423,6 +423,53 @@ TEST(StepInterface, NonFiniteStateIsEncodedAlikeOnEveryPath) {
   }
 }
 
+// Blocks whose absmax is below 2^-64 or above 2^64 normalize with a pre of 2^64 or 2^-64
+// (encode.h: make_normalizer), which the vector loop may not drop as it drops a pre of 1: gradients
+// of 1e-19 (m near 1e-20, v near 1e-41) and of 1e15 (v near 1e27) beside ordinary ones, every
+// quantized format, enough blocks for the pipelined loop. (m above 2^64 needs a gradient above
+// 2^64, whose square overflows v.) The vector loop, the scalar
+// loop, the ATen reference and (where there is one) the CUDA kernel write the same bits.
+TEST(StepInterface, TinyAndHugeBlocksAreEncodedAlikeOnEveryPath) {
+  const int64_t n = 16387;
+  const at::Tensor scale = at::tensor({1e-19f, 1.0f, 1e15f}).repeat_interleave(512).repeat(n / 1536 + 1).narrow(0, 0, n);
+  const at::Tensor g = at::randn({n}) * scale;
+  const at::Tensor p0 = at::randn({n});
+  for (StateFormat f : {StateFormat::Q4, StateFormat::Q8, StateFormat::FP8, StateFormat::C8}) {
+    SCOPED_TRACE(lowbit::state_format_name(f));
+    lk::StepConfig config;
+    config.rule = lk::Rule::AdamW;
+    const RawState st0 = fresh_state(config, f, n);
+    std::vector<std::vector<at::Tensor>> out;
+    const int paths = torch::cuda::is_available() ? 4 : 3;  // 3: the CUDA kernel
+    for (int path = 0; path < paths; ++path) {
+      const at::Device device = path == 3 ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+      lowbit::ops::StepArgs a;
+      a.config = config;
+      a.slots = st0.slots;
+      a.block_size = st0.block;
+      for (const at::Tensor& t : st0.tensors) a.state.push_back(t.to(device, /*non_blocking=*/false, /*copy=*/true));
+      a.params = {p0.to(device, false, true)};
+      a.grads = {g.to(device)};
+      a.counters = {at::zeros({2}, at::TensorOptions(at::kLong).device(device))};
+      a.lr = at::full({1}, 1e-3, at::TensorOptions(at::kDouble).device(device));
+      a.scalar_loop = path == 1;
+      lowbit::ops::optim_step(a, path == 2);
+      std::vector<at::Tensor> all;
+      for (const at::Tensor& t : a.state) all.push_back(t.cpu());
+      all.push_back(a.params[0].cpu());
+      out.push_back(all);
+    }
+    // The scales reach both ends: some absmax of each moment below 2^-64, some of v above 2^64.
+    for (size_t k = 1; k + 1 < out[0].size(); k += 2)
+      EXPECT_TRUE(out[0][k].lt(0x1p-64f).logical_and(out[0][k].gt(0.0f)).any().item<bool>()) << "slot " << k / 2;
+    EXPECT_TRUE(out[0][3].gt(0x1p64f).any().item<bool>());
+    const char* const names[] = {"", "scalar loop", "ATen reference", "CUDA kernel"};
+    for (int path = 1; path < paths; ++path)
+      for (size_t t = 0; t < out[0].size(); ++t)
+        EXPECT_TRUE(lowbit_test::bitwise_equal(out[0][t], out[path][t])) << "vector loop vs " << names[path] << ", tensor " << t;
+  }
+}
+
 // rule_slot_count_possible, by which the CPU's specialized loops are compiled, admits exactly the
 // moment-slot counts that rule_slots gives over the options that change them: one it refused would
 // send a layout the op admits to the per-block loop, one it admitted needlessly compiles dead loops.

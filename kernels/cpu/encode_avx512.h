@@ -23,10 +23,15 @@ LOWBIT_AVX512_ENCODE void scan16(__m512 x, __mmask16 m, __m512i& max_bits, __mma
   negative |= _mm512_mask_cmpgt_epu32_mask(m, u, _mm512_set1_epi32(INT32_MIN));
 }
 
-// 16 lanes: two multiplies, the order key, one dword gather of the packed entry, one unsigned
-// compare, a blend, and a truncating narrow (the code is the entry's low byte, or its next byte).
-LOWBIT_AVX512_ENCODE __m128i encode16(const uint32_t* table, __m512 x, __m512 pre, __m512 inv) {
-  const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(x, pre), inv));
+// normalize (encode.h) on 16 lanes. The 16-lane encodes below take its result.
+LOWBIT_AVX512_ENCODE __m512 normalize16(__m512 x, __m512 pre, __m512 inv) {
+  return _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+}
+
+// 16 normalized lanes: the order key, one dword gather of the packed entry, one unsigned compare,
+// a blend, and a truncating narrow (the code is the entry's low byte, or its next byte).
+LOWBIT_AVX512_ENCODE __m128i encode16(const uint32_t* table, __m512 n) {
+  const __m512i u = _mm512_castps_si512(n);
   const __m512i key =
       _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
   const __m512i e = _mm512_i32gather_epi32(_mm512_srli_epi32(key, 16), table, 4);
@@ -41,10 +46,10 @@ LOWBIT_AVX512_ENCODE void encode_block8(const uint32_t* table, Normalizer nz, co
   const __m512 pre = _mm512_set1_ps(nz.pre), inv = _mm512_set1_ps(nz.inv);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(table, _mm512_loadu_ps(v + i), pre, inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), encode16(table, normalize16(_mm512_loadu_ps(v + i), pre, inv)));
   if (i < len) {
     const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
-    _mm_mask_storeu_epi8(out + i, m, encode16(table, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+    _mm_mask_storeu_epi8(out + i, m, encode16(table, normalize16(_mm512_maskz_loadu_ps(m, v + i), pre, inv)));
   }
 }
 
@@ -70,8 +75,8 @@ LOWBIT_AVX512_ENCODE __m512i tree4_keys(const float* eytzinger) {
 
 // 4-bit: #{thresholds < x} by descending the 15-node tree held in one register (four permutes and
 // compares of keys), then the code of that count from a 16-entry table, also in a register.
-LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512i tree, __m512i codes, __m512 x, __m512 pre, __m512 inv) {
-  const __m512i k = signed_keys16(_mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(x, pre), inv)));
+LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512i tree, __m512i codes, __m512 n) {
+  const __m512i k = signed_keys16(_mm512_castps_si512(n));
   const __m512i one = _mm512_set1_epi32(1);
   __m512i i = one;
   for (int level = 0; level < 4; ++level) {
@@ -86,8 +91,7 @@ LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512i tree, __m512i codes, __m512 
 // finite): there the floats' order is the keys' (no threshold is -0.0, and -0.0 and +0.0 fall on
 // the same side of every other), and the keys' three integer ops are saved. `tree` holds the
 // thresholds as floats (padding +Inf, which no finite value exceeds).
-LOWBIT_AVX512_ENCODE __m128i encode16_tree4_finite(__m512 tree, __m512i codes, __m512 x, __m512 pre, __m512 inv) {
-  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+LOWBIT_AVX512_ENCODE __m128i encode16_tree4_finite(__m512 tree, __m512i codes, __m512 n) {
   const __m512i one = _mm512_set1_epi32(1);
   __m512i i = one;
   for (int level = 0; level < 4; ++level) {
@@ -106,10 +110,10 @@ LOWBIT_AVX512_ENCODE void encode_block4_packed(__m512i tree, __m512i codes, Norm
   int64_t i = 0;
   for (; i + 16 <= len; i += 16)
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
-                     pack_nibbles(encode16_tree4(tree, codes, _mm512_loadu_ps(v + i), pre, inv)));
+                     pack_nibbles(encode16_tree4(tree, codes, normalize16(_mm512_loadu_ps(v + i), pre, inv))));
   if (i < len) {
     const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
-    const __m128i c = _mm_maskz_mov_epi8(m, encode16_tree4(tree, codes, _mm512_maskz_loadu_ps(m, v + i), pre, inv));
+    const __m128i c = _mm_maskz_mov_epi8(m, encode16_tree4(tree, codes, normalize16(_mm512_maskz_loadu_ps(m, v + i), pre, inv)));
     _mm_mask_storeu_epi8(out + i / 2, static_cast<__mmask16>((1u << ((len - i + 1) / 2)) - 1u), pack_nibbles(c));
   }
 }

@@ -16,9 +16,8 @@
 namespace lowbit {
 namespace kernels {
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m128i encode16_linear4(__m512 x, __m512 pre,
-                                                                                          __m512 inv) {
-  const __m512 n = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+// n already normalized; 16 byte codes.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m128i encode16_linear4(__m512 n) {
   const __m512 z = _mm512_sub_ps(_mm512_mul_ps(n, _mm512_set1_ps(16.0f)), _mm512_set1_ps(1.5f));
   // max(z, 0) is 0 for a NaN z (the second operand); a NaN without its sign is set to 15. Then the
   // ceiling, in the conversion.

@@ -127,7 +127,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     prev[k] = buf + (NS + k) * B;
   }
   __m512 pre[NS], inv[NS];  // the previous block's normalizers
-  bool finite[NS] = {};     // the previous block's new values are finite (its absmax is)
+  bool finite[NS] = {};     // the previous block's new values are finite (its absmax is) ...
+  bool unit[NS] = {};       // ... and its normalizer's pre is 1
   int64_t prev_begin = 0, prev_len = 0;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t begin = b * B;
@@ -201,12 +202,14 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       if (whole || i < prev_len) {
         for (int k = 0; k < NS; ++k) {
           const __m512 x = _mm512_loadu_ps(prev[k] + i);
+          // x * 1 == x for finite x: one multiply saved where the block's pre is 1 (the rule).
+          const __m512 n = unit[k] ? _mm512_mul_ps(x, inv[k]) : normalize16(x, pre[k], inv[k]);
           if (BITS == 8) {
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], x, pre[k], inv[k]));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], n));
           } else {
-            const __m128i c = linear4[k] ? encode16_linear4(x, pre[k], inv[k])
-                              : finite[k]  ? encode16_tree4_finite(tree_f[k], rank_codes[k], x, pre[k], inv[k])
-                                           : encode16_tree4(tree[k], rank_codes[k], x, pre[k], inv[k]);
+            const __m128i c = linear4[k] ? encode16_linear4(n)
+                              : finite[k]  ? encode16_tree4_finite(tree_f[k], rank_codes[k], n)
+                                           : encode16_tree4(tree[k], rank_codes[k], n);
             _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2), pack_nibbles(c));
           }
         }
@@ -223,6 +226,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       flag |= am >= 0.0f ? 0 : 1;
       finite[k] = am >= 0.0f;
       const Normalizer nz = make_normalizer(am);
+      unit[k] = finite[k] && nz.pre == 1.0f;
       pre[k] = _mm512_set1_ps(nz.pre);
       inv[k] = _mm512_set1_ps(nz.inv);
       std::swap(cur[k], prev[k]);

@@ -1,7 +1,9 @@
 // Bulk decode of 8-bit codes (format_tables.h): codebook[code] * absmax. With AVX-512 VBMI, 64
 // codes at a time without gathers: each of the four bytes of the codebook's floats is a 256-entry
 // byte table looked up with two two-register byte permutes (bit 7 picks which), then the four byte
-// planes are interleaved into floats. Elsewhere a plain loop (the compiler's gather).
+// planes are interleaved into floats, by unpacks that work within 128-bit lanes; the codes are
+// put in the order that makes those unpacks give the elements in order (one byte permute instead of
+// a transpose of 128-bit lanes after them). Elsewhere a plain loop (the compiler's gather).
 #include <immintrin.h>
 
 #include "cpu_features.h"
@@ -21,30 +23,38 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void decode8_loop(c
 #if defined(__x86_64__)
 #define LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 
+// The unpacks of decode8_vbmi leave register q's 128-bit lane L holding the four elements at code
+// positions 16 L + 4 q .. + 3; position 16 L + 4 q + j therefore takes element 16 q + 4 L + j,
+// so that register q holds elements 16 q .. 16 q + 15 in order.
+struct UnpackOrder {
+  alignas(64) uint8_t at[64];
+  constexpr UnpackOrder() : at() {
+    for (int p = 0; p < 64; ++p) at[p] = static_cast<uint8_t>(16 * ((p >> 2) & 3) + 4 * (p >> 4) + (p & 3));
+  }
+};
+constexpr UnpackOrder kUnpackOrder;
+
 LOWBIT_VBMI void decode8_vbmi(const uint8_t* planes, const uint8_t* c, int64_t len, float amax, float* out) {
   // planes: byte k of codebook[e] at planes[256 k + e]; four 64-byte registers per plane.
   __m512i t[16];
   for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_si512(planes + 64 * k);
   const __m512 a = _mm512_set1_ps(amax);
+  const __m512i to_lanes = _mm512_load_si512(kUnpackOrder.at);
   for (int64_t i = 0; i < len; i += 64) {
     const int64_t n = len - i < 64 ? len - i : 64;
     const __mmask64 m = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
-    const __m512i idx = _mm512_maskz_loadu_epi8(m, c + i);
+    const __m512i idx = _mm512_permutexvar_epi8(to_lanes, _mm512_maskz_loadu_epi8(m, c + i));
     const __mmask64 upper = _mm512_movepi8_mask(idx);  // code >= 128
     __m512i b[4];
     for (int k = 0; k < 4; ++k)
       b[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t[4 * k], idx, t[4 * k + 1]),
                                     _mm512_permutex2var_epi8(t[4 * k + 2], idx, t[4 * k + 3]));
-    // Interleave within 128-bit lanes: d_q lane L holds elements 16 L + 4 q .. 16 L + 4 q + 3.
+    // Interleave within 128-bit lanes: o[q] lane L holds code positions 16 L + 4 q .. + 3, which
+    // hold elements 16 q + 4 L .. + 3 (to_lanes).
     const __m512i w01lo = _mm512_unpacklo_epi8(b[0], b[1]), w01hi = _mm512_unpackhi_epi8(b[0], b[1]);
     const __m512i w23lo = _mm512_unpacklo_epi8(b[2], b[3]), w23hi = _mm512_unpackhi_epi8(b[2], b[3]);
-    const __m512i d0 = _mm512_unpacklo_epi16(w01lo, w23lo), d1 = _mm512_unpackhi_epi16(w01lo, w23lo);
-    const __m512i d2 = _mm512_unpacklo_epi16(w01hi, w23hi), d3 = _mm512_unpackhi_epi16(w01hi, w23hi);
-    // A 4x4 transpose of 128-bit lanes puts elements in order.
-    const __m512i t0 = _mm512_shuffle_i32x4(d0, d1, 0x44), t1 = _mm512_shuffle_i32x4(d0, d1, 0xEE);
-    const __m512i t2 = _mm512_shuffle_i32x4(d2, d3, 0x44), t3 = _mm512_shuffle_i32x4(d2, d3, 0xEE);
-    const __m512i o[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xDD),
-                          _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xDD)};
+    const __m512i o[4] = {_mm512_unpacklo_epi16(w01lo, w23lo), _mm512_unpackhi_epi16(w01lo, w23lo),
+                          _mm512_unpacklo_epi16(w01hi, w23hi), _mm512_unpackhi_epi16(w01hi, w23hi)};
     for (int q = 0; q < 4 && 16 * q < n; ++q) {
       const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(o[q]), a);
       if (n - 16 * q >= 16) {

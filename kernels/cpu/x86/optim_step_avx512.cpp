@@ -90,7 +90,6 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   // and g * 1 == g exactly), and Adam's amsgrad is what its slot count says.
   Hyper h = t.hyper;
   const __m512 gmul = _mm512_set1_ps(h.maximize ? -grad_scale : grad_scale);
-  const bool scaled = h.maximize || grad_scale != 1.0f;  // else g * 1 == g: the rule's arithmetic quiets a NaN alike
   h.maximize = false;
   if (R == Rule::Adam || R == Rule::AdamW) h.amsgrad = NS == 3;
   const bool stochastic = PT == ElemType::BF16 && t.stochastic_round;
@@ -167,8 +166,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
           pv = load16(param, PT, begin + i, m);
         }
         f32x16 p = (f32x16)pv;
-        __m512 g = load16(grad, PT, begin + i, m);
-        if (scaled) g = _mm512_mul_ps(g, gmul);
+        const __m512 g = _mm512_mul_ps(load16(grad, PT, begin + i, m), gmul);
         f32x16 st[kMomentSlots] = {};
         for (int k = 0; k < NS; ++k) {
           if (POW8) {

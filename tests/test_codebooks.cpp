@@ -215,6 +215,32 @@ TEST(Codebooks, BulkEncodeMatchesNearestOnBothPaths) {
   }
 }
 
+// The 4-bit bulk decode of packed codes (nibbles split and reordered by byte permutes with VBMI,
+// its masked tail) and the plain loop: random codes, lengths around the 64-code step (odd ones end
+// on a low nibble), nothing written past the end.
+TEST(Codebooks, BulkDecode4MatchesCodebookOnBothPaths) {
+  std::mt19937 rng(std::random_device{}());
+  for (auto f : lowbit_test::all_formats()) {
+    if (lowbit::format_bits(f) != 4) continue;
+    const lk::FormatView view = lk::format_tables(f);
+    const auto cb = lk::make_codebook(f);
+    std::vector<uint8_t> packed(150);
+    for (auto& b : packed) b = static_cast<uint8_t>(rng() % 256);
+    const float amax = 0.37f;
+    for (int64_t len : {int64_t(1), int64_t(2), int64_t(31), int64_t(63), int64_t(64), int64_t(65), int64_t(128), int64_t(299)}) {
+      for (bool vec : {true, false}) {
+        std::vector<float> out(len + 1, 12345.0f);
+        lk::decode_codes4(view, packed.data(), len, amax, out.data(), vec);
+        for (int64_t i = 0; i < len; ++i) {
+          const int code = (packed[i / 2] >> (4 * (i % 2))) & 0x0F;
+          ASSERT_EQ(out[i], cb[code] * amax) << lowbit::format_name(f) << " len " << len << " at " << i << " vec " << vec;
+        }
+        ASSERT_EQ(out[len], 12345.0f) << "wrote past the end, len " << len;
+      }
+    }
+  }
+}
+
 // The 8-bit bulk decode (byte permutes with VBMI, and its masked tail) and the plain loop: every
 // code, lengths around the 64-code step, nothing written past the end.
 TEST(Codebooks, BulkDecodeMatchesCodebookOnBothPaths) {

@@ -47,16 +47,6 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void scan_block(con
   *neg_out = neg;
 }
 
-// Same for 4-bit codes packed two per byte (even element in the low nibble); len is even.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void decode4(const float* __restrict__ cb,
-                                                                          const uint8_t* __restrict__ c, int64_t len,
-                                                                          float amax, float* __restrict__ out) {
-  for (int64_t j = 0; j < len / 2; ++j) {
-    out[2 * j] = cb[c[j] & 0xF] * amax;
-    out[2 * j + 1] = cb[c[j] >> 4] * amax;
-  }
-}
-
 float encode_scanned_block(const FormatView& fmt, bool format_signed, const float* v, int64_t len, uint32_t max_bits,
                            uint32_t negative, uint8_t* out) {
   const float am = block_absmax_from_bits(max_bits, negative, format_signed);

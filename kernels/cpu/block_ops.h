@@ -20,9 +20,6 @@ void scan_block(const f16_t* x, int64_t len, float* v, uint32_t* max_bits, uint3
 // The same scan of fp32 values without the copy.
 void scan_block(const float* x, int64_t len, uint32_t* max_bits, uint32_t* negative);
 
-// Same for 4-bit codes, two per byte (even element in the low nibble); len must be even.
-void decode4(const float* codebook, const uint8_t* codes, int64_t len, float absmax, float* out);
-
 // Finishes quantizing a block already scanned, its values in fp32 at v: absmax from
 // the scan, normalize, encode, and write the codes at `out` (the block's first code byte; 4-bit
 // codes packed two per byte). Returns the absmax to store.

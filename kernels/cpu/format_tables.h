@@ -71,5 +71,11 @@ bool quantize_blocks_f32(const FormatView& f, bool format_signed, const float* x
 void decode_codes8(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,
                    bool vector_path = true);
 
+// The same for a 4-bit format's packed codes (element i's code in nibble i % 2 of byte i / 2):
+// byte permutes with AVX-512 VBMI, where decode_codes4_fast() says so, a plain loop elsewhere.
+bool decode_codes4_fast();
+void decode_codes4(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,
+                   bool vector_path = true);
+
 }  // namespace kernels
 }  // namespace lowbit

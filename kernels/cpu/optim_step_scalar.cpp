@@ -49,12 +49,9 @@ void decode_slot(const StateSlotRef& s, int64_t block, int64_t begin, int64_t le
     case SlotStorage::F32: load_block(s.values, ElemType::F32, begin, len, out); return;
     case SlotStorage::BF16: load_block(s.values, ElemType::BF16, begin, len, out); return;
     case SlotStorage::Quant: {
-      const float* cb = s.tables->codebook;
       const float amax = s.absmax[block];
       if (format_bits(s.format) == 4) {
-        const uint8_t* c = s.codes + begin / 2;
-        decode4(cb, c, len & ~int64_t(1), amax, out);
-        if (len % 2) out[len - 1] = decode_value(cb, c[len / 2] & 0xF, amax);
+        decode_codes4(*s.tables, s.codes + begin / 2, len, amax, out);
       } else {
         decode_codes8(*s.tables, s.codes + begin, len, amax, out);
       }

@@ -82,15 +82,15 @@ void dequantize_impl(const DequantizeParams& p) {
       const uint8_t* in = p.codes + begin / 2;
       T* out = y + begin;
       if constexpr (sizeof(T) == 4) {
-        decode4(cb, in, len & ~int64_t(1), amax, reinterpret_cast<float*>(out));
+        decode_codes4(fmt, in, len, amax, reinterpret_cast<float*>(out));
       } else {
         for (int64_t i = 0; i + 1 < len; i += 2) {
-        const uint8_t byte = in[i / 2];
-        out[i] = from_f32<T>(decode_value(cb, byte & 0xF, amax));
-        out[i + 1] = from_f32<T>(decode_value(cb, byte >> 4, amax));
+          const uint8_t byte = in[i / 2];
+          out[i] = from_f32<T>(decode_value(cb, byte & 0xF, amax));
+          out[i + 1] = from_f32<T>(decode_value(cb, byte >> 4, amax));
         }
+        if (len % 2) out[len - 1] = from_f32<T>(decode_value(cb, in[len / 2] & 0xF, amax));
       }
-      if (len % 2) out[len - 1] = from_f32<T>(decode_value(cb, in[len / 2] & 0xF, amax));
     } else {
       const uint8_t* in = p.codes + begin;
       if constexpr (sizeof(T) == 4) {

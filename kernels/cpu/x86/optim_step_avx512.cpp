@@ -126,6 +126,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     cur[k] = buf + k * B;
     prev[k] = buf + (NS + k) * B;
   }
+  const bool vbmi = BITS == 4 && decode_codes4_fast();  // 4-bit blocks decoded by byte permutes
   __m512 pre[NS], inv[NS];  // the previous block's normalizers
   bool finite[NS] = {};     // the previous block's new values are finite (its absmax is) ...
   bool unit[NS] = {};       // ... and its normalizer's pre is 1
@@ -140,6 +141,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
         amax[k] = _mm512_set1_ps(absmax[k][b]);
       } else if (BITS == 8) {
         decode_codes8(*t.slots[k].tables, codes[k] + begin, len, absmax[k][b], cur[k]);
+      } else if (vbmi) {
+        decode_codes4(*t.slots[k].tables, codes[k] + begin / 2, len, absmax[k][b], cur[k]);
       } else {
         decode4_block(cb16[k], codes[k] + begin / 2, len, absmax[k][b], cur[k]);
       }

@@ -348,6 +348,37 @@ TEST(StepInterface, RoundingNoiseIsTheSameOnEveryPathAcross2To32) {
   }
 }
 
+namespace {
+
+// One step from st0 on every path: the vector loop, the scalar loop, the ATen reference and,
+// where there is a GPU, the CUDA kernel; each path's state tensors, then its parameter, on the CPU.
+std::vector<std::vector<at::Tensor>> step_on_every_path(const lk::StepConfig& config, const RawState& st0,
+                                                       const at::Tensor& p0, const at::Tensor& g) {
+  std::vector<std::vector<at::Tensor>> out;
+  const int paths = torch::cuda::is_available() ? 4 : 3;
+  for (int path = 0; path < paths; ++path) {
+    const at::Device device = path == 3 ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+    lowbit::ops::StepArgs a;
+    a.config = config;
+    a.slots = st0.slots;
+    a.block_size = st0.block;
+    for (const at::Tensor& t : st0.tensors) a.state.push_back(t.to(device, /*non_blocking=*/false, /*copy=*/true));
+    a.params = {p0.to(device, false, true)};
+    a.grads = {g.to(device)};
+    a.counters = {at::zeros({2}, at::TensorOptions(at::kLong).device(device))};
+    a.lr = at::full({1}, 1e-3, at::TensorOptions(at::kDouble).device(device));
+    a.scalar_loop = path == 1;
+    lowbit::ops::optim_step(a, path == 2);
+    std::vector<at::Tensor> all;
+    for (const at::Tensor& t : a.state) all.push_back(t.cpu());
+    all.push_back(a.params[0].cpu());
+    out.push_back(all);
+  }
+  return out;
+}
+
+}  // namespace
+
 // A gradient with NaNs of either sign and infinities makes blocks of state non-finite: the vector
 // loop (AVX-512 or AVX2, with its 4-bit encode by tree or by formula), the scalar loop and the ATen
 // reference write the same bytes of every slot and parameter, the flagged blocks' codes included
@@ -371,26 +402,8 @@ TEST(StepInterface, NonFiniteStateIsEncodedAlikeOnEveryPath) {
     lk::StepConfig config;
     config.rule = lk::Rule::AdamW;
     const RawState st0 = fresh_state(config, f, n);
-    std::vector<std::vector<at::Tensor>> out;
-    const int paths = torch::cuda::is_available() ? 4 : 3;  // 3: the CUDA kernel
-    for (int path = 0; path < paths; ++path) {
-      const at::Device device = path == 3 ? at::Device(at::kCUDA) : at::Device(at::kCPU);
-      lowbit::ops::StepArgs a;
-      a.config = config;
-      a.slots = st0.slots;
-      a.block_size = st0.block;
-      for (const at::Tensor& t : st0.tensors) a.state.push_back(t.to(device, /*non_blocking=*/false, /*copy=*/true));
-      a.params = {p0.to(device, false, true)};
-      a.grads = {g.to(device)};
-      a.counters = {at::zeros({2}, at::TensorOptions(at::kLong).device(device))};
-      a.lr = at::full({1}, 1e-3, at::TensorOptions(at::kDouble).device(device));
-      a.scalar_loop = path == 1;
-      lowbit::ops::optim_step(a, path == 2);
-      std::vector<at::Tensor> all;
-      for (const at::Tensor& t : a.state) all.push_back(t.cpu());
-      all.push_back(a.params[0].cpu());
-      out.push_back(all);
-    }
+    const std::vector<std::vector<at::Tensor>> out = step_on_every_path(config, st0, p0, g);
+    const int paths = static_cast<int>(out.size());
     const char* const names[] = {"", "scalar loop", "ATen reference"};
     for (int path = 1; path < 3; ++path)
       for (size_t t = 0; t < out[0].size(); ++t)
@@ -439,26 +452,8 @@ TEST(StepInterface, TinyAndHugeBlocksAreEncodedAlikeOnEveryPath) {
     lk::StepConfig config;
     config.rule = lk::Rule::AdamW;
     const RawState st0 = fresh_state(config, f, n);
-    std::vector<std::vector<at::Tensor>> out;
-    const int paths = torch::cuda::is_available() ? 4 : 3;  // 3: the CUDA kernel
-    for (int path = 0; path < paths; ++path) {
-      const at::Device device = path == 3 ? at::Device(at::kCUDA) : at::Device(at::kCPU);
-      lowbit::ops::StepArgs a;
-      a.config = config;
-      a.slots = st0.slots;
-      a.block_size = st0.block;
-      for (const at::Tensor& t : st0.tensors) a.state.push_back(t.to(device, /*non_blocking=*/false, /*copy=*/true));
-      a.params = {p0.to(device, false, true)};
-      a.grads = {g.to(device)};
-      a.counters = {at::zeros({2}, at::TensorOptions(at::kLong).device(device))};
-      a.lr = at::full({1}, 1e-3, at::TensorOptions(at::kDouble).device(device));
-      a.scalar_loop = path == 1;
-      lowbit::ops::optim_step(a, path == 2);
-      std::vector<at::Tensor> all;
-      for (const at::Tensor& t : a.state) all.push_back(t.cpu());
-      all.push_back(a.params[0].cpu());
-      out.push_back(all);
-    }
+    const std::vector<std::vector<at::Tensor>> out = step_on_every_path(config, st0, p0, g);
+    const int paths = static_cast<int>(out.size());
     // The scales reach both ends: some absmax of each moment below 2^-64, some of v above 2^64.
     for (size_t k = 1; k + 1 < out[0].size(); k += 2)
       EXPECT_TRUE(out[0][k].lt(0x1p-64f).logical_and(out[0][k].gt(0.0f)).any().item<bool>()) << "slot " << k / 2;

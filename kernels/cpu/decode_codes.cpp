@@ -23,7 +23,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void decode8_loop(c
 #if defined(__x86_64__)
 #define LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
 
-// The unpacks of decode8_vbmi leave register q's 128-bit lane L holding the four elements at code
+// The unpacks of store_planes leave register q's 128-bit lane L holding the four elements at code
 // positions 16 L + 4 q .. + 3; position 16 L + 4 q + j therefore takes element 16 q + 4 L + j,
 // so that register q holds elements 16 q .. 16 q + 15 in order.
 struct UnpackOrder {
@@ -40,12 +40,31 @@ struct NibbleOrder {
   alignas(64) uint8_t at[64];
   constexpr NibbleOrder() : at() {
     for (int p = 0; p < 64; ++p) {
-      const int e = 16 * ((p >> 2) & 3) + 4 * (p >> 4) + (p & 3);
+      const int e = kUnpackOrder.at[p];
       at[p] = static_cast<uint8_t>((e & 1) * 32 + e / 2);
     }
   }
 };
 constexpr NibbleOrder kNibbleOrder;
+
+// The last step of both decodes: the four byte planes b[k] (byte k of each element's float, the
+// elements in kUnpackOrder) interleaved within 128-bit lanes into floats, register q holding code
+// positions 16 L + 4 q .. + 3 in lane L, which hold elements 16 q + 4 L .. + 3, so elements 16 q ..
+// 16 q + 15 in order; times absmax; n (<= 64) of them stored.
+LOWBIT_VBMI __attribute__((always_inline)) inline void store_planes(const __m512i b[4], __m512 a, int64_t n, float* out) {
+  const __m512i w01lo = _mm512_unpacklo_epi8(b[0], b[1]), w01hi = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i w23lo = _mm512_unpacklo_epi8(b[2], b[3]), w23hi = _mm512_unpackhi_epi8(b[2], b[3]);
+  const __m512i o[4] = {_mm512_unpacklo_epi16(w01lo, w23lo), _mm512_unpackhi_epi16(w01lo, w23lo),
+                        _mm512_unpacklo_epi16(w01hi, w23hi), _mm512_unpackhi_epi16(w01hi, w23hi)};
+  for (int q = 0; q < 4 && 16 * q < n; ++q) {
+    const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(o[q]), a);
+    if (n - 16 * q >= 16) {
+      _mm512_storeu_ps(out + 16 * q, v);
+    } else {
+      _mm512_mask_storeu_ps(out + 16 * q, static_cast<__mmask16>((1u << (n - 16 * q)) - 1u), v);
+    }
+  }
+}
 
 LOWBIT_VBMI void decode8_vbmi(const uint8_t* planes, const uint8_t* c, int64_t len, float amax, float* out) {
   // planes: byte k of codebook[e] at planes[256 k + e]; four 64-byte registers per plane.
@@ -62,20 +81,7 @@ LOWBIT_VBMI void decode8_vbmi(const uint8_t* planes, const uint8_t* c, int64_t l
     for (int k = 0; k < 4; ++k)
       b[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t[4 * k], idx, t[4 * k + 1]),
                                     _mm512_permutex2var_epi8(t[4 * k + 2], idx, t[4 * k + 3]));
-    // Interleave within 128-bit lanes: o[q] lane L holds code positions 16 L + 4 q .. + 3, which
-    // hold elements 16 q + 4 L .. + 3 (to_lanes).
-    const __m512i w01lo = _mm512_unpacklo_epi8(b[0], b[1]), w01hi = _mm512_unpackhi_epi8(b[0], b[1]);
-    const __m512i w23lo = _mm512_unpacklo_epi8(b[2], b[3]), w23hi = _mm512_unpackhi_epi8(b[2], b[3]);
-    const __m512i o[4] = {_mm512_unpacklo_epi16(w01lo, w23lo), _mm512_unpackhi_epi16(w01lo, w23lo),
-                          _mm512_unpacklo_epi16(w01hi, w23hi), _mm512_unpackhi_epi16(w01hi, w23hi)};
-    for (int q = 0; q < 4 && 16 * q < n; ++q) {
-      const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(o[q]), a);
-      if (n - 16 * q >= 16) {
-        _mm512_storeu_ps(out + i + 16 * q, v);
-      } else {
-        _mm512_mask_storeu_ps(out + i + 16 * q, static_cast<__mmask16>((1u << (n - 16 * q)) - 1u), v);
-      }
-    }
+    store_planes(b, a, n, out + i);
   }
 }
 
@@ -96,18 +102,7 @@ LOWBIT_VBMI void decode4_vbmi(const uint8_t* planes, const uint8_t* c, int64_t l
     const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
     __m512i b[4];
     for (int k = 0; k < 4; ++k) b[k] = _mm512_permutexvar_epi8(idx, t[k]);
-    const __m512i w01lo = _mm512_unpacklo_epi8(b[0], b[1]), w01hi = _mm512_unpackhi_epi8(b[0], b[1]);
-    const __m512i w23lo = _mm512_unpacklo_epi8(b[2], b[3]), w23hi = _mm512_unpackhi_epi8(b[2], b[3]);
-    const __m512i o[4] = {_mm512_unpacklo_epi16(w01lo, w23lo), _mm512_unpackhi_epi16(w01lo, w23lo),
-                          _mm512_unpacklo_epi16(w01hi, w23hi), _mm512_unpackhi_epi16(w01hi, w23hi)};
-    for (int q = 0; q < 4 && 16 * q < n; ++q) {
-      const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(o[q]), a);
-      if (n - 16 * q >= 16) {
-        _mm512_storeu_ps(out + i + 16 * q, v);
-      } else {
-        _mm512_mask_storeu_ps(out + i + 16 * q, static_cast<__mmask16>((1u << (n - 16 * q)) - 1u), v);
-      }
-    }
+    store_planes(b, a, n, out + i);
   }
 }
 

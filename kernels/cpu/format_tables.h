@@ -73,6 +73,8 @@ void decode_codes8(const FormatView& f, const uint8_t* codes, int64_t len, float
 
 // The same for a 4-bit format's packed codes (element i's code in nibble i % 2 of byte i / 2):
 // byte permutes with AVX-512 VBMI, where decode_codes4_fast() says so, a plain loop elsewhere.
+// (A function of this file, so that the AVX-512 loops ask without inlining cpu_features.h's
+// functions into their objects: x86_objects_isolated.)
 bool decode_codes4_fast();
 void decode_codes4(const FormatView& f, const uint8_t* codes, int64_t len, float absmax, float* out,
                    bool vector_path = true);

@@ -226,8 +226,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       const uint32_t max_abs = std::max(static_cast<uint32_t>(_mm512_reduce_max_epi32(max_pos[k])), raw & 0x7FFFFFFFu);
       const float am = block_absmax_from_bits(max_abs, negative, is_signed[k]);
       absmax[k][b] = am;
-      flag |= am >= 0.0f ? 0 : 1;
       finite[k] = am >= 0.0f;
+      flag |= finite[k] ? 0 : 1;
       const Normalizer nz = make_normalizer(am);
       unit[k] = finite[k] && nz.pre == 1.0f;
       pre[k] = _mm512_set1_ps(nz.pre);

@@ -118,6 +118,36 @@ TEST(Codebooks, EncodeIsExactNearestWithTiesToLowerCode) {
   }
 }
 
+// The CPU's key table (code_tables.h: make_key_table) against the thresholds by order key, for
+// every format and every bucket of x (x's top 16 bits): at both ends of the bucket, on both sides
+// of its threshold T and at 32 random low bits. The thresholds' count below x moves one way through
+// a bucket and changes at most once, so agreeing at both ends and at T and T + 1 is agreeing on
+// every float of the bucket, NaNs included.
+TEST(Codebooks, KeyTableAgreesWithTheThresholdsInEveryBucket) {
+  std::mt19937 rng(std::random_device{}());
+  for (auto f : lowbit_test::all_formats()) {
+    const lk::EncodeTable tab = lk::make_encode_table(f);
+    const lk::FormatView enc = lk::format_tables(f);
+    std::vector<uint32_t> keys;
+    for (int k = 0; k + 1 < tab.num_values; ++k) keys.push_back(lk::order_key_of(tab.thresholds[k]));
+    for (uint32_t b = 0; b < (1u << 16); ++b) {
+      const uint32_t t = 0xFFFFu - ((enc.key_entries[b] + (b << 16)) & 0xFFFFu);  // the bucket's T
+      std::vector<uint32_t> lows = {0, 1, 0xFFFE, 0xFFFF, t, std::min(t + 1, 0xFFFFu), t > 0 ? t - 1 : 0,
+                                    std::min(t + 2, 0xFFFFu)};
+      for (int r = 0; r < 32; ++r) lows.push_back(rng() & 0xFFFFu);
+      for (const uint32_t low : lows) {
+        const uint32_t x = (b << 16) | low;
+        const uint32_t u = x ^ ((x >> 31) ? enc.key_flip : 0u);
+        float v;
+        std::memcpy(&v, &u, 4);
+        const size_t below = std::lower_bound(keys.begin(), keys.end(), lk::order_key_bits(u)) - keys.begin();
+        ASSERT_EQ(enc.encode(v), tab.sorted_codes[below])
+            << lowbit::format_name(f) << " bits 0x" << std::hex << u << " bucket 0x" << b;
+      }
+    }
+  }
+}
+
 // The GPU kernels' encode (encode.h: window_bucket, code_tables.h: make_window_starts): the bucket's
 // start plus one compare gives #{thresholds < x}, for every format, on the 33 floats around each
 // threshold, both zeros, tiny, huge and infinite values, and every 4099th float of [-2, 2].
@@ -295,12 +325,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
   const __m512i lin_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lin.sorted_codes)));
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 de4_tree_f = _mm512_loadu_ps(de4.eytzinger), lin_tree_f = _mm512_loadu_ps(lin.eytzinger);
+  const __m512i de4_flip = _mm512_set1_epi32(static_cast<int>(de4.key_flip));
+  const __m512i lin_flip = _mm512_set1_epi32(static_cast<int>(lin.key_flip));
   out[0] = out[1] = out[2] = out[3] = out[4] = out[5] = 0;
   for (uint64_t first = 0; first < (uint64_t(1) << 32); first += 16) {
     const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)), lane));
-    const __m128i de4_want = lk::encode16(de4.key_entries, x);
+    const __m128i de4_want = lk::encode16(de4.key_entries, de4_flip, x);
     out[0] += differ(lk::encode16_tree4(de4_tree, de4_codes, x), de4_want);
-    const __m128i want = lk::encode16(lin.key_entries, x);
+    const __m128i want = lk::encode16(lin.key_entries, lin_flip, x);
     const __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF)),
                                                      _mm512_set1_epi32(0x7F800000));
     out[4] += differ_in(lk::encode16_tree4_finite(de4_tree_f, de4_codes, x), de4_want, finite);

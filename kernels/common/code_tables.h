@@ -256,32 +256,66 @@ inline std::vector<uint8_t> make_window_starts(const EncodeTable& tab) {
   return starts;
 }
 
-// One lookup per element on the CPU: for the bucket b of order keys sharing their top 16 bits,
-// entries[b] packs the code below and above the bucket's threshold and that threshold's low 16
-// key bits:
-//   code(x) = (key(x) & 0xFFFF) > (e >> 16) ? (e >> 8) & 0xFF : e & 0xFF,  e = entries[key(x) >> 16].
-// Within a bucket, x > t <=> the low key bits compare so. A bucket without a threshold stores 0xFFFF,
-// which no key exceeds. Needs at most one threshold per bucket and no threshold of -0.0 (whose key
-// would split -0.0 from +0.0): true for every built-in format, and checked.
-inline std::vector<uint32_t> make_key_table(const EncodeTable& tab) {
+// One lookup and one add per element on the CPU (FormatView::encode). A float's bits u become
+//   x = u ^ (u < 0 ? flip : 0),
+// which orders the floats of one sign as the codes go: flip = 0x7FFFFFFF where codes follow the
+// values (x is then the order key of encode.h with its top bit flipped), 0 where codes are sign and
+// magnitude (FP8: x orders each sign by magnitude). Floats sharing x's top 16 bits form a bucket;
+// within one the code is c up to the bucket's threshold T (x's low bits) and c + 1 above it, so
+//   code = ((entries[x >> 16] + x) >> 16) & 0xFF,  entries[b] = (c << 16) + (0xFFFF - T) - (b << 16):
+// the entry's low half plus x's low bits carries into c exactly when they pass T, and its - (b << 16)
+// cancels x's high half. A bucket without a threshold has T = 0xFFFF, which no low bits pass.
+// Needs at most one threshold per bucket, no threshold of -0.0 (whose order key would split -0.0
+// from +0.0) and codes that step by +1 across every threshold in one of the two orders: true for
+// every built-in format, and checked. The encode looks up x + 0.0 (-0.0 becomes +0.0, nothing else
+// changes), so no entry serves -0.0: FP8's threshold just below it (the smallest negative float
+// encodes to -min's code, -0.0 to zero's) would otherwise step from zero's code 0 to 0x81.
+struct KeyTable {
+  std::vector<uint32_t> entries;  // 64Ki
+  uint32_t flip = 0;
+};
+inline KeyTable make_key_table(const EncodeTable& tab) {
+  // Per bucket of order keys (key >> 16): the code below and above its threshold and the
+  // threshold's low key bits (0xFFFF: none).
   const int nthr = tab.num_values - 1;
-  std::vector<uint32_t> entries(1u << 16);
+  std::vector<uint8_t> below(1u << 16), above(1u << 16);
+  std::vector<uint32_t> thr(1u << 16);
   int j = 0;  // thresholds below the current bucket
   for (uint32_t b = 0; b < (1u << 16); ++b) {
     while (j < nthr && (order_key_of(tab.thresholds[j]) >> 16) < b) ++j;
-    const uint32_t lo = tab.sorted_codes[j];
-    if (j < nthr && (order_key_of(tab.thresholds[j]) >> 16) == b) {
+    below[b] = above[b] = tab.sorted_codes[j];
+    thr[b] = 0xFFFFu;
+    // A threshold with only -0.0 (key 0x7FFFFFFF) above it in its bucket separates nothing looked up.
+    if (j < nthr && (order_key_of(tab.thresholds[j]) >> 16) == b && order_key_of(tab.thresholds[j]) != 0x7FFFFFFEu) {
       if (j + 1 < nthr && (order_key_of(tab.thresholds[j + 1]) >> 16) == b)
         throw std::logic_error("make_key_table: two thresholds share a 16-bit key bucket");
       if (order_key_of(tab.thresholds[j]) == 0x7FFFFFFFu)
         throw std::logic_error("make_key_table: a threshold of -0.0");
-      const uint32_t hi = tab.sorted_codes[j + 1];
-      entries[b] = lo | (hi << 8) | ((order_key_of(tab.thresholds[j]) & 0xFFFFu) << 16);
-    } else {
-      entries[b] = lo | (lo << 8) | 0xFFFF0000u;
+      above[b] = tab.sorted_codes[j + 1];
+      thr[b] = order_key_of(tab.thresholds[j]) & 0xFFFFu;
     }
   }
-  return entries;
+  // Bucket b of x holds the key bucket b ^ 0x8000 in the key's order, but for a negative bucket
+  // with flip 0: key bucket 0xFFFF - b, its order reversed (x's low bits are the key's complemented).
+  for (const uint32_t flip : {0x7FFFFFFFu, 0u}) {
+    KeyTable out{std::vector<uint32_t>(1u << 16), flip};
+    bool fits = true;
+    for (uint32_t b = 0; b < (1u << 16) && fits; ++b) {
+      const bool reversed = flip == 0 && b >= 0x8000u;
+      const uint32_t k = reversed ? 0xFFFFu - b : b ^ 0x8000u;
+      uint32_t c = below[k], t = thr[k];
+      if (t != 0xFFFFu) {
+        // In x's order the codes are `below` up to t and `above` past it, or reversed: `above` up
+        // to 0xFFFE - t (x's low bits <= 0xFFFE - t <=> the key's > t) and `below` past it.
+        const uint32_t next = reversed ? below[k] : above[k];
+        if (reversed) c = above[k], t = 0xFFFEu - t;
+        fits = next == c + 1;
+      }
+      out.entries[b] = (c << 16) + (0xFFFFu - t) - (b << 16);
+    }
+    if (fits) return out;
+  }
+  throw std::logic_error("make_key_table: the codes step by more than one across a threshold in either order");
 }
 
 }  // namespace kernels

@@ -13,7 +13,7 @@ namespace lowbit {
 namespace kernels {
 
 FormatTables::FormatTables(QuantFormat fmt)
-    : table_(make_encode_table(fmt)), entries_(make_key_table(table_)), codebook_(make_codebook(fmt)) {
+    : table_(make_encode_table(fmt)), keys_(make_key_table(table_)), codebook_(make_codebook(fmt)) {
   if (table_.bits == 4) {
     for (int i = 1; i < 16; ++i) eytzinger_[i] = table_.eytzinger[i];
     // The evenly spaced 4-bit codebook's thresholds, as the encode by formula assumes them.
@@ -27,7 +27,8 @@ FormatTables::FormatTables(QuantFormat fmt)
 }
 
 FormatView FormatTables::view() const {
-  return FormatView{entries_.data(), codebook_.data(), eytzinger_, table_.sorted_codes, planes_, table_.bits, linear4_};
+  return FormatView{keys_.entries.data(), codebook_.data(), eytzinger_, table_.sorted_codes, planes_, keys_.flip, table_.bits,
+                    linear4_};
 }
 
 FormatView format_tables(QuantFormat fmt) {
@@ -53,7 +54,7 @@ void encode_packed4_scalar(FormatView enc, Normalizer nz, const float* v, int64_
 #if defined(__x86_64__)
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_avx512(const FormatView& enc, Normalizer nz,
                                                                        const float* v, int64_t len, uint8_t* out) {
-  encode_block8(enc.key_entries, nz, v, len, out);
+  encode_block8(enc.key_entries, enc.key_flip, nz, v, len, out);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void encode_packed4_avx512(const FormatView& enc, Normalizer nz,
@@ -95,7 +96,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_blocks_avx512
     if (four_bit) {
       encode_block4_packed(tree, tree_codes, nz, v, len, codes + begin / 2);  // even-sized blocks
     } else {
-      encode_block8(enc.key_entries, nz, v, len, codes + begin);
+      encode_block8(enc.key_entries, enc.key_flip, nz, v, len, codes + begin);
     }
   }
 }

@@ -1,7 +1,7 @@
 // Per-format tables of the CPU kernels, built once per process, and the raw-pointer view a kernel
 // resolves once per call (not per block): the codebook for decoding, and for encoding (nearest
-// code, ties to the lower code) the packed key table of make_key_table (one lookup and one integer
-// compare per element) and the 4-bit formats' thresholds as a 15-node search tree.
+// code, ties to the lower code) the packed key table of make_key_table (one lookup and one add per
+// element) and the 4-bit formats' thresholds as a 15-node search tree.
 #pragma once
 
 #include <cstdint>
@@ -17,18 +17,19 @@ namespace kernels {
 // Copied into a loop's registers: stores through uint8_t* may alias anything, so pointers held in
 // a shared object would be reloaded on every element.
 struct FormatView {
-  const uint32_t* key_entries;   // 64Ki packed entries
+  const uint32_t* key_entries;   // 64Ki packed entries (code_tables.h: make_key_table)
   const float* codebook;         // 2^bits values; decode = codebook[code] * absmax
   const float* eytzinger;        // 16 floats, index 1..15 (4-bit formats)
   const uint8_t* sorted_codes;   // code of the i-th smallest value
   const uint8_t* planes;         // 8-bit formats: byte k of codebook[e] at planes[256 k + e]
+  uint32_t key_flip;             // the key table's x = u ^ (u < 0 ? key_flip : 0)
   int bits;
   bool linear4;                  // thresholds (2k + 3) / 32, codes in value order: encoded by formula
 
   uint8_t encode(float normalized) const {
-    const uint32_t key = order_key_bits(f32_bits(normalized));
-    const uint32_t e = key_entries[key >> 16];
-    return static_cast<uint8_t>((key & 0xFFFFu) > (e >> 16) ? e >> 8 : e);
+    const uint32_t u = f32_bits(normalized + 0.0f);  // -0.0 as +0.0 (make_key_table)
+    const uint32_t x = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) & key_flip);
+    return static_cast<uint8_t>((key_entries[x >> 16] + x) >> 16);
   }
 };
 
@@ -39,7 +40,7 @@ class FormatTables {
 
  private:
   EncodeTable table_;
-  std::vector<uint32_t> entries_;  // 256 KiB; the entries a tensor touches are a small hot part
+  KeyTable keys_;  // 256 KiB; the entries a tensor touches are a small hot part
   std::vector<float> codebook_;
   bool linear4_ = false;
   alignas(64) float eytzinger_[16] = {};

@@ -213,14 +213,13 @@ struct Scan8 {
 // normalize(nz, x) of encode.h: two multiplies.
 inline __m256 normalize8(__m256 x, __m256 pre, __m256 inv) { return _mm256_mul_ps(_mm256_mul_ps(x, pre), inv); }
 
-// 8-bit: the order key, one gather of the packed entry, one compare of the low key bits with the
-// entry's threshold bits, and the code from the entry's low byte or its next byte.
-inline __m256i encode8x8(const uint32_t* table, __m256 n) {
-  const __m256i u = _mm256_castps_si256(n);
-  const __m256i key = _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), _mm256_set1_epi32(INT32_MIN)));
-  const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), _mm256_srli_epi32(key, 16), 4);
-  const __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(key, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(e, 16));
-  return _mm256_and_si256(_mm256_srlv_epi32(e, _mm256_and_si256(up, _mm256_set1_epi32(8))), _mm256_set1_epi32(0xFF));
+// 8-bit by the key table (format_tables.h: FormatView::encode): -0.0 made +0.0, x = u ^ (sign &
+// flip), one gather of the entries, one add; the code is byte 2.
+inline __m256i encode8x8(const uint32_t* table, __m256i flip, __m256 n) {
+  const __m256i u = _mm256_castps_si256(_mm256_add_ps(n, _mm256_setzero_ps()));  // -0.0 as +0.0
+  const __m256i x = _mm256_xor_si256(u, _mm256_and_si256(_mm256_srai_epi32(u, 31), flip));
+  const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), _mm256_srli_epi32(x, 16), 4);
+  return _mm256_srli_epi32(_mm256_add_epi32(e, x), 16);
 }
 
 // 8 dword codes (each < 256) to 8 bytes, in order: each 128-bit half gathers its four low bytes
@@ -305,8 +304,10 @@ inline void encode_block8_with(Enc enc, Normalizer nz, const float* v, int64_t l
   }
 }
 
-inline void encode_block8_avx2(const uint32_t* table, Normalizer nz, const float* v, int64_t len, uint8_t* out) {
-  encode_block8_with([table](__m256 n) { return encode8x8(table, n); }, nz, v, len, out);
+inline void encode_block8_avx2(const uint32_t* table, uint32_t flip, Normalizer nz, const float* v, int64_t len,
+                               uint8_t* out) {
+  const __m256i f = _mm256_set1_epi32(static_cast<int>(flip));
+  encode_block8_with([table, f](__m256 n) { return encode8x8(table, f, n); }, nz, v, len, out);
 }
 
 inline void encode_block4_avx2(const Tree4& tree, Normalizer nz, const float* v, int64_t len, uint8_t* out) {

@@ -121,7 +121,7 @@ inline int finish_quantized(const StateSlotRef& s, int64_t block, int64_t begin,
   if (format_bits(s.format) == 4) {
     encode_block4_avx2(Tree4::make(*s.tables), make_normalizer(am), v, len, s.codes + begin / 2);
   } else {
-    encode_block8_avx2(s.tables->key_entries, make_normalizer(am), v, len, s.codes + begin);
+    encode_block8_avx2(s.tables->key_entries, s.tables->key_flip, make_normalizer(am), v, len, s.codes + begin);
   }
   return am >= 0.0f ? 0 : 1;
 }
@@ -278,7 +278,8 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
   Corr* const corr = static_cast<Corr*>(t.slots[kCorrectionSlot].values);
   uint8_t* codes[NS];
   float* absmax[NS];
-  const uint32_t* keys[NS];  // 8-bit: the packed key table
+  const uint32_t* keys[NS];  // 8-bit: the packed key table and its flip
+  __m256i key_flip[NS];
   const float* cb[NS];       // 8-bit: the codebook
   Table16 cb16[NS];          // 4-bit: the codebook and the search tree in registers
   Tree4 tree[NS];
@@ -293,6 +294,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
     codes[k] = r.codes;
     absmax[k] = r.absmax;
     keys[k] = r.tables->key_entries;
+    key_flip[k] = _mm256_set1_epi32(static_cast<int>(r.tables->key_flip));
     cb[k] = r.tables->codebook;
     if (BITS == 4) {
       cb16[k] = Table16::load(r.tables->codebook);
@@ -311,7 +313,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
       const Pow8Codec& p = p8[k];
       encode_block8_with([&p](__m256 n) { return p.encode(n); }, nz, v, len, codes[k] + begin);
     } else if (BITS == 8) {
-      encode_block8_avx2(keys[k], nz, v, len, codes[k] + begin);
+      encode_block8_avx2(keys[k], t.slots[k].tables->key_flip, nz, v, len, codes[k] + begin);
     } else {
       encode_block4_avx2(tree[k], nz, v, len, codes[k] + begin / 2);
     }
@@ -381,7 +383,7 @@ void steps_quant_avx2(const ParamTask& t, int64_t b0, int64_t b1, float grad_sca
         for (int k = 0; k < NS; ++k) {
           const __m256 n = normalize8(_mm256_loadu_ps(prev[k] + i), pre[k], inv[k]);
           if (BITS == 8) {
-            const uint64_t c = pack_bytes8(CODEC == kPow8 ? p8[k].encode(n) : encode8x8(keys[k], n));
+            const uint64_t c = pack_bytes8(CODEC == kPow8 ? p8[k].encode(n) : encode8x8(keys[k], key_flip[k], n));
             std::memcpy(codes[k] + prev_begin + i, &c, 8);
           } else {
             const uint32_t c = pack_nibbles8(linear4[k] ? encode8_linear4(n) : tree[k].encode(n));

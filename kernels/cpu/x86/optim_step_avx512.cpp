@@ -99,7 +99,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   Corr* const corr = static_cast<Corr*>(t.slots[kCorrectionSlot].values);
   uint8_t* codes[NS];
   float* absmax[NS];
-  const uint32_t* keys[NS];   // 8-bit: the packed key table
+  const uint32_t* keys[NS];   // 8-bit: the packed key table and its flip
+  __m512i key_flip[NS];
   __m512i tree[NS];           // 4-bit: the thresholds' search tree (keys), the same as floats, the
   __m512 tree_f[NS];          // codebook, the codes by rank
   __m512 cb16[NS];
@@ -114,6 +115,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     codes[k] = r.codes;
     absmax[k] = r.absmax;
     keys[k] = r.tables->key_entries;
+    key_flip[k] = _mm512_set1_epi32(static_cast<int>(r.tables->key_flip));
     if (BITS == 4) {
       tree[k] = tree4_keys(r.tables->eytzinger);
       tree_f[k] = _mm512_loadu_ps(r.tables->eytzinger);
@@ -208,7 +210,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
           // x * 1 == x for finite x: one multiply saved where the block's pre is 1 (the rule).
           const __m512 n = unit[k] ? _mm512_mul_ps(x, inv[k]) : normalize16(x, pre[k], inv[k]);
           if (BITS == 8) {
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], n));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], key_flip[k], n));
           } else {
             const __m128i c = linear4[k] ? encode16_linear4(n)
                               : finite[k]  ? encode16_tree4_finite(tree_f[k], rank_codes[k], n)
@@ -242,7 +244,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   for (int k = 0; k < NS; ++k) {
     const Normalizer nz{_mm512_cvtss_f32(pre[k]), _mm512_cvtss_f32(inv[k])};
     if (BITS == 8) {
-      encode_block8(keys[k], nz, prev[k], prev_len, codes[k] + prev_begin);
+      encode_block8(keys[k], t.slots[k].tables->key_flip, nz, prev[k], prev_len, codes[k] + prev_begin);
     } else {
       encode_block4_packed(tree[k], rank_codes[k], nz, prev[k], prev_len, codes[k] + prev_begin / 2);
     }

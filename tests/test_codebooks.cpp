@@ -316,7 +316,8 @@ int differ_in(__m128i a, __m128i b, __mmask16 m) {
 // Over every float bit pattern (NaNs included), how many vector 4-bit codes differ from the key
 // table's (the scalar path's definition): out[0] DE4Signed's tree search, out[1] and out[2]
 // Linear4Unsigned's tree search and formula on AVX-512, out[3] the formula on AVX2; out[4] and
-// out[5] the float-compare trees of both formats over the finite floats (the only ones they get).
+// out[5] the float-compare rank searches of both formats over the finite floats (the only ones they
+// get).
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(int64_t out[6]) {
   const lk::FormatView de4 = lk::format_tables(QuantFormat::DE4Signed);
   const lk::FormatView lin = lk::format_tables(QuantFormat::Linear4Unsigned);
@@ -324,7 +325,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
   const __m512i de4_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(de4.sorted_codes)));
   const __m512i lin_codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lin.sorted_codes)));
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512 de4_tree_f = _mm512_loadu_ps(de4.eytzinger), lin_tree_f = _mm512_loadu_ps(lin.eytzinger);
+  const lk::Rank4 de4_rank = lk::rank4_tables(de4.thresholds), lin_rank = lk::rank4_tables(lin.thresholds);
   const __m512i de4_flip = _mm512_set1_epi32(static_cast<int>(de4.key_flip));
   const __m512i lin_flip = _mm512_set1_epi32(static_cast<int>(lin.key_flip));
   out[0] = out[1] = out[2] = out[3] = out[4] = out[5] = 0;
@@ -335,8 +336,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void four_bit_mismatches(in
     const __m128i want = lk::encode16(lin.key_entries, lin_flip, x);
     const __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF)),
                                                      _mm512_set1_epi32(0x7F800000));
-    out[4] += differ_in(lk::encode16_tree4_finite(de4_tree_f, de4_codes, x), de4_want, finite);
-    out[5] += differ_in(lk::encode16_tree4_finite(lin_tree_f, lin_codes, x), want, finite);
+    out[4] += differ_in(lk::encode16_rank4_finite(de4_rank, de4_codes, x), de4_want, finite);
+    out[5] += differ_in(lk::encode16_rank4_finite(lin_rank, lin_codes, x), want, finite);
     out[1] += differ(lk::encode16_tree4(lin_tree, lin_codes, x), want);
     out[2] += differ(lk::encode16_linear4(x), want);
     const __m256i lo = lk::encode8_linear4(_mm512_castps512_ps256(x));

@@ -87,19 +87,32 @@ LOWBIT_AVX512_ENCODE __m128i encode16_tree4(__m512i tree, __m512i codes, __m512 
   return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
 }
 
-// The same search with float compares, for values known to be finite (a block whose absmax is
-// finite): there the floats' order is the keys' (no threshold is -0.0, and -0.0 and +0.0 fall on
-// the same side of every other), and the keys' three integer ops are saved. `tree` holds the
-// thresholds as floats (padding +Inf, which no finite value exceeds).
-LOWBIT_AVX512_ENCODE __m128i encode16_tree4_finite(__m512 tree, __m512i codes, __m512 n) {
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i i = one;
-  for (int level = 0; level < 4; ++level) {
-    const __mmask16 right = _mm512_cmp_ps_mask(n, _mm512_permutexvar_ps(i, tree), _CMP_GT_OQ);
-    i = _mm512_add_epi32(i, i);
-    i = _mm512_mask_add_epi32(i, right, i, one);
-  }
-  return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(i, codes));  // i - 16 == i mod 16
+// The same count for values known to be finite (a block whose absmax is finite), with float compares
+// (there the floats' order is the keys': no threshold is -0.0, and -0.0 and +0.0 fall on the same
+// side of every other), as a rank: steps of 8, 4, 2 and 1, each adding its step where the value is
+// above the sorted threshold at rank + step - 1, read from the thresholds shifted by step - 1 (the
+// first step's is one threshold). Three ops a step where the tree's descent takes four.
+struct Rank4 {
+  __m512 at7;            // t[7] in every lane
+  __m512 by4, by2, by1;  // lane j: t[j + 3], t[j + 1], t[j]
+};
+LOWBIT_AVX512_ENCODE Rank4 rank4_tables(const float* sorted) {  // 16 ascending, padded with +Inf
+  const __m512 t = _mm512_loadu_ps(sorted);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i last = _mm512_set1_epi32(15);
+  return {_mm512_set1_ps(sorted[7]),
+          _mm512_permutexvar_ps(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(3)), last), t),
+          _mm512_permutexvar_ps(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(1)), last), t), t};
+}
+LOWBIT_AVX512_ENCODE __m128i encode16_rank4_finite(const Rank4& r, __m512i codes, __m512 n) {
+  __m512i rank = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(n, r.at7, _CMP_GT_OQ), _mm512_set1_epi32(8));
+  rank = _mm512_mask_add_epi32(rank, _mm512_cmp_ps_mask(n, _mm512_permutexvar_ps(rank, r.by4), _CMP_GT_OQ), rank,
+                               _mm512_set1_epi32(4));
+  rank = _mm512_mask_add_epi32(rank, _mm512_cmp_ps_mask(n, _mm512_permutexvar_ps(rank, r.by2), _CMP_GT_OQ), rank,
+                               _mm512_set1_epi32(2));
+  rank = _mm512_mask_add_epi32(rank, _mm512_cmp_ps_mask(n, _mm512_permutexvar_ps(rank, r.by1), _CMP_GT_OQ), rank,
+                               _mm512_set1_epi32(1));
+  return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(rank, codes));
 }
 
 // A 4-bit block, packed: (len + 1) / 2 bytes; lanes past the end encode as 0, so an odd last

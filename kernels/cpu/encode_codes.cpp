@@ -27,8 +27,8 @@ FormatTables::FormatTables(QuantFormat fmt)
 }
 
 FormatView FormatTables::view() const {
-  return FormatView{keys_.entries.data(), codebook_.data(), eytzinger_, table_.sorted_codes, planes_, keys_.flip, table_.bits,
-                    linear4_};
+  return FormatView{keys_.entries.data(), codebook_.data(), eytzinger_, table_.thresholds, table_.sorted_codes, planes_,
+                    keys_.flip, table_.bits, linear4_};
 }
 
 FormatView format_tables(QuantFormat fmt) {

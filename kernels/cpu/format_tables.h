@@ -20,6 +20,7 @@ struct FormatView {
   const uint32_t* key_entries;   // 64Ki packed entries (code_tables.h: make_key_table)
   const float* codebook;         // 2^bits values; decode = codebook[code] * absmax
   const float* eytzinger;        // 16 floats, index 1..15 (4-bit formats)
+  const float* thresholds;       // ascending, padded with +Inf (make_encode_table's)
   const uint8_t* sorted_codes;   // code of the i-th smallest value
   const uint8_t* planes;         // 8-bit formats: byte k of codebook[e] at planes[256 k + e]
   uint32_t key_flip;             // the key table's x = u ^ (u < 0 ? key_flip : 0)

@@ -101,8 +101,8 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
   float* absmax[NS];
   const uint32_t* keys[NS];   // 8-bit: the packed key table and its flip
   __m512i key_flip[NS];
-  __m512i tree[NS];           // 4-bit: the thresholds' search tree (keys), the same as floats, the
-  __m512 tree_f[NS];          // codebook, the codes by rank
+  __m512i tree[NS];           // 4-bit: the thresholds' search tree (keys), their rank search (floats),
+  Rank4 rank4[NS];            // the codebook, the codes by rank
   __m512 cb16[NS];
   __m512i rank_codes[NS];
   bool linear4[NS];            // 4-bit: Linear4Unsigned, encoded by formula (encode16_linear4)
@@ -118,7 +118,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
     key_flip[k] = _mm512_set1_epi32(static_cast<int>(r.tables->key_flip));
     if (BITS == 4) {
       tree[k] = tree4_keys(r.tables->eytzinger);
-      tree_f[k] = _mm512_loadu_ps(r.tables->eytzinger);
+      rank4[k] = rank4_tables(r.tables->thresholds);
       cb16[k] = _mm512_loadu_ps(r.tables->codebook);
       rank_codes[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.tables->sorted_codes)));
     }
@@ -213,7 +213,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
             _mm_storeu_si128(reinterpret_cast<__m128i*>(codes[k] + prev_begin + i), encode16(keys[k], key_flip[k], n));
           } else {
             const __m128i c = linear4[k] ? encode16_linear4(n)
-                              : finite[k]  ? encode16_tree4_finite(tree_f[k], rank_codes[k], n)
+                              : finite[k]  ? encode16_rank4_finite(rank4[k], rank_codes[k], n)
                                            : encode16_tree4(tree[k], rank_codes[k], n);
             _mm_storel_epi64(reinterpret_cast<__m128i*>(codes[k] + (prev_begin + i) / 2), pack_nibbles(c));
           }

@@ -38,8 +38,8 @@ void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale
     const __m512d p_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
     const __m512d r_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(r));
     const __m512d r_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1)));
-    // A float's square is exact in double (48 significant bits), so the fused multiply-add rounds
-    // once, where the multiply did not: the same sum as a multiply and an add, in one op.
+    // A float's square is exact in double (48 significant bits): the multiply never rounded, so a
+    // fused multiply-add rounds the sum exactly as the separate add did, in one op.
     pp_lo = _mm512_fmadd_pd(p_lo, p_lo, pp_lo);
     pp_hi = _mm512_fmadd_pd(p_hi, p_hi, pp_hi);
     rr_lo = _mm512_fmadd_pd(r_lo, r_lo, rr_lo);

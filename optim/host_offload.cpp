@@ -7,6 +7,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/llvmMathExtras.h>
+#include <omp.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
@@ -376,10 +377,14 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   // Only once every check passed: the optimizer's groups now hold the host copies.
   for (const OffloadedParam& p : sh.params) opt.replace_parameter(p.device, p.host);
   // OpenMP's thread count is per thread: the host thread sets its own (a new one would start from the
-  // process default).
+  // process default), and only its own. at::set_num_threads would also set what the whole process
+  // sees: ATen's count, which threads started later take, and MKL's dynamic choice of threads, which
+  // decides how the model's matrix products split their work. Set from this thread whenever it comes
+  // to run, that changed the bits of products the caller's thread computed meanwhile (a first
+  // backward half under one setting: a test failed that way on an Intel host, now and then).
   const int threads = options.host_threads() > 0 ? static_cast<int>(options.host_threads()) : at::get_num_threads();
   sh.worker = std::thread([shared = shared_, threads] {
-    at::set_num_threads(threads);
+    omp_set_num_threads(threads);
     shared->run();
   });
 }

@@ -5,6 +5,7 @@
 // memory, events). Every result is compared bit for bit with the optimizer stepping the model's own
 // parameters (on a GPU: the CUDA step against the CPU's, the same bits by design).
 #include <sstream>
+#include <thread>
 
 #include "rule_cases.h"
 #include "tied_net.h"
@@ -295,6 +296,28 @@ TEST(HostOffload, AnErrorOfAHostStepComesOutOfStep) {
   static_cast<lo::AdamWOptions&>(opt.param_groups()[0].options()).betas({0.9, 0.999});
   loss_of(*net, 2).backward();
   off.step();  // recovered
+}
+
+// The host thread sets its own OpenMP thread count and nothing the process shares: a thread started
+// after it ran takes the count it took before. (With at::set_num_threads there, the host thread also
+// set ATen's process-wide count and MKL's dynamic threading, at a moment of its own: the caller's
+// first matrix products came out in either setting's bits, and the tests above failed now and then.)
+TEST(HostOffload, TheHostThreadCountIsItsOwn) {
+  const auto new_thread_count = [] {
+    int n = 0;
+    std::thread([&n] { n = at::get_num_threads(); }).join();
+    return n;
+  };
+  const int before = new_thread_count();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  auto params = net->parameters();
+  lo::AdamW opt(params, lo::AdamWOptions().state_format(StateFormat::Q8));
+  lo::HostOffload off(opt, lo::HostOffloadOptions().host_threads(before + 1));
+  loss_of(*net, 0).backward();
+  off.step();  // the host thread has stepped, so it set its count before
+  EXPECT_EQ(off.stats().host_steps, static_cast<int64_t>(params.size()));
+  EXPECT_EQ(new_thread_count(), before);
 }
 
 TEST(HostOffload, OnAGpuEqualsTheGpuStepAndHoldsOnlyTheGradientsInFlight) {

@@ -31,7 +31,7 @@ void lamb_norms_block_avx512(const ParamTask& t, int64_t block, float grad_scale
     if (grad_scale != 1.0f) g = _mm512_mul_ps(g, scale);
     f32x16 gv = (f32x16)g;
     if (h.maximize) gv = -gv;
-    const f32x16 st[2] = {(f32x16)_mm512_maskz_loadu_ps(m, s[0] + i), (f32x16)_mm512_maskz_loadu_ps(m, s[1] + i)};
+    const f32x16 st[2] = {(f32x16)load16_ps(s[0] + i, m), (f32x16)load16_ps(s[1] + i, m)};
     f32x16 mn, vn;
     const __m512 r = _mm512_maskz_mov_ps(m, (__m512)lamb_direction(h, gv, (f32x16)p, st, &mn, &vn));
     const __m512d p_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(p));

@@ -175,7 +175,7 @@ void steps_quant_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
         f32x16 st[kMomentSlots] = {};
         for (int k = 0; k < NS; ++k) {
           if (POW8) {
-            st[k] = (f32x16)pow8[k](_mm_maskz_loadu_epi8(m, codes[k] + begin + i), amax[k]);
+            st[k] = (f32x16)pow8[k](load16_epi8(codes[k] + begin + i, m), amax[k]);
           } else {
             st[k] = (f32x16)_mm512_loadu_ps(cur[k] + i);
           }
@@ -285,7 +285,7 @@ void steps_dense_avx512(const ParamTask& t, int64_t b0, int64_t b1, float grad_s
       if (scaled) graw = _mm512_mul_ps(graw, scale);
       f32x16 s[kMomentSlots] = {};
       for (int k = 0; k < NS; ++k)
-        s[k] = ST == SlotStorage::F32 ? (f32x16)_mm512_maskz_loadu_ps(m, st[k] + i)
+        s[k] = ST == SlotStorage::F32 ? (f32x16)load16_ps(reinterpret_cast<const float*>(st[k]) + i, m)
                                       : (f32x16)load16(st[k], ElemType::BF16, i, m);
       apply_rule<R>(h, (f32x16)graw, p, s);
       for (int k = 0; k < NS; ++k) {

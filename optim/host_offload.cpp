@@ -259,6 +259,7 @@ void HostOffload::Shared::run() {
         std::lock_guard<std::mutex> lock(mu);
         stats.host_step_s += seconds_since(t1);
         ++stats.host_steps;
+        stats.host_threads = omp_get_max_threads();
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
@@ -384,6 +385,9 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   // backward half under one setting: a test failed that way on an Intel host, now and then).
   const int threads = options.host_threads() > 0 ? static_cast<int>(options.host_threads()) : at::get_num_threads();
   sh.worker = std::thread([shared = shared_, threads] {
+    // ATen's start-up of a thread's OpenMP count first (once per thread, at its first parallel op:
+    // it applies ATen's process-wide count where one was set), so that it cannot undo ours later.
+    at::get_num_threads();
     omp_set_num_threads(threads);
     shared->run();
   });

@@ -39,6 +39,7 @@ struct HostOffloadStats {
   double step_wait_s = 0;       // step() waiting for the host thread: the part not under backward
   int64_t bytes_to_host = 0;    // gradients (and weights pulled after a change on the device)
   int64_t bytes_to_device = 0;  // weights back
+  int64_t host_threads = 0;     // the OpenMP threads the host thread's last CPU step had
 };
 
 // Moves `opt` to the host: every parameter of its groups is replaced there by a host copy (pinned

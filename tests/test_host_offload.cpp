@@ -302,6 +302,8 @@ TEST(HostOffload, AnErrorOfAHostStepComesOutOfStep) {
 // after it ran takes the count it took before. (With at::set_num_threads there, the host thread also
 // set ATen's process-wide count and MKL's dynamic threading, at a moment of its own: the caller's
 // first matrix products came out in either setting's bits, and the tests above failed now and then.)
+// And it keeps its count where the process has one set: ATen's per-thread start-up, at that thread's
+// first parallel op, applies the process's count.
 TEST(HostOffload, TheHostThreadCountIsItsOwn) {
   const auto new_thread_count = [] {
     int n = 0;
@@ -309,14 +311,18 @@ TEST(HostOffload, TheHostThreadCountIsItsOwn) {
     return n;
   };
   const int before = new_thread_count();
+  at::set_num_threads(before);  // a count set for the process, as a user may: the host thread keeps its own
   torch::manual_seed(0);
-  auto net = std::make_shared<Net>();
-  auto params = net->parameters();
+  // Large enough that copying it back is a parallel op of ATen's (past its grain of 32768).
+  std::vector<at::Tensor> params{torch::randn({1 << 16}).requires_grad_()};
   lo::AdamW opt(params, lo::AdamWOptions().state_format(StateFormat::Q8));
   lo::HostOffload off(opt, lo::HostOffloadOptions().host_threads(before + 1));
-  loss_of(*net, 0).backward();
-  off.step();  // the host thread has stepped, so it set its count before
-  EXPECT_EQ(off.stats().host_steps, static_cast<int64_t>(params.size()));
+  for (int64_t s = 0; s < 2; ++s) {  // the second step after ATen's first parallel ops on that thread
+    (params[0] * params[0]).sum().backward();
+    off.step();
+  }
+  EXPECT_EQ(off.stats().host_steps, 2);
+  EXPECT_EQ(off.stats().host_threads, before + 1);
   EXPECT_EQ(new_thread_count(), before);
 }
 

@@ -380,9 +380,9 @@ HostOffload::HostOffload(LowbitOptimizer& opt, HostOffloadOptions options) : sha
   // OpenMP's thread count is per thread: the host thread sets its own (a new one would start from the
   // process default), and only its own. at::set_num_threads would also set what the whole process
   // sees: ATen's count, which threads started later take, and MKL's dynamic choice of threads, which
-  // decides how the model's matrix products split their work. Set from this thread whenever it comes
-  // to run, that changed the bits of products the caller's thread computed meanwhile (a first
-  // backward half under one setting: a test failed that way on an Intel host, now and then).
+  // decides how the model's matrix products split their work (and so their rounding on Intel). Set
+  // from this thread whenever it comes to run, it would change the bits of products that the
+  // caller's thread computes meanwhile.
   const int threads = options.host_threads() > 0 ? static_cast<int>(options.host_threads()) : at::get_num_threads();
   sh.worker = std::thread([shared = shared_, threads] {
     // ATen's start-up of a thread's OpenMP count first (once per thread, at its first parallel op:

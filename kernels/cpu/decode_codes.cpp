@@ -99,7 +99,8 @@ LOWBIT_VBMI void decode4_vbmi(const uint8_t* planes, const uint8_t* c, int64_t l
     const int64_t n = len - i < 64 ? len - i : 64;
     const int64_t bytes = (n + 1) / 2;
     const __mmask32 m = bytes >= 32 ? ~__mmask32(0) : (__mmask32(1) << bytes) - 1;
-    const __m256i packed = bytes >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i / 2)) : _mm256_maskz_loadu_epi8(m, c + i / 2);
+    const __m256i packed = bytes >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i / 2))
+                                       : _mm256_maskz_loadu_epi8(m, c + i / 2);  // as decode8_vbmi
     const __m256i lo = _mm256_and_si256(packed, low4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
     const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
     __m512i b[4];
